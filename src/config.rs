@@ -1,0 +1,752 @@
+//! The bridge's configuration: parsed strictly from YAML, then validated with no I/O.
+//!
+//! [`ConfigFile`] mirrors the file (unknown keys are errors); [`ConfigFile::validate`] turns it
+//! into a [`Config`] or into every problem found, each naming its path
+//! (`resources[1].apiVersion: ...`). Resolving resources against a cluster happens later, in
+//! [`crate::discovery`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::template::{Template, Token};
+
+/// Errors of reading or validating a configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The file could not be read.
+    #[error("cannot read config file {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The YAML does not match the configuration's shape.
+    #[error("{path}: {message}")]
+    Parse {
+        /// Where in the document (`resources[0].events[1]`), or `(root)`.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The document parsed but breaks one or more rules.
+    #[error("invalid configuration:\n  {}", .0.join("\n  "))]
+    Invalid(Vec<String>),
+}
+
+/// A `Result` with this module's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The configuration file as written (camelCase keys, unknown keys rejected).
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ConfigFile {
+    /// This cluster's name, carried by every event (`source`, the `cluster` extension, templates).
+    pub cluster: String,
+    /// How to reach the API server; default: in-cluster, then `KUBECONFIG` or `~/.kube/config`.
+    #[serde(default)]
+    pub kubernetes: KubernetesConfig,
+    /// The resources to watch.
+    pub resources: Vec<ResourceConfig>,
+    /// Where events go: exactly one of `kafka`, `nats`, `stdout`; default `stdout`.
+    #[serde(default)]
+    pub sink: SinkConfig,
+    /// Buffering between the watches and the sink.
+    #[serde(default)]
+    pub delivery: DeliveryConfig,
+}
+
+/// How to reach the API server.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KubernetesConfig {
+    /// Path of a kubeconfig file; default: in-cluster, then `KUBECONFIG` or `~/.kube/config`.
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use; default: its current context.
+    pub context: Option<String>,
+}
+
+/// One watched resource.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ResourceConfig {
+    /// `v1`, `apps/v1`, `stable.example.com/v1`: as in manifests.
+    pub api_version: String,
+    /// The plural resource name (`configmaps`); a kind name (`ConfigMap`) is resolved through discovery.
+    pub resource: String,
+    /// Namespaces to watch; omitted: all namespaces (or the cluster-scoped resource).
+    pub namespaces: Option<Vec<String>>,
+    /// A label selector, applied by the API server.
+    pub label_selector: Option<String>,
+    /// A field selector, applied by the API server.
+    pub field_selector: Option<String>,
+    /// Which changes to publish; default all three.
+    pub events: Option<Vec<ChangeKindConfig>>,
+    /// Replace the values of a Secret's `data` and `stringData` by a marker (keys stay). Default true;
+    /// turning it off is logged as a warning at start.
+    #[serde(default = "default_true")]
+    pub redact_secret_data: bool,
+    /// Remove `metadata.managedFields` from published objects. Default true: they are large and
+    /// rarely useful downstream.
+    #[serde(default = "default_true")]
+    pub strip_managed_fields: bool,
+}
+
+/// A kind of change, as named in the configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum ChangeKindConfig {
+    /// An object appeared.
+    Added,
+    /// An object changed.
+    Modified,
+    /// An object was deleted.
+    Deleted,
+}
+
+/// The sink section: exactly one of its members.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SinkConfig {
+    /// Publish to Apache Kafka.
+    pub kafka: Option<KafkaConfig>,
+    /// Publish to NATS (JetStream or core).
+    pub nats: Option<NatsConfig>,
+    /// Print structured CloudEvents as JSON lines on standard output.
+    pub stdout: Option<StdoutConfig>,
+}
+
+/// Kafka sink settings.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KafkaConfig {
+    /// Comma-separated `host:port` list.
+    pub bootstrap_servers: String,
+    /// Topic template; tokens `{cluster}`, `{group}` (`core` for the core group), `{version}`,
+    /// `{resource}`, `{namespace}` (`_` for cluster-scoped objects).
+    #[serde(default = "default_kafka_topic")]
+    pub topic: String,
+    /// `binary` (attributes as `ce_` headers) or `structured` (one JSON document).
+    #[serde(default)]
+    pub content_mode: ContentMode,
+    /// Passed to librdkafka as-is (compression, TLS, SASL, ...). Settings that would weaken
+    /// delivery (`enable.idempotence`, `acks`) are refused.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+}
+
+/// NATS sink settings.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct NatsConfig {
+    /// Server URL(s), comma-separated.
+    pub url: String,
+    /// Subject template; tokens as for Kafka topics plus `{name}`, each made subject-safe.
+    #[serde(default = "default_nats_subject")]
+    pub subject: String,
+    /// JetStream settings; omit for core NATS (no acknowledgement, no deduplication).
+    pub jetstream: Option<JetStreamConfig>,
+    /// `binary` (attributes as `ce-` headers) or `structured`.
+    #[serde(default)]
+    pub content_mode: ContentMode,
+    /// How to authenticate.
+    #[serde(default)]
+    pub credentials: NatsCredentials,
+}
+
+/// JetStream settings.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct JetStreamConfig {
+    /// The stream that captures the subjects.
+    pub stream: String,
+    /// Create the stream if it does not exist.
+    #[serde(default)]
+    pub create: bool,
+    /// Window in which the server drops a message whose `Nats-Msg-Id` it has seen (used when
+    /// creating the stream). Default 2 minutes, the server's own default.
+    #[serde(default = "default_duplicate_window_secs")]
+    pub duplicate_window_secs: u64,
+    /// How long to wait for one publish acknowledgement before publishing again.
+    #[serde(default = "default_ack_timeout_secs")]
+    pub ack_timeout_secs: u64,
+}
+
+/// NATS credentials. Secret values are read from files so they never sit in the config itself.
+#[derive(Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct NatsCredentials {
+    /// User name, with `passwordFile`.
+    pub user: Option<String>,
+    /// File holding the password.
+    pub password_file: Option<PathBuf>,
+    /// File holding a token.
+    pub token_file: Option<PathBuf>,
+    /// File holding an nkey seed.
+    pub nkey_seed_file: Option<PathBuf>,
+    /// A `.creds` file (JWT and seed).
+    pub creds_file: Option<PathBuf>,
+    /// CA bundle to verify the server's TLS certificate; implies TLS.
+    pub tls_ca_file: Option<PathBuf>,
+    /// Client certificate, with `tlsKeyFile`.
+    pub tls_cert_file: Option<PathBuf>,
+    /// Client key, with `tlsCertFile`.
+    pub tls_key_file: Option<PathBuf>,
+}
+
+impl fmt::Debug for NatsCredentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Paths only, never contents; still, keep the shape small in logs.
+        f.debug_struct("NatsCredentials")
+            .field("user", &self.user)
+            .field("password_file", &self.password_file.is_some())
+            .field("token_file", &self.token_file.is_some())
+            .field("nkey_seed_file", &self.nkey_seed_file.is_some())
+            .field("creds_file", &self.creds_file.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Standard output sink settings (none yet).
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct StdoutConfig {}
+
+/// How a CloudEvent is laid out on the wire.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum ContentMode {
+    /// Attributes in headers, the object alone in the body.
+    #[default]
+    Binary,
+    /// The whole event as one `application/cloudevents+json` document.
+    Structured,
+}
+
+/// Buffering between the watches and the sink.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DeliveryConfig {
+    /// Changes buffered per watch before the watch pauses (backpressure, not loss).
+    #[serde(default = "default_queue_capacity")]
+    pub queue_capacity: usize,
+    /// Publishes awaiting acknowledgement per watch.
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
+    /// How long SIGTERM waits for in-flight events before exiting.
+    #[serde(default = "default_shutdown_grace_secs")]
+    pub shutdown_grace_secs: u64,
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        Self {
+            queue_capacity: default_queue_capacity(),
+            max_in_flight: default_max_in_flight(),
+            shutdown_grace_secs: default_shutdown_grace_secs(),
+        }
+    }
+}
+
+const fn default_true() -> bool {
+    true
+}
+
+fn default_kafka_topic() -> String {
+    "k8s.{cluster}.{group}.{resource}".into()
+}
+
+fn default_nats_subject() -> String {
+    "k8s.{cluster}.{group}.{resource}.{namespace}.{name}".into()
+}
+
+/// The JetStream server default, so a created stream behaves like one made by hand.
+const fn default_duplicate_window_secs() -> u64 {
+    120
+}
+
+/// Long enough for a loaded server, short enough to notice a lost ack quickly.
+const fn default_ack_timeout_secs() -> u64 {
+    10
+}
+
+/// About a second of a busy resource: enough to ride out short broker stalls.
+const fn default_queue_capacity() -> usize {
+    1024
+}
+
+/// Enough to keep a loopback broker busy; bounded so memory stays bounded.
+const fn default_max_in_flight() -> usize {
+    256
+}
+
+/// Kubernetes' default termination grace period is 30 s; leave room for the exit.
+const fn default_shutdown_grace_secs() -> u64 {
+    25
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The cluster's name.
+    pub cluster: String,
+    /// How to reach the API server.
+    pub kubernetes: KubernetesConfig,
+    /// The resources, each with its parsed group and version.
+    pub resources: Vec<Resource>,
+    /// The one sink.
+    pub sink: Sink,
+    /// Buffering.
+    pub delivery: DeliveryConfig,
+}
+
+/// A validated resource entry.
+#[derive(Debug, Clone)]
+pub struct Resource {
+    /// Index in the file, for messages (`resources[2]`).
+    pub index: usize,
+    /// The API group (`""` for core).
+    pub group: String,
+    /// The version.
+    pub version: String,
+    /// Plural name or kind, as written.
+    pub resource: String,
+    /// Namespaces, or `None` for all.
+    pub namespaces: Option<Vec<String>>,
+    /// Label selector.
+    pub label_selector: Option<String>,
+    /// Field selector.
+    pub field_selector: Option<String>,
+    /// Which changes are published.
+    pub events: BTreeSet<ChangeKindConfig>,
+    /// Redact Secret data.
+    pub redact_secret_data: bool,
+    /// Strip managedFields.
+    pub strip_managed_fields: bool,
+}
+
+impl Resource {
+    /// `apps/v1` or `v1`.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+}
+
+/// The validated sink.
+#[derive(Debug, Clone)]
+pub enum Sink {
+    /// Kafka.
+    Kafka {
+        /// Settings.
+        config: KafkaConfig,
+        /// The parsed topic template.
+        topic: Template,
+    },
+    /// NATS.
+    Nats {
+        /// Settings.
+        config: NatsConfig,
+        /// The parsed subject template.
+        subject: Template,
+    },
+    /// Standard output.
+    Stdout,
+}
+
+impl Sink {
+    /// A short name for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Sink::Kafka { .. } => "kafka",
+            Sink::Nats { .. } => "nats",
+            Sink::Stdout => "stdout",
+        }
+    }
+}
+
+/// Properties that must keep the values the delivery guarantees depend on.
+const KAFKA_GUARDED: &[(&str, &str)] = &[("enable.idempotence", "true"), ("acks", "all")];
+
+impl ConfigFile {
+    /// Reads and parses a file; errors name the path inside the document.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text)
+    }
+
+    /// Parses YAML text.
+    pub fn parse(text: &str) -> Result<Self> {
+        let de = serde_yaml::Deserializer::from_str(text);
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let path = if path == "." { "(root)".into() } else { path };
+            Error::Parse {
+                path,
+                message: e.into_inner().to_string(),
+            }
+        })
+    }
+
+    /// Checks every rule that needs no cluster and returns the validated config, or every
+    /// problem found, each prefixed by its path.
+    pub fn validate(self) -> Result<Config> {
+        let mut errors = Vec::new();
+        if !is_dns_subdomain(&self.cluster) {
+            errors.push(format!(
+                "cluster: {:?} must be a lowercase DNS name (letters, digits, '-', '.')",
+                self.cluster
+            ));
+        }
+        if self.resources.is_empty() {
+            errors.push("resources: at least one resource is required".into());
+        }
+        let resources: Vec<Resource> = self
+            .resources
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, r)| validate_resource(i, r, &mut errors))
+            .collect();
+        check_overlaps(&resources, &mut errors);
+        let sink = validate_sink(self.sink, &mut errors);
+        let d = &self.delivery;
+        if d.queue_capacity == 0 {
+            errors.push("delivery.queueCapacity: must be at least 1".into());
+        }
+        if d.max_in_flight == 0 {
+            errors.push("delivery.maxInFlight: must be at least 1".into());
+        }
+        match sink {
+            Some(sink) if errors.is_empty() => Ok(Config {
+                cluster: self.cluster,
+                kubernetes: self.kubernetes,
+                resources,
+                sink,
+                delivery: self.delivery,
+            }),
+            _ => Err(Error::Invalid(errors)),
+        }
+    }
+}
+
+fn validate_resource(i: usize, r: ResourceConfig, errors: &mut Vec<String>) -> Option<Resource> {
+    let at = format!("resources[{i}]");
+    let before = errors.len();
+    let (group, version) = match r.api_version.rsplit_once('/') {
+        Some((g, v)) => (g.to_string(), v.to_string()),
+        None => (String::new(), r.api_version.clone()),
+    };
+    if (!group.is_empty() && !is_dns_subdomain(&group)) || !is_version(&version) {
+        errors.push(format!(
+            "{at}.apiVersion: {:?} is not of the form \"v1\" or \"group/version\"",
+            r.api_version
+        ));
+    }
+    if r.resource.is_empty() || !r.resource.chars().all(|c| c.is_ascii_alphanumeric()) {
+        errors.push(format!(
+            "{at}.resource: {:?} must be a plural resource name or a kind (letters and digits)",
+            r.resource
+        ));
+    }
+    if let Some(ns) = &r.namespaces {
+        if ns.is_empty() {
+            errors.push(format!(
+                "{at}.namespaces: an empty list watches nothing; omit it to watch all namespaces"
+            ));
+        }
+        let mut seen = BTreeSet::new();
+        for (j, n) in ns.iter().enumerate() {
+            if !is_dns_label(n) {
+                errors.push(format!(
+                    "{at}.namespaces[{j}]: {n:?} is not a valid namespace name"
+                ));
+            } else if !seen.insert(n) {
+                errors.push(format!("{at}.namespaces[{j}]: {n:?} is listed twice"));
+            }
+        }
+    }
+    for (field, sel) in [
+        ("labelSelector", &r.label_selector),
+        ("fieldSelector", &r.field_selector),
+    ] {
+        if let Some(s) = sel
+            && (s.trim().is_empty() || s.contains(['\n', '\r']))
+        {
+            errors.push(format!(
+                "{at}.{field}: {s:?} must be a non-empty single-line selector"
+            ));
+        }
+    }
+    let events: BTreeSet<_> = match r.events {
+        Some(list) if list.is_empty() => {
+            errors.push(format!(
+                "{at}.events: an empty list publishes nothing; omit it for all changes"
+            ));
+            BTreeSet::new()
+        }
+        Some(list) => list.into_iter().collect(),
+        None => [
+            ChangeKindConfig::Added,
+            ChangeKindConfig::Modified,
+            ChangeKindConfig::Deleted,
+        ]
+        .into(),
+    };
+    (errors.len() == before).then_some(Resource {
+        index: i,
+        group,
+        version,
+        resource: r.resource,
+        namespaces: r.namespaces,
+        label_selector: r.label_selector,
+        field_selector: r.field_selector,
+        events,
+        redact_secret_data: r.redact_secret_data,
+        strip_managed_fields: r.strip_managed_fields,
+    })
+}
+
+/// Two entries for the same resource whose namespaces overlap would publish every change twice.
+fn check_overlaps(resources: &[Resource], errors: &mut Vec<String>) {
+    for (a_pos, a) in resources.iter().enumerate() {
+        for b in &resources[a_pos + 1..] {
+            let same = a.group == b.group
+                && a.resource.eq_ignore_ascii_case(&b.resource)
+                && a.label_selector == b.label_selector
+                && a.field_selector == b.field_selector;
+            let overlap = match (&a.namespaces, &b.namespaces) {
+                (Some(x), Some(y)) => x.iter().any(|n| y.contains(n)),
+                _ => true,
+            };
+            if same && overlap {
+                errors.push(format!(
+                    "resources[{}]: watches the same objects as resources[{}] ({}); merge the entries",
+                    b.index, a.index, a.resource
+                ));
+            }
+        }
+    }
+}
+
+fn validate_sink(sink: SinkConfig, errors: &mut Vec<String>) -> Option<Sink> {
+    let count = [
+        sink.kafka.is_some(),
+        sink.nats.is_some(),
+        sink.stdout.is_some(),
+    ]
+    .iter()
+    .filter(|x| **x)
+    .count();
+    if count > 1 {
+        errors.push("sink: exactly one of kafka, nats, stdout may be set".into());
+        return None;
+    }
+    if let Some(kafka) = sink.kafka {
+        if kafka.bootstrap_servers.trim().is_empty() {
+            errors.push("sink.kafka.bootstrapServers: must not be empty".into());
+        }
+        for (key, required) in KAFKA_GUARDED {
+            if let Some(v) = kafka.properties.get(*key)
+                && v != required
+            {
+                errors.push(format!(
+                    "sink.kafka.properties.{key}: {v:?} would weaken delivery; the bridge requires {required:?}"
+                ));
+            }
+        }
+        if kafka.properties.contains_key("bootstrap.servers") {
+            errors.push(
+                "sink.kafka.properties.bootstrap.servers: set sink.kafka.bootstrapServers instead"
+                    .into(),
+            );
+        }
+        let topic = parse_template("sink.kafka.topic", &kafka.topic, false, errors)?;
+        return Some(Sink::Kafka {
+            config: kafka,
+            topic,
+        });
+    }
+    if let Some(nats) = sink.nats {
+        if nats.url.trim().is_empty() {
+            errors.push("sink.nats.url: must not be empty".into());
+        }
+        if let Some(js) = &nats.jetstream {
+            if js.stream.is_empty()
+                || !js
+                    .stream
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            {
+                errors.push(format!(
+                    "sink.nats.jetstream.stream: {:?} must be letters, digits, '_' or '-'",
+                    js.stream
+                ));
+            }
+            if js.ack_timeout_secs == 0 {
+                errors.push("sink.nats.jetstream.ackTimeoutSecs: must be at least 1".into());
+            }
+        }
+        let c = &nats.credentials;
+        if c.password_file.is_some() != c.user.is_some() {
+            errors.push(
+                "sink.nats.credentials: user and passwordFile must be given together".into(),
+            );
+        }
+        if c.tls_cert_file.is_some() != c.tls_key_file.is_some() {
+            errors.push(
+                "sink.nats.credentials: tlsCertFile and tlsKeyFile must be given together".into(),
+            );
+        }
+        let subject = parse_template("sink.nats.subject", &nats.subject, true, errors)?;
+        return Some(Sink::Nats {
+            config: nats,
+            subject,
+        });
+    }
+    Some(Sink::Stdout)
+}
+
+fn parse_template(at: &str, text: &str, allow_name: bool, errors: &mut Vec<String>) -> Option<Template> {
+    match Template::parse(text) {
+        Ok(t) if !allow_name && t.uses(Token::Name) => {
+            errors.push(format!(
+                "{at}: {{name}} is not allowed here: one topic per object does not scale"
+            ));
+            None
+        }
+        Ok(t) => Some(t),
+        Err(e) => {
+            errors.push(format!("{at}: {e}"));
+            None
+        }
+    }
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
+fn is_version(v: &str) -> bool {
+    let Some(rest) = v.strip_prefix('v') else {
+        return false;
+    };
+    let digits = rest.chars().take_while(|c| c.is_ascii_digit()).count();
+    if digits == 0 {
+        return false;
+    }
+    let tail = &rest[digits..];
+    tail.is_empty()
+        || ["alpha", "beta"].iter().any(|p| {
+            tail.strip_prefix(p)
+                .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn invalid(yaml: &str) -> String {
+        match ConfigFile::parse(yaml).and_then(ConfigFile::validate) {
+            Ok(_) => panic!("expected an error for:\n{yaml}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn minimal_config_defaults_to_stdout_and_all_events() {
+        let cfg = ConfigFile::parse("cluster: dev\nresources:\n- apiVersion: v1\n  resource: configmaps\n")
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert!(matches!(cfg.sink, Sink::Stdout));
+        assert_eq!(cfg.resources[0].events.len(), 3);
+        assert_eq!(cfg.resources[0].group, "");
+        assert!(cfg.resources[0].redact_secret_data);
+    }
+
+    #[test]
+    fn unknown_keys_name_their_path() {
+        let e = invalid("cluster: dev\nresources:\n- apiVersion: v1\n  resource: pods\n  lables: x\n");
+        assert!(e.starts_with("resources[0]"), "{e}");
+        assert!(e.contains("unknown field `lables`"), "{e}");
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_path() {
+        let e = invalid(
+            "cluster: Dev_1\nresources:\n- apiVersion: apps/x1\n  resource: deployments\n  namespaces: [a, a, B]\n  events: []\n",
+        );
+        for needle in [
+            "cluster: \"Dev_1\"",
+            "resources[0].apiVersion: \"apps/x1\"",
+            "resources[0].namespaces[1]: \"a\" is listed twice",
+            "resources[0].namespaces[2]: \"B\" is not a valid namespace name",
+            "resources[0].events: an empty list",
+        ] {
+            assert!(e.contains(needle), "missing {needle:?} in {e}");
+        }
+    }
+
+    #[test]
+    fn kafka_guarded_properties_are_refused() {
+        let e = invalid(
+            "cluster: dev\nresources: [{apiVersion: v1, resource: pods}]\nsink:\n  kafka:\n    bootstrapServers: x:1\n    properties: {acks: \"1\"}\n",
+        );
+        assert!(e.contains("sink.kafka.properties.acks"), "{e}");
+    }
+
+    #[test]
+    fn two_sinks_are_refused() {
+        let e = invalid(
+            "cluster: dev\nresources: [{apiVersion: v1, resource: pods}]\nsink: {stdout: {}, nats: {url: 'nats://x'}}\n",
+        );
+        assert!(e.contains("sink: exactly one"), "{e}");
+    }
+
+    #[test]
+    fn overlapping_entries_are_refused() {
+        let e = invalid(
+            "cluster: dev\nresources:\n- {apiVersion: v1, resource: pods, namespaces: [a]}\n- {apiVersion: v1, resource: pods}\n",
+        );
+        assert!(e.contains("resources[1]: watches the same objects as resources[0]"), "{e}");
+    }
+
+    #[test]
+    fn bad_topic_token_is_named() {
+        let e = invalid(
+            "cluster: dev\nresources: [{apiVersion: v1, resource: pods}]\nsink: {kafka: {bootstrapServers: 'x:1', topic: 'k8s.{clutser}'}}\n",
+        );
+        assert!(e.contains("sink.kafka.topic: unknown token {clutser}"), "{e}");
+    }
+
+    #[test]
+    fn versions() {
+        for ok in ["v1", "v1beta1", "v2alpha3", "v10"] {
+            assert!(is_version(ok), "{ok}");
+        }
+        for bad in ["1", "v", "vbeta1", "v1beta", "v1gamma1", "V1"] {
+            assert!(!is_version(bad), "{bad}");
+        }
+    }
+}

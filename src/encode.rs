@@ -1,0 +1,427 @@
+//! Turns a [`Change`] into a CloudEvent: deterministic id, attributes, extensions, and the object
+//! as JSON with managedFields stripped and Secret values redacted.
+//!
+//! The result, [`Event`], is binding-neutral: [`Event::attributes`] drives Kafka's `ce_` headers,
+//! NATS's `ce-` headers and the structured JSON form alike.
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use kube::api::DynamicObject;
+use serde_json::Value;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+use crate::change::{Change, ChangeKind, Origin};
+use crate::discovery::ResolvedResource;
+
+/// Prefix of every event type: `io.kubeeventbridge.object.added`, `.modified`, `.deleted`.
+pub const TYPE_PREFIX: &str = "io.kubeeventbridge.object.";
+/// The `dataschema` of every event: the `$id` of `schemas/event-data.schema.json`.
+pub const DATA_SCHEMA: &str = "https://kube-event-bridge.dev/schemas/event-data/v1";
+/// What replaces a redacted value.
+pub const REDACTED: &str = "<redacted>";
+/// The annotation `kubectl apply` writes; on a Secret it holds the data in clear.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+/// `content-type` of the data.
+pub const DATA_CONTENT_TYPE: &str = "application/json";
+/// `content-type` of a structured-mode event.
+pub const STRUCTURED_CONTENT_TYPE: &str = "application/cloudevents+json; charset=utf-8";
+
+/// Errors of encoding one change.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The object lacks metadata every event needs.
+    #[error("object {name:?} has no metadata.{field}")]
+    MissingMetadata {
+        /// The object's name, if any.
+        name: String,
+        /// The missing field.
+        field: &'static str,
+    },
+    /// The object could not be serialized.
+    #[error("cannot serialize object {name:?}")]
+    Serialize {
+        /// The object's name.
+        name: String,
+        /// The cause.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// What every event of one resource shares, computed once per resource.
+#[derive(Debug)]
+pub struct ResourceInfo {
+    /// Cluster name.
+    pub cluster: Arc<str>,
+    /// API group (`""` for core).
+    pub group: String,
+    /// Version.
+    pub version: String,
+    /// `apps/v1`.
+    pub api_version: String,
+    /// Kind.
+    pub kind: String,
+    /// Plural resource name.
+    pub resource: String,
+    /// `/k8s/{cluster}/apis/{group}/{version}/{plural}` (`/api/v1/...` for core).
+    pub source: String,
+    redact_secret_data: bool,
+    strip_managed_fields: bool,
+}
+
+impl ResourceInfo {
+    /// Builds the shared part for a resolved resource.
+    pub fn new(cluster: &str, r: &ResolvedResource) -> Self {
+        let api = &r.api;
+        let source = if api.group.is_empty() {
+            format!("/k8s/{cluster}/api/{}/{}", api.version, api.plural)
+        } else {
+            format!("/k8s/{cluster}/apis/{}/{}/{}", api.group, api.version, api.plural)
+        };
+        Self {
+            cluster: cluster.into(),
+            group: api.group.clone(),
+            version: api.version.clone(),
+            api_version: api.api_version.clone(),
+            kind: api.kind.clone(),
+            resource: api.plural.clone(),
+            source,
+            redact_secret_data: r.config.redact_secret_data && api.group.is_empty() && api.plural == "secrets",
+            strip_managed_fields: r.config.strip_managed_fields,
+        }
+    }
+}
+
+/// One encoded CloudEvent.
+#[derive(Debug)]
+pub struct Event {
+    /// `{uid}:{resourceVersion}:{added|modified|deleted}`: the same change always gets the same id.
+    pub id: String,
+    /// What happened.
+    pub kind: ChangeKind,
+    /// Why it was emitted.
+    pub origin: Origin,
+    /// Resource-wide attributes.
+    pub info: Arc<ResourceInfo>,
+    /// `namespace/name` or `name`.
+    pub subject: String,
+    /// RFC 3339 observation time.
+    pub time: String,
+    /// Namespace, if namespaced.
+    pub namespace: Option<String>,
+    /// Name.
+    pub name: String,
+    /// uid, also the partition key.
+    pub uid: String,
+    /// resourceVersion.
+    pub resource_version: String,
+    /// resourceVersion zero-padded to 20 digits so it sorts as a string.
+    pub sequence: String,
+    /// The object as JSON.
+    pub data: Vec<u8>,
+    /// When the change was received, for latency figures.
+    pub received: Instant,
+}
+
+impl Event {
+    /// The CloudEvents `type`.
+    pub fn event_type(&self) -> &'static str {
+        match self.kind {
+            ChangeKind::Added => "io.kubeeventbridge.object.added",
+            ChangeKind::Modified => "io.kubeeventbridge.object.modified",
+            ChangeKind::Deleted => "io.kubeeventbridge.object.deleted",
+        }
+    }
+
+    /// Every attribute except `data` and `datacontenttype`, in a fixed order: the context
+    /// attributes, then the extensions (lowercase names as the specification requires).
+    pub fn attributes(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        [
+            Some(("specversion", "1.0")),
+            Some(("id", self.id.as_str())),
+            Some(("source", self.info.source.as_str())),
+            Some(("type", self.event_type())),
+            Some(("subject", self.subject.as_str())),
+            Some(("time", self.time.as_str())),
+            Some(("dataschema", DATA_SCHEMA)),
+            Some(("cluster", &*self.info.cluster)),
+            Some(("apiversion", self.info.api_version.as_str())),
+            Some(("kind", self.info.kind.as_str())),
+            Some(("resource", self.info.resource.as_str())),
+            self.namespace.as_deref().map(|ns| ("namespace", ns)),
+            Some(("name", self.name.as_str())),
+            Some(("uid", self.uid.as_str())),
+            Some(("resourceversion", self.resource_version.as_str())),
+            Some(("sequence", self.sequence.as_str())),
+            Some(("partitionkey", self.uid.as_str())),
+            Some(("origin", self.origin.as_str())),
+        ]
+        .into_iter()
+        .flatten()
+    }
+
+    /// The structured-mode document: every attribute, `datacontenttype` and `data`.
+    pub fn to_structured_json(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.data.len() + 640);
+        out.push(b'{');
+        for (name, value) in self.attributes() {
+            push_json_string(&mut out, name);
+            out.push(b':');
+            push_json_string(&mut out, value);
+            out.push(b',');
+        }
+        out.extend_from_slice(br#""datacontenttype":"application/json","data":"#);
+        out.extend_from_slice(&self.data);
+        out.push(b'}');
+        out
+    }
+
+    /// `namespace/name uid@resourceVersion`, for logs.
+    pub fn reference(&self) -> String {
+        format!("{} {}@{}", self.subject, self.uid, self.resource_version)
+    }
+}
+
+fn push_json_string(out: &mut Vec<u8>, s: &str) {
+    // Serializing a &str into a Vec cannot fail.
+    serde_json::to_writer(&mut *out, s).expect("string serializes");
+}
+
+/// Encodes one change of a resource described by `info`. Takes the change by value: the object
+/// is edited in place (managedFields, redaction) and serialized once, never cloned.
+pub fn encode(info: &Arc<ResourceInfo>, change: Change) -> Result<Event, Error> {
+    let Change {
+        kind,
+        origin,
+        mut object,
+        observed,
+    } = change;
+    let name = object.metadata.name.clone().unwrap_or_default();
+    let missing = |field| Error::MissingMetadata {
+        name: name.clone(),
+        field,
+    };
+    let uid = object.metadata.uid.clone().ok_or_else(|| missing("uid"))?;
+    let resource_version = object
+        .metadata
+        .resource_version
+        .clone()
+        .ok_or_else(|| missing("resourceVersion"))?;
+    if name.is_empty() {
+        return Err(missing("name"));
+    }
+    let namespace = object.metadata.namespace.clone();
+    if info.strip_managed_fields {
+        object.metadata.managed_fields = None;
+    }
+    if info.redact_secret_data {
+        redact_secret(&mut object);
+    }
+    let data = serde_json::to_vec(&object).map_err(|source| Error::Serialize {
+        name: name.clone(),
+        source,
+    })?;
+    let subject = match &namespace {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name.clone(),
+    };
+    Ok(Event {
+        id: event_id(&uid, &resource_version, kind),
+        kind,
+        origin,
+        info: info.clone(),
+        subject,
+        time: rfc3339(observed),
+        namespace,
+        sequence: sequence(&resource_version),
+        name,
+        uid,
+        resource_version,
+        data,
+        received: Instant::now(),
+    })
+}
+
+/// The deterministic event id: the same (uid, resourceVersion, change) always gives the same id,
+/// and different changes never share one, because a resourceVersion names one write.
+pub fn event_id(uid: &str, resource_version: &str, kind: ChangeKind) -> String {
+    format!("{uid}:{resource_version}:{}", kind.as_str())
+}
+
+/// A resourceVersion zero-padded to 20 digits, so that it sorts as a string. A resourceVersion
+/// that is not a decimal integer (aggregated APIs) is passed through unchanged.
+pub fn sequence(resource_version: &str) -> String {
+    if !resource_version.is_empty() && resource_version.len() <= 20 && resource_version.bytes().all(|b| b.is_ascii_digit()) {
+        format!("{resource_version:0>20}")
+    } else {
+        resource_version.to_string()
+    }
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    OffsetDateTime::from(t)
+        .format(&Rfc3339)
+        .unwrap_or_else(|_| "1970-01-01T00:00:00Z".into())
+}
+
+/// Replaces the values of `data` and `stringData` (keys stay) and the last-applied annotation,
+/// which holds the same data in clear.
+fn redact_secret(object: &mut DynamicObject) {
+    for field in ["data", "stringData"] {
+        if let Some(Value::Object(map)) = object.data.get_mut(field) {
+            for v in map.values_mut() {
+                *v = Value::String(REDACTED.into());
+            }
+        }
+    }
+    if let Some(annotations) = object.metadata.annotations.as_mut()
+        && let Some(v) = annotations.get_mut(LAST_APPLIED)
+    {
+        *v = REDACTED.into();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config;
+    use kube::api::ObjectMeta;
+    use kube::discovery::ApiResource;
+    use serde_json::json;
+    use std::collections::{BTreeMap, BTreeSet};
+
+    pub(crate) fn info(group: &str, version: &str, kind: &str, plural: &str, namespaced: bool) -> Arc<ResourceInfo> {
+        let api_version = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
+        let resolved = ResolvedResource {
+            config: config::Resource {
+                index: 0,
+                group: group.into(),
+                version: version.into(),
+                resource: plural.into(),
+                namespaces: None,
+                label_selector: None,
+                field_selector: None,
+                events: BTreeSet::new(),
+                redact_secret_data: true,
+                strip_managed_fields: true,
+            },
+            api: ApiResource {
+                group: group.into(),
+                version: version.into(),
+                api_version,
+                kind: kind.into(),
+                plural: plural.into(),
+            },
+            namespaced,
+        };
+        Arc::new(ResourceInfo::new("dev", &resolved))
+    }
+
+    fn object(ns: Option<&str>, data: Value) -> DynamicObject {
+        let mut obj = DynamicObject {
+            types: None,
+            metadata: ObjectMeta {
+                name: Some("web".into()),
+                namespace: ns.map(Into::into),
+                uid: Some("1b4e28ba-2fa1-11d2-883f-0016d3cca427".into()),
+                resource_version: Some("4711".into()),
+                managed_fields: Some(vec![Default::default()]),
+                annotations: Some(BTreeMap::from([(LAST_APPLIED.to_string(), "{\"data\":{\"k\":\"c2VjcmV0\"}}".to_string())])),
+                ..Default::default()
+            },
+            data,
+        };
+        obj.types = Some(kube::api::TypeMeta { api_version: "v1".into(), kind: "Secret".into() });
+        obj
+    }
+
+    fn change(kind: ChangeKind, obj: DynamicObject) -> Change {
+        Change { kind, origin: Origin::Live, object: obj, observed: SystemTime::UNIX_EPOCH }
+    }
+
+    #[test]
+    fn attributes_and_extensions() {
+        let i = info("apps", "v1", "Deployment", "deployments", true);
+        let ev = encode(&i, change(ChangeKind::Modified, object(Some("team-a"), json!({"spec": {}})))).unwrap();
+        let attrs: BTreeMap<_, _> = ev.attributes().collect();
+        assert_eq!(attrs["id"], "1b4e28ba-2fa1-11d2-883f-0016d3cca427:4711:modified");
+        assert_eq!(attrs["source"], "/k8s/dev/apis/apps/v1/deployments");
+        assert_eq!(attrs["type"], "io.kubeeventbridge.object.modified");
+        assert_eq!(attrs["subject"], "team-a/web");
+        assert_eq!(attrs["time"], "1970-01-01T00:00:00Z");
+        assert_eq!(attrs["sequence"], "00000000000000004711");
+        assert_eq!(attrs["partitionkey"], attrs["uid"]);
+        assert_eq!(attrs["apiversion"], "apps/v1");
+        assert_eq!(attrs["kind"], "Deployment");
+        assert_eq!(attrs["namespace"], "team-a");
+        assert_eq!(attrs["origin"], "live");
+        for name in attrs.keys().skip(0) {
+            assert!(name.len() <= 20 && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()), "{name}");
+        }
+        let data: Value = serde_json::from_slice(&ev.data).unwrap();
+        assert!(data["metadata"].get("managedFields").is_none());
+        assert_eq!(data["spec"], json!({}));
+    }
+
+    #[test]
+    fn ids_are_deterministic_and_distinct() {
+        let i = info("", "v1", "ConfigMap", "configmaps", true);
+        let a = encode(&i, change(ChangeKind::Added, object(Some("ns"), json!({})))).unwrap();
+        let b = encode(&i, change(ChangeKind::Added, object(Some("ns"), json!({})))).unwrap();
+        let c = encode(&i, change(ChangeKind::Deleted, object(Some("ns"), json!({})))).unwrap();
+        assert_eq!(a.id, b.id);
+        assert_ne!(a.id, c.id);
+        assert_eq!(a.info.source, "/k8s/dev/api/v1/configmaps");
+    }
+
+    #[test]
+    fn secrets_are_redacted_keys_kept() {
+        let i = info("", "v1", "Secret", "secrets", true);
+        let ev = encode(&i, change(ChangeKind::Added, object(Some("ns"), json!({"data": {"password": "c2VjcmV0"}, "stringData": {"token": "plain"}, "type": "Opaque"})))).unwrap();
+        let text = String::from_utf8(ev.data).unwrap();
+        assert!(!text.contains("c2VjcmV0") && !text.contains("plain"), "{text}");
+        let data: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(data["data"]["password"], REDACTED);
+        assert_eq!(data["stringData"]["token"], REDACTED);
+        assert_eq!(data["metadata"]["annotations"][LAST_APPLIED], REDACTED);
+        assert_eq!(data["type"], "Opaque");
+    }
+
+    #[test]
+    fn non_secrets_are_not_redacted() {
+        let i = info("", "v1", "ConfigMap", "configmaps", true);
+        let ev = encode(&i, change(ChangeKind::Added, object(Some("ns"), json!({"data": {"k": "v"}})))).unwrap();
+        let data: Value = serde_json::from_slice(&ev.data).unwrap();
+        assert_eq!(data["data"]["k"], "v");
+    }
+
+    #[test]
+    fn structured_form_is_a_valid_cloudevent() {
+        let i = info("stable.example.com", "v1", "CronTab", "crontabs", false);
+        let ev = encode(&i, change(ChangeKind::Deleted, object(None, json!({"spec": {"x": "\"quoted\""}})))).unwrap();
+        let parsed: cloudevents::Event = serde_json::from_slice(&ev.to_structured_json()).unwrap();
+        use cloudevents::AttributesReader;
+        assert_eq!(parsed.id(), ev.id);
+        assert_eq!(parsed.subject(), Some("web"));
+        assert_eq!(parsed.datacontenttype(), Some("application/json"));
+        assert!(parsed.extension("namespace").is_none());
+        assert_eq!(parsed.extension("cluster").map(|v| v.to_string()), Some("dev".into()));
+    }
+
+    #[test]
+    fn missing_uid_is_an_error_naming_the_object() {
+        let i = info("", "v1", "ConfigMap", "configmaps", true);
+        let mut obj = object(Some("ns"), json!({}));
+        obj.metadata.uid = None;
+        let err = encode(&i, change(ChangeKind::Added, obj)).unwrap_err();
+        assert_eq!(err.to_string(), "object \"web\" has no metadata.uid");
+    }
+
+    #[test]
+    fn sequence_pads_numbers_only() {
+        assert_eq!(sequence("12"), "00000000000000000012");
+        assert_eq!(sequence("abc"), "abc");
+    }
+}

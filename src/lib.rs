@@ -1,0 +1,14 @@
+//! kube-event-bridge: watches Kubernetes resources and publishes every change as a CloudEvent
+//! to Kafka, NATS JetStream or standard output.
+//!
+//! The pipeline, one per watched resource and namespace scope:
+//! [`watch`] (list, watch, bookmarks, relist and diff) → [`change`] → [`encode`] (CloudEvent) →
+//! [`sink`] (publish, await the broker's acknowledgement) → [`pipeline`] (ordered acknowledgement).
+
+pub mod change;
+pub mod config;
+pub mod discovery;
+pub mod encode;
+pub mod known;
+pub mod template;
+pub mod watch;

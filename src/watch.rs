@@ -1,0 +1,314 @@
+//! One watch of one resource in one namespace scope: list, then watch from the list's
+//! resourceVersion with bookmarks, resume from the last resourceVersion after a dropped
+//! connection, and on 410 Gone relist and diff against the [`KnownObjects`] index.
+//!
+//! kube-runtime's `watcher` cannot start from a saved resourceVersion nor expose bookmarks, so
+//! this is a small loop over `Api::list` and `Api::watch`. Its output is a stream of [`Item`]s
+//! on a bounded channel: a full channel pauses the watch (backpressure, never loss).
+
+use std::time::{Duration, SystemTime};
+
+use futures::{StreamExt, TryStreamExt};
+use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, TypeMeta, WatchEvent, WatchParams};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::change::{Change, ChangeKind, Origin};
+use crate::known::{KnownObjects, Seen};
+
+/// Why a watch could not go on; each is logged and retried with backoff, never fatal.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API server answered 410 Gone: the resourceVersion is older than its watch history.
+    #[error("resourceVersion {0} is too old (410 Gone)")]
+    Gone(String),
+    /// A request failed.
+    #[error("{reason} request failed")]
+    Request {
+        /// `list` or `watch`.
+        reason: &'static str,
+        /// The cause.
+        #[source]
+        source: kube::Error,
+    },
+    /// The watch stream carried an error status.
+    #[error("watch error {code} {reason}: {message}")]
+    Status {
+        /// HTTP-like code.
+        code: u16,
+        /// Machine-readable reason.
+        reason: String,
+        /// Message.
+        message: String,
+    },
+    /// The pipeline behind the watch has stopped.
+    #[error("the pipeline stopped")]
+    Closed,
+}
+
+impl Error {
+    /// A short, closed-set label for logs and metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Gone(_) => "gone",
+            Error::Request { source: kube::Error::Api(s), .. } if s.code == 403 => "forbidden",
+            Error::Request { source: kube::Error::Api(s), .. } if s.code == 404 => "not_found",
+            Error::Request { .. } => "request",
+            Error::Status { .. } => "status",
+            Error::Closed => "closed",
+        }
+    }
+}
+
+/// What a watch sends down the pipeline, in order.
+#[derive(Debug)]
+pub enum Item {
+    /// A change to publish.
+    Change(Change),
+    /// Every change up to this resourceVersion has been sent (a bookmark or the end of a list).
+    Progress(String),
+    /// The initial list (or resume) is complete.
+    Synced,
+}
+
+/// What one watch looks at.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// The API handle (namespaced or all).
+    pub api: Api<DynamicObject>,
+    /// `apiVersion` and `kind` to fill in when list items lack them.
+    pub types: TypeMeta,
+    /// Label selector.
+    pub label_selector: Option<String>,
+    /// Field selector.
+    pub field_selector: Option<String>,
+    /// Objects per LIST page.
+    pub page_size: u32,
+    /// Server-side watch timeout; the watch is then resumed from the last resourceVersion.
+    pub watch_timeout_secs: u32,
+}
+
+/// The watch's position and the index it diffs against.
+#[derive(Debug, Default)]
+pub struct State {
+    /// The last resourceVersion passed to the pipeline; `None` before the first list.
+    pub resource_version: Option<String>,
+    /// uid -> resourceVersion, namespace, name.
+    pub known: KnownObjects,
+    /// Whether the first list has completed.
+    pub synced: bool,
+}
+
+/// Runs the watch until `shutdown` or until the pipeline closes.
+pub async fn run(target: Target, mut state: State, tx: mpsc::Sender<Item>, shutdown: CancellationToken) {
+    let mut backoff = Backoff::default();
+    loop {
+        let step = async {
+            match state.resource_version.clone() {
+                None => list(&target, &mut state, &tx).await,
+                Some(rv) => watch(&target, &mut state, &tx, &rv).await,
+            }
+        };
+        let result = tokio::select! {
+            () = shutdown.cancelled() => return,
+            r = step => r,
+        };
+        match result {
+            Ok(()) => backoff.reset(),
+            Err(Error::Closed) => return,
+            Err(Error::Gone(rv)) => {
+                info!(rv = %rv, known = state.known.len(), "watch history lost, relisting");
+                state.resource_version = None;
+            }
+            Err(error) => {
+                let delay = backoff.next();
+                warn!(error = %error, reason = error.reason(), retry_in_ms = delay.as_millis() as u64, "watch failed");
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Lists every object (paginated, consistent read), diffs against the index, and sends the
+/// differences: the initial snapshot the first time, repaired changes after a 410.
+async fn list(target: &Target, state: &mut State, tx: &mpsc::Sender<Item>) -> Result<(), Error> {
+    let origin = if state.synced { Origin::Repaired } else { Origin::Snapshot };
+    let mut params = ListParams::default().limit(target.page_size);
+    if let Some(l) = &target.label_selector {
+        params = params.labels(l);
+    }
+    if let Some(f) = &target.field_selector {
+        params = params.fields(f);
+    }
+    // Changes are sent page by page; a failed page drops the relist, which keeps the entries it
+    // did not reach, so the next attempt diffs against what was really sent.
+    let mut relist = state.known.relist();
+    let mut sent = 0usize;
+    let list_rv = loop {
+        let page = target.api.list(&params).await.map_err(|source| Error::Request { reason: "list", source })?;
+        let observed = SystemTime::now();
+        for mut object in page.items {
+            let Some((uid, rv)) = ids(&object.metadata) else { continue };
+            let seen = relist.observe(uid, rv, object.metadata.namespace.as_deref(), object.metadata.name.as_deref().unwrap_or_default());
+            let kind = match seen {
+                Seen::New => ChangeKind::Added,
+                Seen::Changed => ChangeKind::Modified,
+                Seen::Unchanged => continue,
+            };
+            object.types.get_or_insert_with(|| target.types.clone());
+            tx.send(Item::Change(Change { kind, origin, object, observed })).await.map_err(|_| Error::Closed)?;
+            sent += 1;
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => break page.metadata.resource_version.unwrap_or_default(),
+        }
+    };
+    let gone = relist.finish();
+    let observed = SystemTime::now();
+    let deletes = gone.into_iter().map(|(uid, entry)| Change {
+        kind: ChangeKind::Deleted,
+        origin: Origin::Repaired,
+        object: DynamicObject {
+            types: Some(target.types.clone()),
+            metadata: ObjectMeta {
+                name: Some(entry.name.into()),
+                namespace: entry.namespace.map(|ns| ns.to_string()),
+                uid: Some(uid.into()),
+                resource_version: Some(entry.resource_version.into()),
+                ..Default::default()
+            },
+            data: serde_json::Value::Object(Default::default()),
+        },
+        observed,
+    });
+    for change in deletes {
+        tx.send(Item::Change(change)).await.map_err(|_| Error::Closed)?;
+        sent += 1;
+    }
+    info!(rv = %list_rv, objects = state.known.len(), sent, origin = origin.as_str(), "listed");
+    state.resource_version = Some(list_rv.clone());
+    tx.send(Item::Progress(list_rv)).await.map_err(|_| Error::Closed)?;
+    if !state.synced {
+        state.synced = true;
+        tx.send(Item::Synced).await.map_err(|_| Error::Closed)?;
+    }
+    Ok(())
+}
+
+/// Watches from `rv` until the stream ends (server timeout, dropped connection) or fails.
+async fn watch(target: &Target, state: &mut State, tx: &mpsc::Sender<Item>, rv: &str) -> Result<(), Error> {
+    let mut params = WatchParams::default().timeout(target.watch_timeout_secs);
+    if let Some(l) = &target.label_selector {
+        params = params.labels(l);
+    }
+    if let Some(f) = &target.field_selector {
+        params = params.fields(f);
+    }
+    let stream = target.api.watch(&params, rv).await.map_err(|source| match source {
+        kube::Error::Api(s) if s.code == 410 => Error::Gone(rv.to_string()),
+        source => Error::Request { reason: "watch", source },
+    })?;
+    debug!(rv, "watching");
+    let mut stream = std::pin::pin!(stream.into_stream());
+    while let Some(event) = stream.next().await {
+        let event = match event {
+            Ok(e) => e,
+            Err(source) => {
+                // A dropped connection: resume from the last resourceVersion.
+                debug!(error = %source, "watch stream ended with an error");
+                return Ok(());
+            }
+        };
+        let observed = SystemTime::now();
+        let (kind, mut object) = match event {
+            WatchEvent::Added(o) => (ChangeKind::Added, o),
+            WatchEvent::Modified(o) => (ChangeKind::Modified, o),
+            WatchEvent::Deleted(o) => (ChangeKind::Deleted, o),
+            WatchEvent::Bookmark(b) => {
+                state.resource_version = Some(b.metadata.resource_version.clone());
+                tx.send(Item::Progress(b.metadata.resource_version)).await.map_err(|_| Error::Closed)?;
+                continue;
+            }
+            WatchEvent::Error(s) if s.code == 410 => return Err(Error::Gone(state.resource_version.clone().unwrap_or_default())),
+            WatchEvent::Error(s) => return Err(Error::Status { code: s.code, reason: s.reason, message: s.message }),
+        };
+        let Some((uid, rv)) = ids(&object.metadata) else { continue };
+        let (uid, rv) = (uid.to_string(), rv.to_string());
+        // A delete is always published (even of an object the index missed); an add or modify at
+        // a resourceVersion already seen is a replay and is skipped.
+        let publish = match kind {
+            ChangeKind::Deleted => {
+                state.known.remove(&uid);
+                true
+            }
+            _ => {
+                let seen = state.known.observe(&uid, &rv, object.metadata.namespace.as_deref(), object.metadata.name.as_deref().unwrap_or_default());
+                seen != Seen::Unchanged
+            }
+        };
+        state.resource_version = Some(rv);
+        if publish {
+            object.types.get_or_insert_with(|| target.types.clone());
+            let change = Change { kind, origin: Origin::Live, object, observed };
+            tx.send(Item::Change(change)).await.map_err(|_| Error::Closed)?;
+        }
+    }
+    Ok(())
+}
+
+fn ids(meta: &ObjectMeta) -> Option<(&str, &str)> {
+    match (meta.uid.as_deref(), meta.resource_version.as_deref()) {
+        (Some(uid), Some(rv)) => Some((uid, rv)),
+        _ => {
+            warn!(name = meta.name.as_deref().unwrap_or_default(), "object without uid or resourceVersion skipped");
+            None
+        }
+    }
+}
+
+/// Exponential backoff from 250 ms to 30 s with jitter, so many watches failing together (an API
+/// server restart) do not come back in lockstep.
+#[derive(Debug, Default)]
+pub struct Backoff {
+    attempt: u32,
+}
+
+impl Backoff {
+    /// The next delay.
+    pub fn next(&mut self) -> Duration {
+        let base_ms = 250u64.saturating_mul(1 << self.attempt.min(7)).min(30_000);
+        self.attempt = self.attempt.saturating_add(1);
+        let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+        let jitter = u64::from(nanos) % (base_ms / 4 + 1);
+        Duration::from_millis(base_ms - base_ms / 8 + jitter)
+    }
+
+    /// Back to the shortest delay after a success.
+    pub fn reset(&mut self) {
+        self.attempt = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_caps() {
+        let mut b = Backoff::default();
+        let first = b.next();
+        assert!(first >= Duration::from_millis(218) && first <= Duration::from_millis(300), "{first:?}");
+        for _ in 0..20 {
+            b.next();
+        }
+        let capped = b.next();
+        assert!(capped <= Duration::from_millis(30_000 + 7_500) && capped >= Duration::from_millis(26_000), "{capped:?}");
+        b.reset();
+        assert!(b.next() <= Duration::from_millis(300));
+    }
+}
