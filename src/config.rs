@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::change::ChangeKind;
 use crate::template::{Template, Token};
 
 /// Errors of reading or validating a configuration.
@@ -86,7 +87,7 @@ pub struct ResourceConfig {
     /// A field selector, applied by the API server.
     pub field_selector: Option<String>,
     /// Which changes to publish; default all three.
-    pub events: Option<Vec<ChangeKindConfig>>,
+    pub events: Option<Vec<ChangeKind>>,
     /// Replace the values of a Secret's `data` and `stringData` by a marker (keys stay). Default true;
     /// turning it off is logged as a warning at start.
     #[serde(default = "default_true")]
@@ -95,18 +96,6 @@ pub struct ResourceConfig {
     /// rarely useful downstream.
     #[serde(default = "default_true")]
     pub strip_managed_fields: bool,
-}
-
-/// A kind of change, as named in the configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub enum ChangeKindConfig {
-    /// An object appeared.
-    Added,
-    /// An object changed.
-    Modified,
-    /// An object was deleted.
-    Deleted,
 }
 
 /// The sink section: exactly one of its members.
@@ -323,7 +312,7 @@ pub struct Resource {
     /// Field selector.
     pub field_selector: Option<String>,
     /// Which changes are published.
-    pub events: BTreeSet<ChangeKindConfig>,
+    pub events: BTreeSet<ChangeKind>,
     /// Redact Secret data.
     pub redact_secret_data: bool,
     /// Strip managedFields.
@@ -343,6 +332,7 @@ impl Resource {
 
 /// The validated sink.
 #[derive(Debug, Clone)]
+#[expect(clippy::large_enum_variant, reason = "one value per process")]
 pub enum Sink {
     /// Kafka.
     Kafka {
@@ -497,9 +487,9 @@ fn validate_resource(i: usize, r: ResourceConfig, errors: &mut Vec<String>) -> O
         }
         Some(list) => list.into_iter().collect(),
         None => [
-            ChangeKindConfig::Added,
-            ChangeKindConfig::Modified,
-            ChangeKindConfig::Deleted,
+            ChangeKind::Added,
+            ChangeKind::Modified,
+            ChangeKind::Deleted,
         ]
         .into(),
     };

@@ -17,8 +17,8 @@ use crate::discovery::ResolvedResource;
 
 /// Prefix of every event type: `io.kubeeventbridge.object.added`, `.modified`, `.deleted`.
 pub const TYPE_PREFIX: &str = "io.kubeeventbridge.object.";
-/// The `dataschema` of every event: the `$id` of `schemas/event-data.schema.json`.
-pub const DATA_SCHEMA: &str = "https://kube-event-bridge.dev/schemas/event-data/v1";
+/// The `dataschema` of every event: the `$id` of `schemas/event.schema.json`, whose `data` property describes the payload.
+pub const DATA_SCHEMA: &str = "https://kube-event-bridge.dev/schemas/event/v1";
 /// What replaces a redacted value.
 pub const REDACTED: &str = "<redacted>";
 /// The annotation `kubectl apply` writes; on a Secret it holds the data in clear.
@@ -357,7 +357,7 @@ mod tests {
         assert_eq!(attrs["kind"], "Deployment");
         assert_eq!(attrs["namespace"], "team-a");
         assert_eq!(attrs["origin"], "live");
-        for name in attrs.keys().skip(0) {
+        for name in attrs.keys() {
             assert!(name.len() <= 20 && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()), "{name}");
         }
         let data: Value = serde_json::from_slice(&ev.data).unwrap();

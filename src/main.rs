@@ -1,1 +1,193 @@
-fn main() {}
+//! The `kube-event-bridge` command: `run`, `check-config`, `tail`, `schema`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use kube_event_bridge::config::{Config, ConfigFile, Sink};
+use kube_event_bridge::discovery::{self, ResolvedResource};
+use kube_event_bridge::template::Values;
+use kube_event_bridge::{runtime, schema, tail};
+use tracing::{error, info};
+
+#[derive(Parser)]
+#[command(name = "kube-event-bridge", version, about = "Publishes every change of Kubernetes resources as a CloudEvent to Kafka or NATS JetStream")]
+struct Cli {
+    /// Log format on standard error.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true, env = "KEB_LOG_FORMAT")]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Watch the configured resources and publish their changes.
+    Run {
+        /// The configuration file.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Validate a configuration without connecting; with --cluster, also resolve every resource
+    /// through discovery and print the plan.
+    CheckConfig {
+        /// The configuration file.
+        config: PathBuf,
+        /// Resolve resources against the cluster and print the plan.
+        #[arg(long)]
+        cluster: bool,
+    },
+    /// Print the events the bridge publishes to the configured sink, readably.
+    Tail {
+        /// The configuration file (its sink and resources say where to listen).
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Also print each object.
+        #[arg(short, long)]
+        verbose: bool,
+        /// Start from the oldest retained event instead of new ones.
+        #[arg(long)]
+        from_beginning: bool,
+        /// Exit after this many events.
+        #[arg(long)]
+        limit: Option<u64>,
+        /// Exit after this many seconds without an event.
+        #[arg(long)]
+        idle_timeout_secs: Option<u64>,
+    },
+    /// Write the JSON Schemas of the configuration and of the events into a directory.
+    Schema {
+        /// Output directory.
+        #[arg(long, default_value = "schemas")]
+        dir: PathBuf,
+    },
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kube_client=warn,rdkafka=warn".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).init(),
+    }
+}
+
+fn load(path: &std::path::Path) -> Result<Config, String> {
+    ConfigFile::load(path).and_then(ConfigFile::validate).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let result = match cli.command {
+        Command::Run { config } => run(&config).await,
+        Command::CheckConfig { config, cluster } => check_config(&config, cluster).await,
+        Command::Tail { config, verbose, from_beginning, limit, idle_timeout_secs } => {
+            let options = tail::Options { verbose, from_beginning, limit, idle_timeout: idle_timeout_secs.map(Duration::from_secs) };
+            match load(&config) {
+                Ok(cfg) => tail::run(&cfg, options).await.map_err(|e| chain(&e)),
+                Err(e) => Err(e),
+            }
+        }
+        Command::Schema { dir } => schema::write_all(&dir).map_err(|e| format!("cannot write schemas to {}: {e}", dir.display())),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// An error with its causes, `a: b: c`.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+async fn run(path: &std::path::Path) -> Result<(), String> {
+    let config = load(path)?;
+    let grace = Duration::from_secs(config.delivery.shutdown_grace_secs);
+    let mut bridge = runtime::Bridge::start(config).await.map_err(|e| chain(&e))?;
+    tokio::select! {
+        () = shutdown_signal() => {}
+        () = bridge.join() => return Err("every watch stopped unexpectedly".into()),
+    }
+    // A second signal exits at once.
+    tokio::spawn(async {
+        shutdown_signal().await;
+        error!("second signal: exiting without draining");
+        std::process::exit(130);
+    });
+    if bridge.shutdown(grace).await {
+        info!("shutdown complete");
+        Ok(())
+    } else {
+        Err("shutdown grace period exceeded".into())
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => info!(signal = "SIGTERM", "signal received"),
+        _ = int.recv() => info!(signal = "SIGINT", "signal received"),
+    }
+}
+
+async fn check_config(path: &std::path::Path, cluster: bool) -> Result<(), String> {
+    let config = load(path)?;
+    if !cluster {
+        println!("{}: valid ({} resources, sink {})", path.display(), config.resources.len(), config.sink.kind());
+        return Ok(());
+    }
+    let client = runtime::client(&config.kubernetes).await.map_err(|e| chain(&e))?;
+    let resolved = discovery::resolve(&client, &config.resources).await.map_err(|e| chain(&e))?;
+    println!("{}: valid; plan for cluster {}:", path.display(), config.cluster);
+    for r in &resolved {
+        println!("{}", plan_line(&config, r));
+    }
+    Ok(())
+}
+
+fn plan_line(config: &Config, r: &ResolvedResource) -> String {
+    let scope = if r.namespaced { "Namespaced" } else { "Cluster" };
+    let namespaces = match &r.config.namespaces {
+        Some(list) => list.join(","),
+        None if r.namespaced => "*".into(),
+        None => "-".into(),
+    };
+    let values = Values { cluster: &config.cluster, group: &r.api.group, version: &r.api.version, resource: &r.api.plural, namespace: None, name: "{name}" };
+    let destination = match &config.sink {
+        Sink::Kafka { topic, .. } if topic.per_object() => format!("kafka topic {topic} (per namespace)"),
+        Sink::Kafka { topic, .. } => format!("kafka topic {}", topic.render_topic(&values)),
+        Sink::Nats { subject, .. } => format!("nats subject {}", subject.subject_filter(&values)),
+        Sink::Stdout => "stdout".into(),
+    };
+    let events: Vec<&str> = r.config.events.iter().map(|k| k.as_str()).collect();
+    format!(
+        "  {} kind={} scope={scope} namespaces={namespaces} labelSelector={} fieldSelector={} events={} -> {destination}",
+        r.label(),
+        r.api.kind,
+        r.config.label_selector.as_deref().unwrap_or("-"),
+        r.config.field_selector.as_deref().unwrap_or("-"),
+        events.join(","),
+    )
+}

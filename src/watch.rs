@@ -63,6 +63,7 @@ impl Error {
 
 /// What a watch sends down the pipeline, in order.
 #[derive(Debug)]
+#[expect(clippy::large_enum_variant, reason = "moved once through the channel; boxing would allocate per event")]
 pub enum Item {
     /// A change to publish.
     Change(Change),
@@ -122,7 +123,7 @@ pub async fn run(target: Target, mut state: State, tx: mpsc::Sender<Item>, shutd
                 state.resource_version = None;
             }
             Err(error) => {
-                let delay = backoff.next();
+                let delay = backoff.next_delay();
                 warn!(error = %error, reason = error.reason(), retry_in_ms = delay.as_millis() as u64, "watch failed");
                 tokio::select! {
                     () = shutdown.cancelled() => return,
@@ -280,7 +281,7 @@ pub struct Backoff {
 
 impl Backoff {
     /// The next delay.
-    pub fn next(&mut self) -> Duration {
+    pub fn next_delay(&mut self) -> Duration {
         let base_ms = 250u64.saturating_mul(1 << self.attempt.min(7)).min(30_000);
         self.attempt = self.attempt.saturating_add(1);
         let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
@@ -301,14 +302,14 @@ mod tests {
     #[test]
     fn backoff_grows_and_caps() {
         let mut b = Backoff::default();
-        let first = b.next();
+        let first = b.next_delay();
         assert!(first >= Duration::from_millis(218) && first <= Duration::from_millis(300), "{first:?}");
         for _ in 0..20 {
-            b.next();
+            b.next_delay();
         }
-        let capped = b.next();
+        let capped = b.next_delay();
         assert!(capped <= Duration::from_millis(30_000 + 7_500) && capped >= Duration::from_millis(26_000), "{capped:?}");
         b.reset();
-        assert!(b.next() <= Duration::from_millis(300));
+        assert!(b.next_delay() <= Duration::from_millis(300));
     }
 }

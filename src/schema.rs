@@ -1,0 +1,101 @@
+//! JSON Schemas of the configuration and of the events, generated from the Rust types; the files
+//! in `schemas/` are checked against this output by a test, so they cannot drift.
+
+use std::path::Path;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::config::ConfigFile;
+
+/// A published event in structured mode (in binary mode the same attributes travel as headers and
+/// `data` is the body).
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "kube-event-bridge event", extend("$id" = "https://kube-event-bridge.dev/schemas/event/v1"))]
+pub struct EventEnvelope {
+    /// Always `1.0`.
+    pub specversion: String,
+    /// `{uid}:{resourceVersion}:{added|modified|deleted}`: deterministic, so a re-sent event keeps its id.
+    pub id: String,
+    /// `/k8s/{cluster}/apis/{group}/{version}/{resource}` (`/k8s/{cluster}/api/v1/{resource}` for core).
+    pub source: String,
+    /// `io.kubeeventbridge.object.added`, `.modified` or `.deleted`.
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// `namespace/name`, or `name` for cluster-scoped objects.
+    pub subject: String,
+    /// When the bridge observed the change (RFC 3339).
+    pub time: String,
+    /// The schema of `data`.
+    pub dataschema: String,
+    /// Always `application/json`.
+    pub datacontenttype: String,
+    /// The cluster name from the configuration.
+    pub cluster: String,
+    /// The object's apiVersion.
+    pub apiversion: String,
+    /// The object's kind.
+    pub kind: String,
+    /// The plural resource name.
+    pub resource: String,
+    /// The namespace; absent for cluster-scoped objects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// The object's name.
+    pub name: String,
+    /// The object's uid.
+    pub uid: String,
+    /// The resourceVersion of this change (for a delete: the deletion's).
+    pub resourceversion: String,
+    /// The resourceVersion zero-padded to 20 digits: sorts as a string.
+    pub sequence: String,
+    /// The uid; the Kafka record key.
+    pub partitionkey: String,
+    /// `live`, `snapshot` (initial state) or `repaired` (found by a relist after lost watch history).
+    pub origin: String,
+    /// The object as the API server sent it, with `metadata.managedFields` stripped and Secret values
+    /// redacted by default. A repaired delete carries only apiVersion, kind and metadata
+    /// (name, namespace, uid, resourceVersion).
+    pub data: serde_json::Value,
+}
+
+/// The configuration schema as pretty JSON.
+pub fn config_schema() -> String {
+    let schema = schemars::schema_for!(ConfigFile);
+    serde_json::to_string_pretty(&schema).expect("schema serializes") + "\n"
+}
+
+/// The event schema as pretty JSON.
+pub fn event_schema() -> String {
+    let schema = schemars::schema_for!(EventEnvelope);
+    serde_json::to_string_pretty(&schema).expect("schema serializes") + "\n"
+}
+
+/// File names and contents of every schema.
+pub fn all() -> [(&'static str, String); 2] {
+    [("config.schema.json", config_schema()), ("event.schema.json", event_schema())]
+}
+
+/// Writes every schema into `dir`.
+pub fn write_all(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for (name, text) in all() {
+        std::fs::write(dir.join(name), text)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schemas_in_repo_are_in_sync() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas");
+        for (name, text) in all() {
+            let on_disk = std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+            assert!(on_disk == text, "schemas/{name} is stale: run `cargo run -- schema --dir schemas`");
+        }
+    }
+}

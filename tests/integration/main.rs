@@ -1,0 +1,5 @@
+//! Integration tests against the real local environment (etcd + kube-apiserver, Kafka, NATS
+//! JetStream) started by `scripts/testenv up`; see `support::env` for the variables they need.
+
+mod components;
+mod support;

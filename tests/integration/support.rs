@@ -1,0 +1,354 @@
+//! Shared helpers for the integration tests: environment variables, clients for the
+//! kube-apiserver, Kafka and NATS of the local test environment, unique names, polling,
+//! CRDs and Kafka topics.
+//!
+//! Every helper panics with a descriptive message instead of returning an error: a test that
+//! cannot reach its environment must fail loudly, never pass silently.
+
+// Each test module uses only some of these helpers.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::{ApiResource, GroupVersionKind};
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::StreamConsumer;
+use rdkafka::types::RDKafkaErrorCode;
+use serde_json::json;
+
+/// The version under which [`create_crd`] serves its custom resources.
+pub const CRD_VERSION: &str = "v1";
+
+/// Connection details of the test environment, read from the variables that
+/// `scripts/testenv up` prints (and writes to `~/.cache/kube-event-bridge/run/env`).
+#[derive(Debug, Clone)]
+pub struct Env {
+    /// Path of the kubeconfig for the kube-apiserver (`KUBECONFIG`).
+    pub kubeconfig: String,
+    /// Kafka `bootstrap.servers` (`KAFKA_BOOTSTRAP_SERVERS`).
+    pub kafka_bootstrap: String,
+    /// NATS server URL (`NATS_URL`).
+    pub nats_url: String,
+    /// Path of a kubectl matching the apiserver (`KEB_KUBECTL`), if set.
+    pub kubectl: Option<String>,
+}
+
+/// Reads the test environment from `KUBECONFIG`, `KAFKA_BOOTSTRAP_SERVERS`, `NATS_URL` and
+/// optionally `KEB_KUBECTL`; panics naming the first missing (or empty) required variable.
+pub fn env() -> Env {
+    Env {
+        kubeconfig: required_var("KUBECONFIG"),
+        kafka_bootstrap: required_var("KAFKA_BOOTSTRAP_SERVERS"),
+        nats_url: required_var("NATS_URL"),
+        kubectl: std::env::var("KEB_KUBECTL").ok().filter(|v| !v.trim().is_empty()),
+    }
+}
+
+/// The value of a required variable, or a panic explaining how to provide it.
+fn required_var(name: &str) -> String {
+    match std::env::var(name) {
+        Ok(value) if !value.trim().is_empty() => value,
+        Ok(_) => panic!("{}", missing_var_message(name, "is empty", in_ci())),
+        Err(std::env::VarError::NotPresent) => {
+            panic!("{}", missing_var_message(name, "is not set", in_ci()))
+        }
+        Err(std::env::VarError::NotUnicode(_)) => {
+            panic!("{}", missing_var_message(name, "is not valid UTF-8", in_ci()))
+        }
+    }
+}
+
+/// Whether the tests run in CI (where the job, not a developer, provides the environment).
+fn in_ci() -> bool {
+    std::env::var_os("CI").is_some()
+}
+
+/// The panic message for a missing variable; outside CI it says how to start the environment.
+fn missing_var_message(name: &str, problem: &str, ci: bool) -> String {
+    let mut message = format!(
+        "{name} {problem}: the integration tests need the test environment \
+         (etcd + kube-apiserver, Kafka, NATS JetStream)"
+    );
+    if ci {
+        message.push_str("; the CI job must start it and export its variables before `cargo test`");
+    } else {
+        message.push_str(
+            ". Start it with `scripts/testenv up`, then load its variables with \
+             `. ~/.cache/kube-event-bridge/run/env` before `cargo test --test integration`, \
+             or just use `scripts/test`",
+        );
+    }
+    message
+}
+
+/// A kube client for the test apiserver, built from the kubeconfig file named by
+/// `KUBECONFIG` (explicitly, without kube's config inference).
+pub async fn kube_client() -> kube::Client {
+    let path = env().kubeconfig;
+    let kubeconfig = Kubeconfig::read_from(&path).unwrap_or_else(|e| {
+        panic!("cannot read KUBECONFIG={path}: {e} (is the test environment up? `scripts/testenv status`)")
+    });
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("invalid kubeconfig {path}: {e}"));
+    kube::Client::try_from(config).unwrap_or_else(|e| panic!("cannot build a kube client from {path}: {e}"))
+}
+
+/// A name unique to this run: `prefix` lowercased and reduced to `[a-z0-9-]`, then `-` and a
+/// random hex suffix plus a process-wide counter. The result is a valid DNS-1123 label
+/// (at most 63 characters, starts and ends with an alphanumeric), so it also works as a
+/// Kafka topic, JetStream stream, KV bucket or NATS subject token.
+pub fn unique_name(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let suffix = format!("{:08x}{count}", random_u64() as u32);
+
+    let cleaned: String = prefix
+        .chars()
+        .map(|c| c.to_ascii_lowercase())
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let max_prefix = 63 - 1 - suffix.len();
+    let trimmed: String = cleaned.trim_start_matches('-').chars().take(max_prefix).collect();
+    let trimmed = trimmed.trim_end_matches('-');
+    let prefix = if trimmed.is_empty() { "t" } else { trimmed };
+    format!("{prefix}-{suffix}")
+}
+
+/// 64 random bits from std's randomly keyed hasher, mixed with the clock, pid and a counter.
+fn random_u64() -> u64 {
+    static SALT: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(SALT.fetch_add(1, Ordering::Relaxed));
+    hasher.write_u32(std::process::id());
+    hasher.write_u128(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    hasher.finish()
+}
+
+/// Creates a fresh namespace named `unique_name(prefix)` and returns its name. Namespaces are
+/// never deleted: without controllers beside the bare apiserver they would never finish
+/// terminating, so every test works in namespaces of its own.
+pub async fn unique_namespace(client: &kube::Client, prefix: &str) -> String {
+    let name = unique_name(prefix);
+    let namespace: Namespace = serde_json::from_value(json!({
+        "metadata": {
+            "name": name,
+            "labels": { "test.kube-event-bridge.dev/integration": "true" },
+        }
+    }))
+    .expect("namespace manifest");
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap_or_else(|e| panic!("cannot create namespace {name}: {e}"));
+    name
+}
+
+/// Polls `f` until it returns `Some(value)` and returns that value, starting at 20 ms between
+/// attempts and backing off to 500 ms. Panics naming `what` if `timeout` passes first
+/// (including when a single attempt hangs).
+pub async fn wait_until<F, Fut, T>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    let mut attempts = 0u32;
+    let poll = async {
+        let mut delay = Duration::from_millis(20);
+        loop {
+            attempts += 1;
+            if let Some(value) = f().await {
+                return value;
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_millis(500));
+        }
+    };
+    match tokio::time::timeout(timeout, poll).await {
+        Ok(value) => value,
+        Err(_) => panic!(
+            "timed out after {:?} ({attempts} attempts) waiting until {what}",
+            start.elapsed()
+        ),
+    }
+}
+
+/// Creates the CRD `<plural>.<group>` for `kind` with one version ([`CRD_VERSION`]) whose
+/// schema accepts anything under `spec` and `status` (`x-kubernetes-preserve-unknown-fields`),
+/// then waits until it is `Established`, discovery serves it and a LIST of it succeeds.
+/// `scope` is `"Namespaced"` or `"Cluster"`. Creating a CRD that already exists is fine.
+pub async fn create_crd(client: &kube::Client, group: &str, kind: &str, plural: &str, scope: &str) {
+    assert!(
+        matches!(scope, "Namespaced" | "Cluster"),
+        "create_crd: scope must be \"Namespaced\" or \"Cluster\", not {scope:?}"
+    );
+    let name = format!("{plural}.{group}");
+    let open_object = json!({ "type": "object", "x-kubernetes-preserve-unknown-fields": true });
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "spec": {
+            "group": group,
+            "scope": scope,
+            "names": {
+                "kind": kind,
+                "listKind": format!("{kind}List"),
+                "plural": plural,
+                "singular": kind.to_ascii_lowercase(),
+            },
+            "versions": [{
+                "name": CRD_VERSION,
+                "served": true,
+                "storage": true,
+                "schema": { "openAPIV3Schema": {
+                    "type": "object",
+                    "properties": { "spec": open_object, "status": open_object },
+                }},
+            }],
+        }
+    }))
+    .expect("CRD manifest");
+
+    let crds = Api::<CustomResourceDefinition>::all(client.clone());
+    match crds.create(&PostParams::default(), &crd).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.is_already_exists() => {}
+        Err(e) => panic!("cannot create CRD {name}: {e}"),
+    }
+
+    let timeout = Duration::from_secs(30);
+    wait_until(&format!("CRD {name} is Established"), timeout, || async {
+        let crd = crds.get_opt(&name).await.ok().flatten()?;
+        let conditions = crd.status?.conditions?;
+        conditions
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+            .then_some(())
+    })
+    .await;
+
+    let gvk = GroupVersionKind::gvk(group, CRD_VERSION, kind);
+    let resource: ApiResource = wait_until(&format!("discovery serves {name}"), timeout, || async {
+        let (resource, _) = kube::discovery::pinned_kind(client, &gvk).await.ok()?;
+        (resource.plural == plural).then_some(resource)
+    })
+    .await;
+
+    let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
+    wait_until(&format!("{name} can be listed"), timeout, || async {
+        api.list(&ListParams::default().limit(1)).await.ok().map(drop)
+    })
+    .await;
+}
+
+/// A Kafka client configuration with `bootstrap.servers` from `KAFKA_BOOTSTRAP_SERVERS`.
+pub fn kafka_config() -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", env().kafka_bootstrap);
+    config
+}
+
+/// A consumer in `group` that reads only committed records from the earliest offset and never
+/// commits on its own (`read_committed`, `earliest`, `enable.auto.commit=false`).
+pub fn kafka_consumer(group: &str) -> StreamConsumer {
+    kafka_config()
+        .set("group.id", group)
+        .set("isolation.level", "read_committed")
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap_or_else(|e| panic!("cannot create a Kafka consumer in group {group}: {e}"))
+}
+
+/// Creates topic `name` with `partitions` partitions (replication factor 1: the test broker is
+/// alone) and waits until every partition has a leader. A topic that already exists is fine.
+pub async fn create_topic(name: &str, partitions: i32) {
+    let admin: Arc<AdminClient<DefaultClientContext>> = Arc::new(
+        kafka_config()
+            .create()
+            .unwrap_or_else(|e| panic!("cannot create a Kafka admin client: {e}")),
+    );
+    let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let results = admin
+        .create_topics([&topic], &options)
+        .await
+        .unwrap_or_else(|e| panic!("cannot create Kafka topic {name}: {e}"));
+    for result in results {
+        match result {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((topic, code)) => panic!("cannot create Kafka topic {topic}: {code}"),
+        }
+    }
+
+    let what = format!("Kafka topic {name} has {partitions} partitions with leaders");
+    wait_until(&what, Duration::from_secs(30), || {
+        let admin = Arc::clone(&admin);
+        let name = name.to_owned();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let metadata = admin.inner().fetch_metadata(Some(&name), Duration::from_secs(5)).ok()?;
+                let topic = metadata.topics().iter().find(|t| t.name() == name)?;
+                let ready = topic.error().is_none()
+                    && topic.partitions().len() == partitions as usize
+                    && topic.partitions().iter().all(|p| p.error().is_none() && p.leader() >= 0);
+                ready.then_some(())
+            })
+            .await
+            .expect("metadata task")
+        }
+    })
+    .await;
+}
+
+/// A NATS client connected to `NATS_URL`.
+pub async fn nats_client() -> async_nats::Client {
+    let url = env().nats_url;
+    async_nats::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to NATS at {url}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_variable_message_names_it_and_says_how_to_start_outside_ci() {
+        let local = missing_var_message("NATS_URL", "is not set", false);
+        assert!(local.starts_with("NATS_URL is not set"), "{local}");
+        assert!(local.contains("scripts/testenv up"), "{local}");
+        assert!(local.contains(". ~/.cache/kube-event-bridge/run/env"), "{local}");
+        assert!(local.contains("scripts/test`"), "{local}");
+
+        let ci = missing_var_message("KUBECONFIG", "is empty", true);
+        assert!(ci.starts_with("KUBECONFIG is empty"), "{ci}");
+        assert!(!ci.contains("scripts/testenv up"), "{ci}");
+    }
+
+    #[test]
+    fn unique_names_are_distinct_dns_labels() {
+        let long = "X".repeat(100);
+        let names: Vec<String> = ["Kube Watch", "--a--", "", &long, "ns_1.2"]
+            .iter()
+            .flat_map(|p| [unique_name(p), unique_name(p)])
+            .collect();
+        for name in &names {
+            assert!(name.len() <= 63, "{name}");
+            assert!(name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'), "{name}");
+            assert!(!name.starts_with('-') && !name.ends_with('-'), "{name}");
+        }
+        let distinct: std::collections::HashSet<_> = names.iter().collect();
+        assert_eq!(distinct.len(), names.len(), "{names:?}");
+    }
+}
