@@ -486,12 +486,7 @@ fn validate_resource(i: usize, r: ResourceConfig, errors: &mut Vec<String>) -> O
             BTreeSet::new()
         }
         Some(list) => list.into_iter().collect(),
-        None => [
-            ChangeKind::Added,
-            ChangeKind::Modified,
-            ChangeKind::Deleted,
-        ]
-        .into(),
+        None => [ChangeKind::Added, ChangeKind::Modified, ChangeKind::Deleted].into(),
     };
     (errors.len() == before).then_some(Resource {
         index: i,
@@ -589,9 +584,8 @@ fn validate_sink(sink: SinkConfig, errors: &mut Vec<String>) -> Option<Sink> {
         }
         let c = &nats.credentials;
         if c.password_file.is_some() != c.user.is_some() {
-            errors.push(
-                "sink.nats.credentials: user and passwordFile must be given together".into(),
-            );
+            errors
+                .push("sink.nats.credentials: user and passwordFile must be given together".into());
         }
         if c.tls_cert_file.is_some() != c.tls_key_file.is_some() {
             errors.push(
@@ -607,7 +601,12 @@ fn validate_sink(sink: SinkConfig, errors: &mut Vec<String>) -> Option<Sink> {
     Some(Sink::Stdout)
 }
 
-fn parse_template(at: &str, text: &str, allow_name: bool, errors: &mut Vec<String>) -> Option<Template> {
+fn parse_template(
+    at: &str,
+    text: &str,
+    allow_name: bool,
+    errors: &mut Vec<String>,
+) -> Option<Template> {
     match Template::parse(text) {
         Ok(t) if !allow_name && t.uses(Token::Name) => {
             errors.push(format!(
@@ -665,10 +664,12 @@ mod tests {
 
     #[test]
     fn minimal_config_defaults_to_stdout_and_all_events() {
-        let cfg = ConfigFile::parse("cluster: dev\nresources:\n- apiVersion: v1\n  resource: configmaps\n")
-            .unwrap()
-            .validate()
-            .unwrap();
+        let cfg = ConfigFile::parse(
+            "cluster: dev\nresources:\n- apiVersion: v1\n  resource: configmaps\n",
+        )
+        .unwrap()
+        .validate()
+        .unwrap();
         assert!(matches!(cfg.sink, Sink::Stdout));
         assert_eq!(cfg.resources[0].events.len(), 3);
         assert_eq!(cfg.resources[0].group, "");
@@ -677,7 +678,8 @@ mod tests {
 
     #[test]
     fn unknown_keys_name_their_path() {
-        let e = invalid("cluster: dev\nresources:\n- apiVersion: v1\n  resource: pods\n  lables: x\n");
+        let e =
+            invalid("cluster: dev\nresources:\n- apiVersion: v1\n  resource: pods\n  lables: x\n");
         assert!(e.starts_with("resources[0]"), "{e}");
         assert!(e.contains("unknown field `lables`"), "{e}");
     }
@@ -719,7 +721,10 @@ mod tests {
         let e = invalid(
             "cluster: dev\nresources:\n- {apiVersion: v1, resource: pods, namespaces: [a]}\n- {apiVersion: v1, resource: pods}\n",
         );
-        assert!(e.contains("resources[1]: watches the same objects as resources[0]"), "{e}");
+        assert!(
+            e.contains("resources[1]: watches the same objects as resources[0]"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -727,7 +732,10 @@ mod tests {
         let e = invalid(
             "cluster: dev\nresources: [{apiVersion: v1, resource: pods}]\nsink: {kafka: {bootstrapServers: 'x:1', topic: 'k8s.{clutser}'}}\n",
         );
-        assert!(e.contains("sink.kafka.topic: unknown token {clutser}"), "{e}");
+        assert!(
+            e.contains("sink.kafka.topic: unknown token {clutser}"),
+            "{e}"
+        );
     }
 
     #[test]

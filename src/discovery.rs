@@ -56,7 +56,10 @@ impl ResolvedResource {
 }
 
 /// Resolves every entry, reporting every problem at once.
-pub async fn resolve(client: &Client, resources: &[config::Resource]) -> Result<Vec<ResolvedResource>> {
+pub async fn resolve(
+    client: &Client,
+    resources: &[config::Resource],
+) -> Result<Vec<ResolvedResource>> {
     let mut groups: HashMap<String, Option<ApiGroup>> = HashMap::new();
     for r in resources {
         if groups.contains_key(&r.group) {
@@ -90,7 +93,10 @@ pub async fn resolve(client: &Client, resources: &[config::Resource]) -> Result<
 }
 
 /// Resolves one entry against its group's discovery document (pure, for unit tests).
-pub fn resolve_one(r: &config::Resource, group: Option<&ApiGroup>) -> Result<ResolvedResource, String> {
+pub fn resolve_one(
+    r: &config::Resource,
+    group: Option<&ApiGroup>,
+) -> Result<ResolvedResource, String> {
     let at = format!("resources[{}]", r.index);
     let Some(group) = group else {
         return Err(format!(
@@ -115,12 +121,15 @@ pub fn resolve_one(r: &config::Resource, group: Option<&ApiGroup>) -> Result<Res
         .find(|(ar, _)| ar.plural == wanted)
         .or_else(|| candidates.iter().find(|(ar, _)| ar.kind == wanted))
         .or_else(|| {
-            candidates
-                .iter()
-                .find(|(ar, _)| ar.kind.eq_ignore_ascii_case(wanted) || ar.plural.eq_ignore_ascii_case(wanted))
+            candidates.iter().find(|(ar, _)| {
+                ar.kind.eq_ignore_ascii_case(wanted) || ar.plural.eq_ignore_ascii_case(wanted)
+            })
         });
     let Some((api, caps)) = found else {
-        let mut names: Vec<&str> = candidates.iter().map(|(ar, _)| ar.plural.as_str()).collect();
+        let mut names: Vec<&str> = candidates
+            .iter()
+            .map(|(ar, _)| ar.plural.as_str())
+            .collect();
         names.sort_unstable();
         return Err(format!(
             "{at}.resource: {wanted:?} is not a resource of {}; served resources: {}",

@@ -78,7 +78,10 @@ impl ResourceInfo {
         let source = if api.group.is_empty() {
             format!("/k8s/{cluster}/api/{}/{}", api.version, api.plural)
         } else {
-            format!("/k8s/{cluster}/apis/{}/{}/{}", api.group, api.version, api.plural)
+            format!(
+                "/k8s/{cluster}/apis/{}/{}/{}",
+                api.group, api.version, api.plural
+            )
         };
         Self {
             cluster: cluster.into(),
@@ -88,7 +91,9 @@ impl ResourceInfo {
             kind: api.kind.clone(),
             resource: api.plural.clone(),
             source,
-            redact_secret_data: r.config.redact_secret_data && api.group.is_empty() && api.plural == "secrets",
+            redact_secret_data: r.config.redact_secret_data
+                && api.group.is_empty()
+                && api.plural == "secrets",
             strip_managed_fields: r.config.strip_managed_fields,
         }
     }
@@ -253,7 +258,10 @@ pub fn event_id(uid: &str, resource_version: &str, kind: ChangeKind) -> String {
 /// A resourceVersion zero-padded to 20 digits, so that it sorts as a string. A resourceVersion
 /// that is not a decimal integer (aggregated APIs) is passed through unchanged.
 pub fn sequence(resource_version: &str) -> String {
-    if !resource_version.is_empty() && resource_version.len() <= 20 && resource_version.bytes().all(|b| b.is_ascii_digit()) {
+    if !resource_version.is_empty()
+        && resource_version.len() <= 20
+        && resource_version.bytes().all(|b| b.is_ascii_digit())
+    {
         format!("{resource_version:0>20}")
     } else {
         resource_version.to_string()
@@ -292,8 +300,18 @@ mod tests {
     use serde_json::json;
     use std::collections::{BTreeMap, BTreeSet};
 
-    pub(crate) fn info(group: &str, version: &str, kind: &str, plural: &str, namespaced: bool) -> Arc<ResourceInfo> {
-        let api_version = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
+    pub(crate) fn info(
+        group: &str,
+        version: &str,
+        kind: &str,
+        plural: &str,
+        namespaced: bool,
+    ) -> Arc<ResourceInfo> {
+        let api_version = if group.is_empty() {
+            version.to_string()
+        } else {
+            format!("{group}/{version}")
+        };
         let resolved = ResolvedResource {
             config: config::Resource {
                 index: 0,
@@ -328,25 +346,46 @@ mod tests {
                 uid: Some("1b4e28ba-2fa1-11d2-883f-0016d3cca427".into()),
                 resource_version: Some("4711".into()),
                 managed_fields: Some(vec![Default::default()]),
-                annotations: Some(BTreeMap::from([(LAST_APPLIED.to_string(), "{\"data\":{\"k\":\"c2VjcmV0\"}}".to_string())])),
+                annotations: Some(BTreeMap::from([(
+                    LAST_APPLIED.to_string(),
+                    "{\"data\":{\"k\":\"c2VjcmV0\"}}".to_string(),
+                )])),
                 ..Default::default()
             },
             data,
         };
-        obj.types = Some(kube::api::TypeMeta { api_version: "v1".into(), kind: "Secret".into() });
+        obj.types = Some(kube::api::TypeMeta {
+            api_version: "v1".into(),
+            kind: "Secret".into(),
+        });
         obj
     }
 
     fn change(kind: ChangeKind, obj: DynamicObject) -> Change {
-        Change { kind, origin: Origin::Live, object: obj, observed: SystemTime::UNIX_EPOCH }
+        Change {
+            kind,
+            origin: Origin::Live,
+            object: obj,
+            observed: SystemTime::UNIX_EPOCH,
+        }
     }
 
     #[test]
     fn attributes_and_extensions() {
         let i = info("apps", "v1", "Deployment", "deployments", true);
-        let ev = encode(&i, change(ChangeKind::Modified, object(Some("team-a"), json!({"spec": {}})))).unwrap();
+        let ev = encode(
+            &i,
+            change(
+                ChangeKind::Modified,
+                object(Some("team-a"), json!({"spec": {}})),
+            ),
+        )
+        .unwrap();
         let attrs: BTreeMap<_, _> = ev.attributes().collect();
-        assert_eq!(attrs["id"], "1b4e28ba-2fa1-11d2-883f-0016d3cca427:4711:modified");
+        assert_eq!(
+            attrs["id"],
+            "1b4e28ba-2fa1-11d2-883f-0016d3cca427:4711:modified"
+        );
         assert_eq!(attrs["source"], "/k8s/dev/apis/apps/v1/deployments");
         assert_eq!(attrs["type"], "io.kubeeventbridge.object.modified");
         assert_eq!(attrs["subject"], "team-a/web");
@@ -358,7 +397,13 @@ mod tests {
         assert_eq!(attrs["namespace"], "team-a");
         assert_eq!(attrs["origin"], "live");
         for name in attrs.keys() {
-            assert!(name.len() <= 20 && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()), "{name}");
+            assert!(
+                name.len() <= 20
+                    && name
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()),
+                "{name}"
+            );
         }
         let data: Value = serde_json::from_slice(&ev.data).unwrap();
         assert!(data["metadata"].get("managedFields").is_none());
@@ -370,7 +415,11 @@ mod tests {
         let i = info("", "v1", "ConfigMap", "configmaps", true);
         let a = encode(&i, change(ChangeKind::Added, object(Some("ns"), json!({})))).unwrap();
         let b = encode(&i, change(ChangeKind::Added, object(Some("ns"), json!({})))).unwrap();
-        let c = encode(&i, change(ChangeKind::Deleted, object(Some("ns"), json!({})))).unwrap();
+        let c = encode(
+            &i,
+            change(ChangeKind::Deleted, object(Some("ns"), json!({}))),
+        )
+        .unwrap();
         assert_eq!(a.id, b.id);
         assert_ne!(a.id, c.id);
         assert_eq!(a.info.source, "/k8s/dev/api/v1/configmaps");
@@ -381,7 +430,10 @@ mod tests {
         let i = info("", "v1", "Secret", "secrets", true);
         let ev = encode(&i, change(ChangeKind::Added, object(Some("ns"), json!({"data": {"password": "c2VjcmV0"}, "stringData": {"token": "plain"}, "type": "Opaque"})))).unwrap();
         let text = String::from_utf8(ev.data).unwrap();
-        assert!(!text.contains("c2VjcmV0") && !text.contains("plain"), "{text}");
+        assert!(
+            !text.contains("c2VjcmV0") && !text.contains("plain"),
+            "{text}"
+        );
         let data: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(data["data"]["password"], REDACTED);
         assert_eq!(data["stringData"]["token"], REDACTED);
@@ -392,7 +444,14 @@ mod tests {
     #[test]
     fn non_secrets_are_not_redacted() {
         let i = info("", "v1", "ConfigMap", "configmaps", true);
-        let ev = encode(&i, change(ChangeKind::Added, object(Some("ns"), json!({"data": {"k": "v"}})))).unwrap();
+        let ev = encode(
+            &i,
+            change(
+                ChangeKind::Added,
+                object(Some("ns"), json!({"data": {"k": "v"}})),
+            ),
+        )
+        .unwrap();
         let data: Value = serde_json::from_slice(&ev.data).unwrap();
         assert_eq!(data["data"]["k"], "v");
     }
@@ -400,14 +459,24 @@ mod tests {
     #[test]
     fn structured_form_is_a_valid_cloudevent() {
         let i = info("stable.example.com", "v1", "CronTab", "crontabs", false);
-        let ev = encode(&i, change(ChangeKind::Deleted, object(None, json!({"spec": {"x": "\"quoted\""}})))).unwrap();
+        let ev = encode(
+            &i,
+            change(
+                ChangeKind::Deleted,
+                object(None, json!({"spec": {"x": "\"quoted\""}})),
+            ),
+        )
+        .unwrap();
         let parsed: cloudevents::Event = serde_json::from_slice(&ev.to_structured_json()).unwrap();
         use cloudevents::AttributesReader;
         assert_eq!(parsed.id(), ev.id);
         assert_eq!(parsed.subject(), Some("web"));
         assert_eq!(parsed.datacontenttype(), Some("application/json"));
         assert!(parsed.extension("namespace").is_none());
-        assert_eq!(parsed.extension("cluster").map(|v| v.to_string()), Some("dev".into()));
+        assert_eq!(
+            parsed.extension("cluster").map(|v| v.to_string()),
+            Some("dev".into())
+        );
     }
 
     #[test]

@@ -54,7 +54,13 @@ impl KnownObjects {
     }
 
     /// Records an object seen at `resource_version` and says how it relates to what was known.
-    pub fn observe(&mut self, uid: &str, resource_version: &str, namespace: Option<&str>, name: &str) -> Seen {
+    pub fn observe(
+        &mut self,
+        uid: &str,
+        resource_version: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Seen {
         if let Some(entry) = self.entries.get_mut(uid) {
             if &*entry.resource_version == resource_version {
                 return Seen::Unchanged;
@@ -109,7 +115,13 @@ pub struct Relist<'a> {
 
 impl Relist<'_> {
     /// Records one listed object and says how it relates to what was known before the relist.
-    pub fn observe(&mut self, uid: &str, resource_version: &str, namespace: Option<&str>, name: &str) -> Seen {
+    pub fn observe(
+        &mut self,
+        uid: &str,
+        resource_version: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Seen {
         match self.previous.as_mut().and_then(|p| p.remove_entry(uid)) {
             Some((key, mut entry)) => {
                 let seen = if &*entry.resource_version == resource_version {
@@ -128,7 +140,12 @@ impl Relist<'_> {
     /// Ends the relist: every object known before but not listed, as (uid, entry), sorted by uid so
     /// synthetic deletes come out in a stable order.
     pub fn finish(mut self) -> Vec<(Box<str>, Entry)> {
-        let mut gone: Vec<_> = self.previous.take().unwrap_or_default().into_iter().collect();
+        let mut gone: Vec<_> = self
+            .previous
+            .take()
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
         gone.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         gone
     }
@@ -158,7 +175,10 @@ mod tests {
         assert_eq!(k.observe("u1", "2", Some("ns"), "a"), Seen::Changed);
         assert_eq!(k.observe("u2", "3", Some("ns"), "b"), Seen::New);
         let (a, b) = (k.get("u1").unwrap(), k.get("u2").unwrap());
-        assert!(Arc::ptr_eq(a.namespace.as_ref().unwrap(), b.namespace.as_ref().unwrap()));
+        assert!(Arc::ptr_eq(
+            a.namespace.as_ref().unwrap(),
+            b.namespace.as_ref().unwrap()
+        ));
         assert_eq!(k.remove("u1").unwrap().resource_version.as_ref(), "2");
         assert_eq!(k.len(), 1);
     }
@@ -173,10 +193,16 @@ mod tests {
 
         let mut r = k.relist();
         assert_eq!(r.observe("same", "1", Some("ns"), "same"), Seen::Unchanged);
-        assert_eq!(r.observe("changed", "9", Some("ns"), "changed"), Seen::Changed);
+        assert_eq!(
+            r.observe("changed", "9", Some("ns"), "changed"),
+            Seen::Changed
+        );
         assert_eq!(r.observe("recreated-new", "10", Some("ns"), "x"), Seen::New);
         let gone = r.finish();
-        let gone: Vec<_> = gone.iter().map(|(uid, e)| (&**uid, &*e.resource_version)).collect();
+        let gone: Vec<_> = gone
+            .iter()
+            .map(|(uid, e)| (&**uid, &*e.resource_version))
+            .collect();
         assert_eq!(gone, vec![("gone", "3"), ("recreated-old", "4")]);
 
         assert_eq!(k.len(), 3);

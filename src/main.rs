@@ -12,7 +12,11 @@ use kube_event_bridge::{runtime, schema, tail};
 use tracing::{error, info};
 
 #[derive(Parser)]
-#[command(name = "kube-event-bridge", version, about = "Publishes every change of Kubernetes resources as a CloudEvent to Kafka or NATS JetStream")]
+#[command(
+    name = "kube-event-bridge",
+    version,
+    about = "Publishes every change of Kubernetes resources as a CloudEvent to Kafka or NATS JetStream"
+)]
 struct Cli {
     /// Log format on standard error.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true, env = "KEB_LOG_FORMAT")]
@@ -71,16 +75,25 @@ enum Command {
 }
 
 fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kube_client=warn,rdkafka=warn".into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "info,kube_client=warn,rdkafka=warn".into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .init(),
     }
 }
 
 fn load(path: &std::path::Path) -> Result<Config, String> {
-    ConfigFile::load(path).and_then(ConfigFile::validate).map_err(|e| format!("{}: {e}", path.display()))
+    ConfigFile::load(path)
+        .and_then(ConfigFile::validate)
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 #[tokio::main]
@@ -90,14 +103,26 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run { config } => run(&config).await,
         Command::CheckConfig { config, cluster } => check_config(&config, cluster).await,
-        Command::Tail { config, verbose, from_beginning, limit, idle_timeout_secs } => {
-            let options = tail::Options { verbose, from_beginning, limit, idle_timeout: idle_timeout_secs.map(Duration::from_secs) };
+        Command::Tail {
+            config,
+            verbose,
+            from_beginning,
+            limit,
+            idle_timeout_secs,
+        } => {
+            let options = tail::Options {
+                verbose,
+                from_beginning,
+                limit,
+                idle_timeout: idle_timeout_secs.map(Duration::from_secs),
+            };
             match load(&config) {
                 Ok(cfg) => tail::run(&cfg, options).await.map_err(|e| chain(&e)),
                 Err(e) => Err(e),
             }
         }
-        Command::Schema { dir } => schema::write_all(&dir).map_err(|e| format!("cannot write schemas to {}: {e}", dir.display())),
+        Command::Schema { dir } => schema::write_all(&dir)
+            .map_err(|e| format!("cannot write schemas to {}: {e}", dir.display())),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -123,7 +148,9 @@ fn chain(e: &dyn std::error::Error) -> String {
 async fn run(path: &std::path::Path) -> Result<(), String> {
     let config = load(path)?;
     let grace = Duration::from_secs(config.delivery.shutdown_grace_secs);
-    let mut bridge = runtime::Bridge::start(config).await.map_err(|e| chain(&e))?;
+    let mut bridge = runtime::Bridge::start(config)
+        .await
+        .map_err(|e| chain(&e))?;
     tokio::select! {
         () = shutdown_signal() => {}
         () = bridge.join() => return Err("every watch stopped unexpectedly".into()),
@@ -155,12 +182,25 @@ async fn shutdown_signal() {
 async fn check_config(path: &std::path::Path, cluster: bool) -> Result<(), String> {
     let config = load(path)?;
     if !cluster {
-        println!("{}: valid ({} resources, sink {})", path.display(), config.resources.len(), config.sink.kind());
+        println!(
+            "{}: valid ({} resources, sink {})",
+            path.display(),
+            config.resources.len(),
+            config.sink.kind()
+        );
         return Ok(());
     }
-    let client = runtime::client(&config.kubernetes).await.map_err(|e| chain(&e))?;
-    let resolved = discovery::resolve(&client, &config.resources).await.map_err(|e| chain(&e))?;
-    println!("{}: valid; plan for cluster {}:", path.display(), config.cluster);
+    let client = runtime::client(&config.kubernetes)
+        .await
+        .map_err(|e| chain(&e))?;
+    let resolved = discovery::resolve(&client, &config.resources)
+        .await
+        .map_err(|e| chain(&e))?;
+    println!(
+        "{}: valid; plan for cluster {}:",
+        path.display(),
+        config.cluster
+    );
     for r in &resolved {
         println!("{}", plan_line(&config, r));
     }
@@ -168,15 +208,28 @@ async fn check_config(path: &std::path::Path, cluster: bool) -> Result<(), Strin
 }
 
 fn plan_line(config: &Config, r: &ResolvedResource) -> String {
-    let scope = if r.namespaced { "Namespaced" } else { "Cluster" };
+    let scope = if r.namespaced {
+        "Namespaced"
+    } else {
+        "Cluster"
+    };
     let namespaces = match &r.config.namespaces {
         Some(list) => list.join(","),
         None if r.namespaced => "*".into(),
         None => "-".into(),
     };
-    let values = Values { cluster: &config.cluster, group: &r.api.group, version: &r.api.version, resource: &r.api.plural, namespace: None, name: "{name}" };
+    let values = Values {
+        cluster: &config.cluster,
+        group: &r.api.group,
+        version: &r.api.version,
+        resource: &r.api.plural,
+        namespace: None,
+        name: "{name}",
+    };
     let destination = match &config.sink {
-        Sink::Kafka { topic, .. } if topic.per_object() => format!("kafka topic {topic} (per namespace)"),
+        Sink::Kafka { topic, .. } if topic.per_object() => {
+            format!("kafka topic {topic} (per namespace)")
+        }
         Sink::Kafka { topic, .. } => format!("kafka topic {}", topic.render_topic(&values)),
         Sink::Nats { subject, .. } => format!("nats subject {}", subject.subject_filter(&values)),
         Sink::Stdout => "stdout".into(),

@@ -65,7 +65,10 @@ pub struct Pipeline {
     pub status: Arc<Status>,
 }
 
-#[expect(clippy::large_enum_variant, reason = "moved once; boxing would allocate per event")]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "moved once; boxing would allocate per event"
+)]
 enum Done {
     Delivered(Delivered),
     Progress(String),
@@ -194,12 +197,14 @@ mod tests {
 
     fn info() -> Arc<ResourceInfo> {
         let resolved = crate::discovery::ResolvedResource {
-            config: crate::config::ConfigFile::parse("cluster: dev\nresources: [{apiVersion: v1, resource: configmaps}]\n")
-                .unwrap()
-                .validate()
-                .unwrap()
-                .resources
-                .remove(0),
+            config: crate::config::ConfigFile::parse(
+                "cluster: dev\nresources: [{apiVersion: v1, resource: configmaps}]\n",
+            )
+            .unwrap()
+            .validate()
+            .unwrap()
+            .resources
+            .remove(0),
             api: kube::discovery::ApiResource {
                 group: String::new(),
                 version: "v1".into(),
@@ -225,9 +230,13 @@ mod tests {
         let (tx, rx) = mpsc::channel(4);
         let task = tokio::spawn(p.run(rx));
         tx.send(change(ChangeKind::Added, "a", "1")).await.unwrap();
-        tx.send(change(ChangeKind::Modified, "a", "2")).await.unwrap();
+        tx.send(change(ChangeKind::Modified, "a", "2"))
+            .await
+            .unwrap();
         tx.send(Item::Synced).await.unwrap();
-        tx.send(change(ChangeKind::Deleted, "a", "3")).await.unwrap();
+        tx.send(change(ChangeKind::Deleted, "a", "3"))
+            .await
+            .unwrap();
         tx.send(Item::Progress("7".into())).await.unwrap();
         drop(tx);
         task.await.unwrap();

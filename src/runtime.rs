@@ -51,16 +51,29 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Builds a client: the configured kubeconfig and context, else in-cluster, else `KUBECONFIG` or
 /// `~/.kube/config`.
 pub async fn client(k: &KubernetesConfig) -> Result<Client> {
-    let options = KubeConfigOptions { context: k.context.clone(), ..Default::default() };
+    let options = KubeConfigOptions {
+        context: k.context.clone(),
+        ..Default::default()
+    };
     let config = match &k.kubeconfig {
         Some(path) => {
-            let kubeconfig = Kubeconfig::read_from(path).map_err(|source| Error::Kubeconfig { path: path.display().to_string(), source })?;
+            let kubeconfig = Kubeconfig::read_from(path).map_err(|source| Error::Kubeconfig {
+                path: path.display().to_string(),
+                source,
+            })?;
             kube::Config::from_custom_kubeconfig(kubeconfig, &options)
                 .await
-                .map_err(|source| Error::Kubeconfig { path: path.display().to_string(), source })?
+                .map_err(|source| Error::Kubeconfig {
+                    path: path.display().to_string(),
+                    source,
+                })?
         }
-        None if k.context.is_some() => kube::Config::from_kubeconfig(&options).await.map_err(|e| Error::ClientConfig(Box::new(e)))?,
-        None => kube::Config::infer().await.map_err(|e| Error::ClientConfig(Box::new(e)))?,
+        None if k.context.is_some() => kube::Config::from_kubeconfig(&options)
+            .await
+            .map_err(|e| Error::ClientConfig(Box::new(e)))?,
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| Error::ClientConfig(Box::new(e)))?,
     };
     Client::try_from(config).map_err(Error::Client)
 }
@@ -102,7 +115,11 @@ impl Bridge {
             }
         }
         let sink = Arc::new(AnySink::connect(&config.cluster, &config.sink, &resources).await?);
-        info!(sink = sink.name(), resources = resources.len(), "sink connected");
+        info!(
+            sink = sink.name(),
+            resources = resources.len(),
+            "sink connected"
+        );
         let stop_watches = CancellationToken::new();
         let mut tasks = JoinSet::new();
         let mut watches = Vec::new();
@@ -113,7 +130,10 @@ impl Bridge {
                 let (tx, rx) = mpsc::channel(config.delivery.queue_capacity);
                 let span = info_span!("watch", resource = %r.label(), namespace = namespace.as_deref().unwrap_or("*"));
                 let target = target(&client, r, namespace.as_deref());
-                tasks.spawn(watch::run(target, watch::State::default(), tx, stop_watches.clone()).instrument(span.clone()));
+                tasks.spawn(
+                    watch::run(target, watch::State::default(), tx, stop_watches.clone())
+                        .instrument(span.clone()),
+                );
                 let pipeline = Pipeline {
                     info: info.clone(),
                     events: r.config.events.clone(),
@@ -122,11 +142,20 @@ impl Bridge {
                     status: status.clone(),
                 };
                 tasks.spawn(pipeline.run(rx).instrument(span));
-                watches.push(WatchHandle { resource: r.label(), namespace, status });
+                watches.push(WatchHandle {
+                    resource: r.label(),
+                    namespace,
+                    status,
+                });
             }
         }
         info!(watches = watches.len(), "bridge started");
-        Ok(Self { watches, stop_watches, tasks, sink })
+        Ok(Self {
+            watches,
+            stop_watches,
+            tasks,
+            sink,
+        })
     }
 
     /// The watches and their status.
@@ -136,20 +165,31 @@ impl Bridge {
 
     /// Whether every watch has published its initial state.
     pub fn synced(&self) -> bool {
-        self.watches.iter().all(|w| w.status.synced.load(std::sync::atomic::Ordering::Relaxed))
+        self.watches
+            .iter()
+            .all(|w| w.status.synced.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Stops the watches, then waits up to `grace` for the pipelines to drain and the sink to
     /// flush. Returns whether everything drained in time.
     pub async fn shutdown(mut self, grace: Duration) -> bool {
-        info!(grace_secs = grace.as_secs(), "shutting down: stopping watches, draining in-flight events");
+        info!(
+            grace_secs = grace.as_secs(),
+            "shutting down: stopping watches, draining in-flight events"
+        );
         self.stop_watches.cancel();
         let deadline = tokio::time::Instant::now() + grace;
-        let drained = tokio::time::timeout_at(deadline, async { while self.tasks.join_next().await.is_some() {} }).await.is_ok();
+        let drained = tokio::time::timeout_at(deadline, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await
+        .is_ok();
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         self.sink.flush(left.max(Duration::from_millis(100))).await;
         if !drained {
-            warn!("grace period over with events still in flight; they will be published again after restart");
+            warn!(
+                "grace period over with events still in flight; they will be published again after restart"
+            );
             self.tasks.abort_all();
         }
         drained
@@ -168,7 +208,10 @@ fn target(client: &Client, r: &ResolvedResource, namespace: Option<&str>) -> Tar
     };
     Target {
         api,
-        types: TypeMeta { api_version: r.api.api_version.clone(), kind: r.api.kind.clone() },
+        types: TypeMeta {
+            api_version: r.api.api_version.clone(),
+            kind: r.api.kind.clone(),
+        },
         label_selector: r.config.label_selector.clone(),
         field_selector: r.config.field_selector.clone(),
         page_size: PAGE_SIZE,

@@ -74,7 +74,10 @@ pub fn event_schema() -> String {
 
 /// File names and contents of every schema.
 pub fn all() -> [(&'static str, String); 2] {
-    [("config.schema.json", config_schema()), ("event.schema.json", event_schema())]
+    [
+        ("config.schema.json", config_schema()),
+        ("event.schema.json", event_schema()),
+    ]
 }
 
 /// Writes every schema into `dir`.
@@ -95,7 +98,10 @@ mod tests {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas");
         for (name, text) in all() {
             let on_disk = std::fs::read_to_string(dir.join(name)).unwrap_or_default();
-            assert!(on_disk == text, "schemas/{name} is stale: run `cargo run -- schema --dir schemas`");
+            assert!(
+                on_disk == text,
+                "schemas/{name} is stale: run `cargo run -- schema --dir schemas`"
+            );
         }
     }
 }

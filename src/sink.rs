@@ -105,12 +105,18 @@ pub enum AnySink {
 impl AnySink {
     /// Connects to the configured sink and prepares it for `resources` (a JetStream stream is
     /// created or checked).
-    pub async fn connect(cluster: &str, sink: &config::Sink, resources: &[ResolvedResource]) -> Result<Self> {
+    pub async fn connect(
+        cluster: &str,
+        sink: &config::Sink,
+        resources: &[ResolvedResource],
+    ) -> Result<Self> {
         Ok(match sink {
-            config::Sink::Kafka { config, topic } => AnySink::Kafka(kafka::KafkaSink::new(cluster, config, topic.clone())?),
-            config::Sink::Nats { config, subject } => {
-                AnySink::Nats(nats::NatsSink::connect(cluster, config, subject.clone(), resources).await?)
+            config::Sink::Kafka { config, topic } => {
+                AnySink::Kafka(kafka::KafkaSink::new(cluster, config, topic.clone())?)
             }
+            config::Sink::Nats { config, subject } => AnySink::Nats(
+                nats::NatsSink::connect(cluster, config, subject.clone(), resources).await?,
+            ),
             config::Sink::Stdout => AnySink::Stdout(stdout::StdoutSink::new()),
         })
     }

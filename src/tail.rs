@@ -56,22 +56,40 @@ pub struct Options {
 
 /// Decodes a binary-mode or structured-mode message. `headers` are (name, value) pairs;
 /// `prefix` is `ce_` (Kafka) or `ce-` (NATS, whose values are percent-encoded).
-pub fn decode<'a>(headers: impl IntoIterator<Item = (&'a str, &'a str)>, body: &[u8], prefix: &str) -> Result<Event, Error> {
+pub fn decode<'a>(
+    headers: impl IntoIterator<Item = (&'a str, &'a str)>,
+    body: &[u8],
+    prefix: &str,
+) -> Result<Event, Error> {
     let mut attrs = BTreeMap::new();
     let mut content_type = None;
     for (name, value) in headers {
         if name.eq_ignore_ascii_case("content-type") {
             content_type = Some(value.to_string());
         } else if let Some(attr) = name.strip_prefix(prefix) {
-            let value = if prefix == "ce-" { percent_decode_str(value).decode_utf8_lossy().into_owned() } else { value.to_string() };
+            let value = if prefix == "ce-" {
+                percent_decode_str(value).decode_utf8_lossy().into_owned()
+            } else {
+                value.to_string()
+            };
             attrs.insert(attr.to_ascii_lowercase(), value);
         }
     }
-    if content_type.as_deref().is_some_and(|c| c.starts_with("application/cloudevents+json")) {
+    if content_type
+        .as_deref()
+        .is_some_and(|c| c.starts_with("application/cloudevents+json"))
+    {
         return serde_json::from_slice(body).map_err(|e| Error::Decode(e.to_string()));
     }
-    let mut take = |k: &str| attrs.remove(k).ok_or_else(|| Error::Decode(format!("missing attribute {k}")));
-    let mut b = EventBuilderV10::new().id(take("id")?).source(take("source")?).ty(take("type")?);
+    let mut take = |k: &str| {
+        attrs
+            .remove(k)
+            .ok_or_else(|| Error::Decode(format!("missing attribute {k}")))
+    };
+    let mut b = EventBuilderV10::new()
+        .id(take("id")?)
+        .source(take("source")?)
+        .ty(take("type")?);
     if let Ok(s) = take("subject") {
         b = b.subject(s);
     }
@@ -83,7 +101,8 @@ pub fn decode<'a>(headers: impl IntoIterator<Item = (&'a str, &'a str)>, body: &
     for (k, v) in attrs {
         b = b.extension(&k, v);
     }
-    let data: serde_json::Value = serde_json::from_slice(body).map_err(|e| Error::Decode(format!("data is not JSON: {e}")))?;
+    let data: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| Error::Decode(format!("data is not JSON: {e}")))?;
     let ct = content_type.unwrap_or_else(|| "application/json".into());
     b = match schema {
         Some(s) => b.data_with_schema(ct, s, data),
@@ -97,7 +116,13 @@ pub fn decode_kafka<M: Message>(m: &M) -> Result<Event, Error> {
     let mut pairs = Vec::new();
     if let Some(h) = m.headers() {
         for header in h.iter() {
-            pairs.push((header.key, header.value.and_then(|v| std::str::from_utf8(v).ok()).unwrap_or_default()));
+            pairs.push((
+                header.key,
+                header
+                    .value
+                    .and_then(|v| std::str::from_utf8(v).ok())
+                    .unwrap_or_default(),
+            ));
         }
     }
     decode(pairs, m.payload().unwrap_or_default(), "ce_")
@@ -159,16 +184,33 @@ pub async fn run(config: &Config, options: Options) -> Result<(), Error> {
         Sink::Stdout => Err(Error::Stdout),
         Sink::Kafka { config: k, topic } => {
             let mut c = producer_config(k);
-            for key in ["enable.idempotence", "acks", "message.timeout.ms", "linger.ms"] {
+            for key in [
+                "enable.idempotence",
+                "acks",
+                "message.timeout.ms",
+                "linger.ms",
+            ] {
                 c.remove(key);
             }
-            c.set("group.id", format!("kube-event-bridge-tail-{}", std::process::id()))
-                .set("isolation.level", "read_committed")
-                .set("enable.auto.commit", "false")
-                .set("auto.offset.reset", if options.from_beginning { "earliest" } else { "latest" });
+            c.set(
+                "group.id",
+                format!("kube-event-bridge-tail-{}", std::process::id()),
+            )
+            .set("isolation.level", "read_committed")
+            .set("enable.auto.commit", "false")
+            .set(
+                "auto.offset.reset",
+                if options.from_beginning {
+                    "earliest"
+                } else {
+                    "latest"
+                },
+            );
             let consumer: StreamConsumer = c.create().map_err(Error::Kafka)?;
             let pattern = topic_pattern(topic, &config.cluster, &resources);
-            consumer.subscribe(&[pattern.as_str()]).map_err(Error::Kafka)?;
+            consumer
+                .subscribe(&[pattern.as_str()])
+                .map_err(Error::Kafka)?;
             let mut stream = consumer.stream();
             while let Ok(Some(m)) = tokio::time::timeout(idle, stream.next()).await {
                 let m = m.map_err(Error::Kafka)?;
@@ -179,11 +221,21 @@ pub async fn run(config: &Config, options: Options) -> Result<(), Error> {
             Ok(())
         }
         Sink::Nats { config: n, subject } => {
-            let client = async_nats::connect(n.url.as_str()).await.map_err(|e| Error::Nats(e.to_string()))?;
-            let filters: Vec<String> = resources.iter().map(|r| subject.subject_filter(&values(&config.cluster, r))).collect();
+            let client = async_nats::connect(n.url.as_str())
+                .await
+                .map_err(|e| Error::Nats(e.to_string()))?;
+            let filters: Vec<String> = resources
+                .iter()
+                .map(|r| subject.subject_filter(&values(&config.cluster, r)))
+                .collect();
             let mut subs = futures::stream::SelectAll::new();
             for f in filters {
-                subs.push(client.subscribe(f).await.map_err(|e| Error::Nats(e.to_string()))?);
+                subs.push(
+                    client
+                        .subscribe(f)
+                        .await
+                        .map_err(|e| Error::Nats(e.to_string()))?,
+                );
             }
             while let Ok(Some(m)) = tokio::time::timeout(idle, subs.next()).await {
                 if print(decode_nats(&m)) {
@@ -196,7 +248,14 @@ pub async fn run(config: &Config, options: Options) -> Result<(), Error> {
 }
 
 fn values<'a>(cluster: &'a str, r: &'a ResolvedResource) -> Values<'a> {
-    Values { cluster, group: &r.api.group, version: &r.api.version, resource: &r.api.plural, namespace: None, name: "" }
+    Values {
+        cluster,
+        group: &r.api.group,
+        version: &r.api.version,
+        resource: &r.api.plural,
+        namespace: None,
+        name: "",
+    }
 }
 
 /// A librdkafka subscription regex (`^...`) matching every topic the template yields for the
@@ -207,8 +266,15 @@ pub fn topic_pattern(topic: &Template, cluster: &str, resources: &[ResolvedResou
     let alternatives: Vec<String> = resources
         .iter()
         .map(|r| {
-            let rendered = topic.render_topic(&Values { namespace: Some(NS), ..values(cluster, r) });
-            rendered.split(NS).map(regex_escape).collect::<Vec<_>>().join("[A-Za-z0-9_-]+")
+            let rendered = topic.render_topic(&Values {
+                namespace: Some(NS),
+                ..values(cluster, r)
+            });
+            rendered
+                .split(NS)
+                .map(regex_escape)
+                .collect::<Vec<_>>()
+                .join("[A-Za-z0-9_-]+")
         })
         .collect();
     format!("^({})$", alternatives.join("|"))

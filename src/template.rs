@@ -9,7 +9,9 @@ use std::fmt;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
     /// `{something}` that is not a known token.
-    #[error("unknown token {{{0}}}; known tokens: {{cluster}}, {{group}}, {{version}}, {{resource}}, {{namespace}}, {{name}}")]
+    #[error(
+        "unknown token {{{0}}}; known tokens: {{cluster}}, {{group}}, {{version}}, {{resource}}, {{namespace}}, {{name}}"
+    )]
     UnknownToken(String),
     /// A `{` without its `}` or the reverse.
     #[error("unbalanced braces")]
@@ -133,7 +135,9 @@ impl Template {
 
     /// Renders as a Kafka topic name: characters outside `[A-Za-z0-9._-]` in values become `_`.
     pub fn render_topic(&self, v: &Values<'_>) -> String {
-        self.render(v, |c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        self.render(v, |c| {
+            c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')
+        })
     }
 
     /// Renders as a NATS subject: every value becomes one safe token (dots, wildcards and
@@ -212,8 +216,15 @@ mod tests {
     #[test]
     fn subject_tokens_are_made_safe() {
         let t = Template::parse("k8s.{cluster}.{group}.{resource}.{namespace}.{name}").unwrap();
-        assert_eq!(t.render_subject(&V), "k8s.dev.stable_example_com.crontabs.team-a.my_tab");
-        let cluster_scoped = Values { namespace: None, name: "a*b>c d", ..V };
+        assert_eq!(
+            t.render_subject(&V),
+            "k8s.dev.stable_example_com.crontabs.team-a.my_tab"
+        );
+        let cluster_scoped = Values {
+            namespace: None,
+            name: "a*b>c d",
+            ..V
+        };
         assert_eq!(
             t.render_subject(&cluster_scoped),
             "k8s.dev.stable_example_com.crontabs._.a_b_c_d"
@@ -223,12 +234,18 @@ mod tests {
     #[test]
     fn subject_filter_widens_per_object_levels() {
         let t = Template::parse("k8s.{cluster}.{group}.{resource}.ns-{namespace}.{name}").unwrap();
-        assert_eq!(t.subject_filter(&V), "k8s.dev.stable_example_com.crontabs.*.*");
+        assert_eq!(
+            t.subject_filter(&V),
+            "k8s.dev.stable_example_com.crontabs.*.*"
+        );
     }
 
     #[test]
     fn parse_errors() {
-        assert_eq!(Template::parse("a.{nope}"), Err(Error::UnknownToken("nope".into())));
+        assert_eq!(
+            Template::parse("a.{nope}"),
+            Err(Error::UnknownToken("nope".into()))
+        );
         assert_eq!(Template::parse("a.{cluster"), Err(Error::Unbalanced));
         assert_eq!(Template::parse("a}"), Err(Error::Unbalanced));
         assert_eq!(Template::parse(""), Err(Error::Empty));

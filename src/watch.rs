@@ -52,8 +52,14 @@ impl Error {
     pub fn reason(&self) -> &'static str {
         match self {
             Error::Gone(_) => "gone",
-            Error::Request { source: kube::Error::Api(s), .. } if s.code == 403 => "forbidden",
-            Error::Request { source: kube::Error::Api(s), .. } if s.code == 404 => "not_found",
+            Error::Request {
+                source: kube::Error::Api(s),
+                ..
+            } if s.code == 403 => "forbidden",
+            Error::Request {
+                source: kube::Error::Api(s),
+                ..
+            } if s.code == 404 => "not_found",
             Error::Request { .. } => "request",
             Error::Status { .. } => "status",
             Error::Closed => "closed",
@@ -63,7 +69,10 @@ impl Error {
 
 /// What a watch sends down the pipeline, in order.
 #[derive(Debug)]
-#[expect(clippy::large_enum_variant, reason = "moved once through the channel; boxing would allocate per event")]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "moved once through the channel; boxing would allocate per event"
+)]
 pub enum Item {
     /// A change to publish.
     Change(Change),
@@ -102,7 +111,12 @@ pub struct State {
 }
 
 /// Runs the watch until `shutdown` or until the pipeline closes.
-pub async fn run(target: Target, mut state: State, tx: mpsc::Sender<Item>, shutdown: CancellationToken) {
+pub async fn run(
+    target: Target,
+    mut state: State,
+    tx: mpsc::Sender<Item>,
+    shutdown: CancellationToken,
+) {
     let mut backoff = Backoff::default();
     loop {
         let step = async {
@@ -137,7 +151,11 @@ pub async fn run(target: Target, mut state: State, tx: mpsc::Sender<Item>, shutd
 /// Lists every object (paginated, consistent read), diffs against the index, and sends the
 /// differences: the initial snapshot the first time, repaired changes after a 410.
 async fn list(target: &Target, state: &mut State, tx: &mpsc::Sender<Item>) -> Result<(), Error> {
-    let origin = if state.synced { Origin::Repaired } else { Origin::Snapshot };
+    let origin = if state.synced {
+        Origin::Repaired
+    } else {
+        Origin::Snapshot
+    };
     let mut params = ListParams::default().limit(target.page_size);
     if let Some(l) = &target.label_selector {
         params = params.labels(l);
@@ -150,18 +168,39 @@ async fn list(target: &Target, state: &mut State, tx: &mpsc::Sender<Item>) -> Re
     let mut relist = state.known.relist();
     let mut sent = 0usize;
     let list_rv = loop {
-        let page = target.api.list(&params).await.map_err(|source| Error::Request { reason: "list", source })?;
+        let page = target
+            .api
+            .list(&params)
+            .await
+            .map_err(|source| Error::Request {
+                reason: "list",
+                source,
+            })?;
         let observed = SystemTime::now();
         for mut object in page.items {
-            let Some((uid, rv)) = ids(&object.metadata) else { continue };
-            let seen = relist.observe(uid, rv, object.metadata.namespace.as_deref(), object.metadata.name.as_deref().unwrap_or_default());
+            let Some((uid, rv)) = ids(&object.metadata) else {
+                continue;
+            };
+            let seen = relist.observe(
+                uid,
+                rv,
+                object.metadata.namespace.as_deref(),
+                object.metadata.name.as_deref().unwrap_or_default(),
+            );
             let kind = match seen {
                 Seen::New => ChangeKind::Added,
                 Seen::Changed => ChangeKind::Modified,
                 Seen::Unchanged => continue,
             };
             object.types.get_or_insert_with(|| target.types.clone());
-            tx.send(Item::Change(Change { kind, origin, object, observed })).await.map_err(|_| Error::Closed)?;
+            tx.send(Item::Change(Change {
+                kind,
+                origin,
+                object,
+                observed,
+            }))
+            .await
+            .map_err(|_| Error::Closed)?;
             sent += 1;
         }
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
@@ -188,12 +227,16 @@ async fn list(target: &Target, state: &mut State, tx: &mpsc::Sender<Item>) -> Re
         observed,
     });
     for change in deletes {
-        tx.send(Item::Change(change)).await.map_err(|_| Error::Closed)?;
+        tx.send(Item::Change(change))
+            .await
+            .map_err(|_| Error::Closed)?;
         sent += 1;
     }
     info!(rv = %list_rv, objects = state.known.len(), sent, origin = origin.as_str(), "listed");
     state.resource_version = Some(list_rv.clone());
-    tx.send(Item::Progress(list_rv)).await.map_err(|_| Error::Closed)?;
+    tx.send(Item::Progress(list_rv))
+        .await
+        .map_err(|_| Error::Closed)?;
     if !state.synced {
         state.synced = true;
         tx.send(Item::Synced).await.map_err(|_| Error::Closed)?;
@@ -202,7 +245,12 @@ async fn list(target: &Target, state: &mut State, tx: &mpsc::Sender<Item>) -> Re
 }
 
 /// Watches from `rv` until the stream ends (server timeout, dropped connection) or fails.
-async fn watch(target: &Target, state: &mut State, tx: &mpsc::Sender<Item>, rv: &str) -> Result<(), Error> {
+async fn watch(
+    target: &Target,
+    state: &mut State,
+    tx: &mpsc::Sender<Item>,
+    rv: &str,
+) -> Result<(), Error> {
     let mut params = WatchParams::default().timeout(target.watch_timeout_secs);
     if let Some(l) = &target.label_selector {
         params = params.labels(l);
@@ -210,10 +258,17 @@ async fn watch(target: &Target, state: &mut State, tx: &mpsc::Sender<Item>, rv: 
     if let Some(f) = &target.field_selector {
         params = params.fields(f);
     }
-    let stream = target.api.watch(&params, rv).await.map_err(|source| match source {
-        kube::Error::Api(s) if s.code == 410 => Error::Gone(rv.to_string()),
-        source => Error::Request { reason: "watch", source },
-    })?;
+    let stream = target
+        .api
+        .watch(&params, rv)
+        .await
+        .map_err(|source| match source {
+            kube::Error::Api(s) if s.code == 410 => Error::Gone(rv.to_string()),
+            source => Error::Request {
+                reason: "watch",
+                source,
+            },
+        })?;
     debug!(rv, "watching");
     let mut stream = std::pin::pin!(stream.into_stream());
     while let Some(event) = stream.next().await {
@@ -232,13 +287,27 @@ async fn watch(target: &Target, state: &mut State, tx: &mpsc::Sender<Item>, rv: 
             WatchEvent::Deleted(o) => (ChangeKind::Deleted, o),
             WatchEvent::Bookmark(b) => {
                 state.resource_version = Some(b.metadata.resource_version.clone());
-                tx.send(Item::Progress(b.metadata.resource_version)).await.map_err(|_| Error::Closed)?;
+                tx.send(Item::Progress(b.metadata.resource_version))
+                    .await
+                    .map_err(|_| Error::Closed)?;
                 continue;
             }
-            WatchEvent::Error(s) if s.code == 410 => return Err(Error::Gone(state.resource_version.clone().unwrap_or_default())),
-            WatchEvent::Error(s) => return Err(Error::Status { code: s.code, reason: s.reason, message: s.message }),
+            WatchEvent::Error(s) if s.code == 410 => {
+                return Err(Error::Gone(
+                    state.resource_version.clone().unwrap_or_default(),
+                ));
+            }
+            WatchEvent::Error(s) => {
+                return Err(Error::Status {
+                    code: s.code,
+                    reason: s.reason,
+                    message: s.message,
+                });
+            }
         };
-        let Some((uid, rv)) = ids(&object.metadata) else { continue };
+        let Some((uid, rv)) = ids(&object.metadata) else {
+            continue;
+        };
         let (uid, rv) = (uid.to_string(), rv.to_string());
         // A delete is always published (even of an object the index missed); an add or modify at
         // a resourceVersion already seen is a replay and is skipped.
@@ -248,15 +317,27 @@ async fn watch(target: &Target, state: &mut State, tx: &mpsc::Sender<Item>, rv: 
                 true
             }
             _ => {
-                let seen = state.known.observe(&uid, &rv, object.metadata.namespace.as_deref(), object.metadata.name.as_deref().unwrap_or_default());
+                let seen = state.known.observe(
+                    &uid,
+                    &rv,
+                    object.metadata.namespace.as_deref(),
+                    object.metadata.name.as_deref().unwrap_or_default(),
+                );
                 seen != Seen::Unchanged
             }
         };
         state.resource_version = Some(rv);
         if publish {
             object.types.get_or_insert_with(|| target.types.clone());
-            let change = Change { kind, origin: Origin::Live, object, observed };
-            tx.send(Item::Change(change)).await.map_err(|_| Error::Closed)?;
+            let change = Change {
+                kind,
+                origin: Origin::Live,
+                object,
+                observed,
+            };
+            tx.send(Item::Change(change))
+                .await
+                .map_err(|_| Error::Closed)?;
         }
     }
     Ok(())
@@ -266,7 +347,10 @@ fn ids(meta: &ObjectMeta) -> Option<(&str, &str)> {
     match (meta.uid.as_deref(), meta.resource_version.as_deref()) {
         (Some(uid), Some(rv)) => Some((uid, rv)),
         _ => {
-            warn!(name = meta.name.as_deref().unwrap_or_default(), "object without uid or resourceVersion skipped");
+            warn!(
+                name = meta.name.as_deref().unwrap_or_default(),
+                "object without uid or resourceVersion skipped"
+            );
             None
         }
     }
@@ -284,7 +368,10 @@ impl Backoff {
     pub fn next_delay(&mut self) -> Duration {
         let base_ms = 250u64.saturating_mul(1 << self.attempt.min(7)).min(30_000);
         self.attempt = self.attempt.saturating_add(1);
-        let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+        let nanos = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
         let jitter = u64::from(nanos) % (base_ms / 4 + 1);
         Duration::from_millis(base_ms - base_ms / 8 + jitter)
     }
@@ -303,12 +390,19 @@ mod tests {
     fn backoff_grows_and_caps() {
         let mut b = Backoff::default();
         let first = b.next_delay();
-        assert!(first >= Duration::from_millis(218) && first <= Duration::from_millis(300), "{first:?}");
+        assert!(
+            first >= Duration::from_millis(218) && first <= Duration::from_millis(300),
+            "{first:?}"
+        );
         for _ in 0..20 {
             b.next_delay();
         }
         let capped = b.next_delay();
-        assert!(capped <= Duration::from_millis(30_000 + 7_500) && capped >= Duration::from_millis(26_000), "{capped:?}");
+        assert!(
+            capped <= Duration::from_millis(30_000 + 7_500)
+                && capped >= Duration::from_millis(26_000),
+            "{capped:?}"
+        );
         b.reset();
         assert!(b.next_delay() <= Duration::from_millis(300));
     }

@@ -25,7 +25,9 @@ pub struct KafkaSink {
 
 impl std::fmt::Debug for KafkaSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KafkaSink").field("topic", &self.topic.to_string()).finish_non_exhaustive()
+        f.debug_struct("KafkaSink")
+            .field("topic", &self.topic.to_string())
+            .finish_non_exhaustive()
     }
 }
 
@@ -50,7 +52,9 @@ pub fn producer_config(config: &KafkaConfig) -> ClientConfig {
 impl KafkaSink {
     /// Creates the producer (connections are made lazily by librdkafka).
     pub fn new(cluster: &str, config: &KafkaConfig, topic: Template) -> Result<Self> {
-        let producer = producer_config(config).create().map_err(Error::KafkaClient)?;
+        let producer = producer_config(config)
+            .create()
+            .map_err(Error::KafkaClient)?;
         Ok(Self {
             producer,
             topic,
@@ -82,7 +86,10 @@ impl KafkaSink {
                     value: Some(DATA_CONTENT_TYPE),
                 });
                 for (name, value) in event.attributes() {
-                    h = h.insert(Header { key: &format!("ce_{name}"), value: Some(value) });
+                    h = h.insert(Header {
+                        key: &format!("ce_{name}"),
+                        value: Some(value),
+                    });
                 }
                 (&event.data[..], h)
             }
@@ -95,7 +102,10 @@ impl KafkaSink {
                 (&structured[..], h)
             }
         };
-        let mut record = FutureRecord::to(&topic).key(&event.uid).payload(payload).headers(headers);
+        let mut record = FutureRecord::to(&topic)
+            .key(&event.uid)
+            .payload(payload)
+            .headers(headers);
         let delivery = loop {
             match self.producer.send_result(record) {
                 Ok(delivery) => break delivery,
@@ -113,7 +123,9 @@ impl KafkaSink {
             let outcome = match delivery.await {
                 Ok(Ok(_)) => Outcome::Acked,
                 Ok(Err((error, _))) => classify(&error),
-                Err(_) => Outcome::Retry { error: "producer dropped the delivery".into() },
+                Err(_) => Outcome::Retry {
+                    error: "producer dropped the delivery".into(),
+                },
             };
             Delivered { event, outcome }
         })
@@ -133,14 +145,27 @@ impl KafkaSink {
 pub fn classify(error: &KafkaError) -> Outcome {
     use RDKafkaErrorCode as C;
     let reason = match error.rdkafka_error_code() {
-        Some(C::MessageSizeTooLarge | C::InvalidMessageSize | C::MessageBatchTooLarge) => "too_large",
-        Some(C::TopicAuthorizationFailed | C::ClusterAuthorizationFailed | C::TransactionalIdAuthorizationFailed) => {
-            "not_authorized"
+        Some(C::MessageSizeTooLarge | C::InvalidMessageSize | C::MessageBatchTooLarge) => {
+            "too_large"
         }
-        Some(C::InvalidTopic | C::InvalidRecord | C::InvalidMessage | C::InvalidRequiredAcks) => "invalid",
-        _ => return Outcome::Retry { error: error.to_string() },
+        Some(
+            C::TopicAuthorizationFailed
+            | C::ClusterAuthorizationFailed
+            | C::TransactionalIdAuthorizationFailed,
+        ) => "not_authorized",
+        Some(C::InvalidTopic | C::InvalidRecord | C::InvalidMessage | C::InvalidRequiredAcks) => {
+            "invalid"
+        }
+        _ => {
+            return Outcome::Retry {
+                error: error.to_string(),
+            };
+        }
     };
-    Outcome::Rejected { reason, error: error.to_string() }
+    Outcome::Rejected {
+        reason,
+        error: error.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -150,9 +175,21 @@ mod tests {
     #[test]
     fn classification() {
         let too_large = KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge);
-        assert!(matches!(classify(&too_large), Outcome::Rejected { reason: "too_large", .. }));
+        assert!(matches!(
+            classify(&too_large),
+            Outcome::Rejected {
+                reason: "too_large",
+                ..
+            }
+        ));
         let denied = KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed);
-        assert!(matches!(classify(&denied), Outcome::Rejected { reason: "not_authorized", .. }));
+        assert!(matches!(
+            classify(&denied),
+            Outcome::Rejected {
+                reason: "not_authorized",
+                ..
+            }
+        ));
         let transient = KafkaError::MessageProduction(RDKafkaErrorCode::NotEnoughReplicas);
         assert!(matches!(classify(&transient), Outcome::Retry { .. }));
     }

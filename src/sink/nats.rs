@@ -35,7 +35,11 @@ async fn read_secret(field: &'static str, path: &std::path::Path) -> Result<Stri
     tokio::fs::read_to_string(path)
         .await
         .map(|s| s.trim().to_string())
-        .map_err(|source| Error::NatsCredential { field, path: path.display().to_string(), source })
+        .map_err(|source| Error::NatsCredential {
+            field,
+            path: path.display().to_string(),
+            source,
+        })
 }
 
 async fn connect_options(c: &NatsCredentials) -> Result<async_nats::ConnectOptions> {
@@ -62,13 +66,19 @@ async fn connect_options(c: &NatsCredentials) -> Result<async_nats::ConnectOptio
         o = o
             .credentials_file(path)
             .await
-            .map_err(|source| Error::NatsCredential { field: "credsFile", path: path.display().to_string(), source })?;
+            .map_err(|source| Error::NatsCredential {
+                field: "credsFile",
+                path: path.display().to_string(),
+                source,
+            })?;
     }
     if let Some(ca) = &c.tls_ca_file {
         o = o.add_root_certificates(ca.clone()).require_tls(true);
     }
     if let (Some(cert), Some(key)) = (&c.tls_cert_file, &c.tls_key_file) {
-        o = o.add_client_certificate(cert.clone(), key.clone()).require_tls(true);
+        o = o
+            .add_client_certificate(cert.clone(), key.clone())
+            .require_tls(true);
     }
     Ok(o)
 }
@@ -76,12 +86,20 @@ async fn connect_options(c: &NatsCredentials) -> Result<async_nats::ConnectOptio
 impl NatsSink {
     /// Connects and, for JetStream, creates or checks the stream so that it captures every
     /// configured resource's subjects.
-    pub async fn connect(cluster: &str, config: &NatsConfig, subject: Template, resources: &[ResolvedResource]) -> Result<Self> {
+    pub async fn connect(
+        cluster: &str,
+        config: &NatsConfig,
+        subject: Template,
+        resources: &[ResolvedResource],
+    ) -> Result<Self> {
         let options = connect_options(&config.credentials).await?;
         let client = options
             .connect(config.url.as_str())
             .await
-            .map_err(|source| Error::NatsConnect { url: redact_url(&config.url), source })?;
+            .map_err(|source| Error::NatsConnect {
+                url: redact_url(&config.url),
+                source,
+            })?;
         let jetstream = match &config.jetstream {
             None => None,
             Some(js) => {
@@ -102,11 +120,24 @@ impl NatsSink {
                     .collect();
                 subjects.sort();
                 subjects.dedup();
-                ensure_stream(&ctx, &js.stream, js.create, subjects, Duration::from_secs(js.duplicate_window_secs)).await?;
+                ensure_stream(
+                    &ctx,
+                    &js.stream,
+                    js.create,
+                    subjects,
+                    Duration::from_secs(js.duplicate_window_secs),
+                )
+                .await?;
                 Some(ctx)
             }
         };
-        Ok(Self { client, jetstream, subject, mode: config.content_mode, cluster: cluster.into() })
+        Ok(Self {
+            client,
+            jetstream,
+            subject,
+            mode: config.content_mode,
+            cluster: cluster.into(),
+        })
     }
 
     /// The subject for `event`.
@@ -126,16 +157,34 @@ impl NatsSink {
         let subject = self.subject_for(&event);
         let (headers, payload) = message(&event, self.mode, self.jetstream.is_some());
         // Headers travel inside max_payload too; percent-encoding rarely grows them.
-        let size = payload.len() + 64 + event.attributes().map(|(k, v)| k.len() + v.len() + 8).sum::<usize>();
+        let size = payload.len()
+            + 64
+            + event
+                .attributes()
+                .map(|(k, v)| k.len() + v.len() + 8)
+                .sum::<usize>();
         let max = self.client.server_info().max_payload;
         if max > 0 && size > max {
-            let error = format!("message of {size} bytes exceeds the server's max_payload of {max} bytes");
-            return ready(event, Outcome::Rejected { reason: "too_large", error });
+            let error =
+                format!("message of {size} bytes exceeds the server's max_payload of {max} bytes");
+            return ready(
+                event,
+                Outcome::Rejected {
+                    reason: "too_large",
+                    error,
+                },
+            );
         }
         let Some(js) = &self.jetstream else {
-            let outcome = match self.client.publish_with_headers(subject, headers, payload).await {
+            let outcome = match self
+                .client
+                .publish_with_headers(subject, headers, payload)
+                .await
+            {
                 Ok(()) => Outcome::Acked,
-                Err(e) => Outcome::Retry { error: e.to_string() },
+                Err(e) => Outcome::Retry {
+                    error: e.to_string(),
+                },
             };
             return ready(event, outcome);
         };
@@ -153,7 +202,10 @@ impl NatsSink {
 
     /// Flushes the client's buffer.
     pub async fn flush(&self, timeout: Duration) {
-        if tokio::time::timeout(timeout, self.client.flush()).await.is_err() {
+        if tokio::time::timeout(timeout, self.client.flush())
+            .await
+            .is_err()
+        {
             warn!("nats flush timed out");
         }
     }
@@ -169,7 +221,10 @@ pub fn message(event: &Event, mode: ContentMode, jetstream: bool) -> (HeaderMap,
         ContentMode::Binary => {
             headers.insert("Content-Type", DATA_CONTENT_TYPE);
             for (name, value) in event.attributes() {
-                let encoded: HeaderValue = utf8_percent_encode(value, HEADER_VALUE).to_string().as_str().into();
+                let encoded: HeaderValue = utf8_percent_encode(value, HEADER_VALUE)
+                    .to_string()
+                    .as_str()
+                    .into();
                 headers.insert(format!("ce-{name}").as_str(), encoded);
             }
             Bytes::copy_from_slice(&event.data)
@@ -191,40 +246,76 @@ pub fn classify(error: &jetstream::context::PublishError) -> Outcome {
         .map(|e| e.error_code());
     let reason = match (error.kind(), api_code) {
         (PublishErrorKind::MaxPayloadExceeded, _) => "too_large",
-        (_, Some(c)) if c == jetstream::ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM || c == jetstream::ErrorCode::STREAM_HEADER_EXCEEDS_MAXIMUM => {
+        (_, Some(c))
+            if c == jetstream::ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM
+                || c == jetstream::ErrorCode::STREAM_HEADER_EXCEEDS_MAXIMUM =>
+        {
             "too_large"
         }
-        _ => return Outcome::Retry { error: error.to_string() },
+        _ => {
+            return Outcome::Retry {
+                error: error.to_string(),
+            };
+        }
     };
-    Outcome::Rejected { reason, error: error.to_string() }
+    Outcome::Rejected {
+        reason,
+        error: error.to_string(),
+    }
 }
 
-async fn ensure_stream(ctx: &jetstream::Context, name: &str, create: bool, subjects: Vec<String>, duplicate_window: Duration) -> Result<()> {
+async fn ensure_stream(
+    ctx: &jetstream::Context,
+    name: &str,
+    create: bool,
+    subjects: Vec<String>,
+    duplicate_window: Duration,
+) -> Result<()> {
     match ctx.get_stream(name).await {
         Ok(mut existing) => {
-            let info = existing.info().await.map_err(|e| Error::NatsStream { message: format!("cannot read stream {name}: {e}") })?;
-            let missing: Vec<&String> = subjects.iter().filter(|s| !info.config.subjects.contains(s)).collect();
+            let info = existing.info().await.map_err(|e| Error::NatsStream {
+                message: format!("cannot read stream {name}: {e}"),
+            })?;
+            let missing: Vec<&String> = subjects
+                .iter()
+                .filter(|s| !info.config.subjects.contains(s))
+                .collect();
             if !missing.is_empty() {
                 if !create {
                     return Err(Error::NatsStream {
-                        message: format!("stream {name} does not capture subjects {missing:?}; add them or set create: true"),
+                        message: format!(
+                            "stream {name} does not capture subjects {missing:?}; add them or set create: true"
+                        ),
                     });
                 }
                 let mut config = info.config.clone();
                 config.subjects.extend(missing.into_iter().cloned());
-                ctx.update_stream(config).await.map_err(|e| Error::NatsStream { message: format!("cannot extend stream {name}: {e}") })?;
+                ctx.update_stream(config)
+                    .await
+                    .map_err(|e| Error::NatsStream {
+                        message: format!("cannot extend stream {name}: {e}"),
+                    })?;
                 info!(stream = name, "extended stream subjects");
             }
             Ok(())
         }
         Err(_) if create => {
-            ctx.create_stream(stream::Config { name: name.to_string(), subjects, duplicate_window, ..Default::default() })
-                .await
-                .map_err(|e| Error::NatsStream { message: format!("cannot create stream {name}: {e}") })?;
+            ctx.create_stream(stream::Config {
+                name: name.to_string(),
+                subjects,
+                duplicate_window,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| Error::NatsStream {
+                message: format!("cannot create stream {name}: {e}"),
+            })?;
             info!(stream = name, "created stream");
             Ok(())
         }
-        Err(e) => Err(Error::NatsStream { message: format!("stream {name} is not available and create is false: {e}") }),
+        Err(e) => Err(Error::NatsStream {
+            message: format!("stream {name} is not available and create is false: {e}"),
+        }),
     }
 }
 
@@ -245,7 +336,13 @@ mod tests {
 
     #[test]
     fn credentials_never_reach_messages() {
-        assert_eq!(redact_url("nats://alice:s3cret@host:4222"), "nats://***@host:4222");
-        assert_eq!(redact_url("nats://host:4222,tls://t@h2"), "nats://host:4222,tls://***@h2");
+        assert_eq!(
+            redact_url("nats://alice:s3cret@host:4222"),
+            "nats://***@host:4222"
+        );
+        assert_eq!(
+            redact_url("nats://host:4222,tls://t@h2"),
+            "nats://host:4222,tls://***@h2"
+        );
     }
 }

@@ -23,7 +23,9 @@ impl StdoutSink {
         let mut stdout = std::io::stdout().lock();
         let outcome = match stdout.write_all(&line).and_then(|()| stdout.flush()) {
             Ok(()) => Outcome::Acked,
-            Err(e) => Outcome::Retry { error: e.to_string() },
+            Err(e) => Outcome::Retry {
+                error: e.to_string(),
+            },
         };
         ready(event, outcome)
     }

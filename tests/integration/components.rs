@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, kv, message::PublishMessage};
 use futures::StreamExt;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, WatchParams};
-use kube::core::{ApiResource, GroupVersionKind, WatchEvent};
 use kube::ResourceExt;
+use kube::api::{
+    Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, WatchParams,
+};
+use kube::core::{ApiResource, GroupVersionKind, WatchEvent};
 use rdkafka::Message;
 use rdkafka::consumer::Consumer;
 use rdkafka::message::{Header, Headers, OwnedHeaders};
@@ -41,9 +43,18 @@ async fn kube_watch_sees_custom_resource_added_modified_deleted_in_order() {
     let widgets = Api::<DynamicObject>::namespaced_with(client.clone(), &namespace, &resource);
 
     // Watch from the LIST's resourceVersion, so only changes made below are reported.
-    let list = widgets.list(&ListParams::default()).await.expect("list widgets");
-    assert!(list.items.is_empty(), "fresh namespace {namespace} has widgets");
-    let list_rv = list.metadata.resource_version.expect("list resourceVersion");
+    let list = widgets
+        .list(&ListParams::default())
+        .await
+        .expect("list widgets");
+    assert!(
+        list.items.is_empty(),
+        "fresh namespace {namespace} has widgets"
+    );
+    let list_rv = list
+        .metadata
+        .resource_version
+        .expect("list resourceVersion");
     let mut events = widgets
         .watch(&WatchParams::default().timeout(60), &list_rv)
         .await
@@ -75,8 +86,14 @@ async fn kube_watch_sees_custom_resource_added_modified_deleted_in_order() {
 
     let created_rv = rv(created.metadata.resource_version.as_ref());
     let patched_rv = rv(patched.metadata.resource_version.as_ref());
-    assert!(rv(Some(&list_rv)) < created_rv, "list {list_rv} vs create {created_rv}");
-    assert!(created_rv < patched_rv, "create {created_rv} vs patch {patched_rv}");
+    assert!(
+        rv(Some(&list_rv)) < created_rv,
+        "list {list_rv} vs create {created_rv}"
+    );
+    assert!(
+        created_rv < patched_rv,
+        "create {created_rv} vs patch {patched_rv}"
+    );
 
     let mut seen = Vec::new();
     while seen.len() < 3 {
@@ -94,13 +111,20 @@ async fn kube_watch_sees_custom_resource_added_modified_deleted_in_order() {
         };
         assert_eq!(object.name_any(), name, "{kind} for an unexpected object");
         assert_eq!(object.namespace().as_deref(), Some(namespace.as_str()));
-        seen.push((kind, rv(object.metadata.resource_version.as_ref()), object.data["spec"]["size"].clone()));
+        seen.push((
+            kind,
+            rv(object.metadata.resource_version.as_ref()),
+            object.data["spec"]["size"].clone(),
+        ));
     }
 
     let kinds: Vec<&str> = seen.iter().map(|(kind, _, _)| *kind).collect();
     assert_eq!(kinds, ["ADDED", "MODIFIED", "DELETED"], "{seen:?}");
     let versions: Vec<u64> = seen.iter().map(|(_, version, _)| *version).collect();
-    assert!(versions.windows(2).all(|w| w[0] < w[1]), "resourceVersions not increasing: {seen:?}");
+    assert!(
+        versions.windows(2).all(|w| w[0] < w[1]),
+        "resourceVersions not increasing: {seen:?}"
+    );
     assert_eq!(versions[0], created_rv, "ADDED resourceVersion vs create");
     assert_eq!(versions[1], patched_rv, "MODIFIED resourceVersion vs patch");
     assert_eq!(seen[0].2, json!(1));
@@ -108,11 +132,20 @@ async fn kube_watch_sees_custom_resource_added_modified_deleted_in_order() {
     // A custom resource without finalizers is gone at once: the apiserver answers DELETE with
     // a Status, not the object, so the DELETED resourceVersion has nothing to match against.
     deleted.either(
-        |object| assert_eq!(versions[2], rv(object.metadata.resource_version.as_ref()), "DELETED"),
+        |object| {
+            assert_eq!(
+                versions[2],
+                rv(object.metadata.resource_version.as_ref()),
+                "DELETED"
+            )
+        },
         |status| assert!(status.is_success(), "DELETE answered {status:?}"),
     );
 
-    assert!(widgets.get_opt(&name).await.expect("get widget").is_none(), "widget still exists");
+    assert!(
+        widgets.get_opt(&name).await.expect("get widget").is_none(),
+        "widget still exists"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -133,16 +166,27 @@ async fn kafka_idempotent_producer_round_trips_key_payload_and_headers() {
         ("ce_specversion", "1.0"),
         ("ce_id", "0b9c3f1e-7d2a-4f7e-9a51-3f7c2d1e8b60"),
         ("ce_type", "dev.kube-event-bridge.widget.added"),
-        ("ce_source", "/apis/test.kube-event-bridge.dev/v1/namespaces/default/widgets"),
+        (
+            "ce_source",
+            "/apis/test.kube-event-bridge.dev/v1/namespaces/default/widgets",
+        ),
         ("content-type", "application/json; charset=utf-8"),
     ];
-    let owned_headers = headers.iter().fold(OwnedHeaders::new(), |acc, (key, value)| {
-        acc.insert(Header { key, value: Some(*value) })
-    });
+    let owned_headers = headers
+        .iter()
+        .fold(OwnedHeaders::new(), |acc, (key, value)| {
+            acc.insert(Header {
+                key,
+                value: Some(*value),
+            })
+        });
 
     let delivery = producer
         .send(
-            FutureRecord::to(&topic).key(key).payload(payload).headers(owned_headers),
+            FutureRecord::to(&topic)
+                .key(key)
+                .payload(payload)
+                .headers(owned_headers),
             STEP,
         )
         .await
@@ -157,7 +201,10 @@ async fn kafka_idempotent_producer_round_trips_key_payload_and_headers() {
         .detach();
 
     assert_eq!(message.topic(), topic);
-    assert_eq!((message.partition(), message.offset()), (delivery.partition, delivery.offset));
+    assert_eq!(
+        (message.partition(), message.offset()),
+        (delivery.partition, delivery.offset)
+    );
     assert_eq!(message.key(), Some(key.as_bytes()));
     assert_eq!(message.payload(), Some(payload.as_bytes()));
     let received: Vec<(String, Option<Vec<u8>>)> = message
@@ -207,14 +254,29 @@ async fn nats_jetstream_drops_duplicate_nats_msg_id() {
         .await
         .expect("ack second");
 
-    assert!(!first.duplicate, "first publish reported duplicate: {first:?}");
-    assert!(second.duplicate, "second publish with the same Nats-Msg-Id not a duplicate: {second:?}");
-    assert_eq!(second.sequence, first.sequence, "duplicate ack names the original sequence");
+    assert!(
+        !first.duplicate,
+        "first publish reported duplicate: {first:?}"
+    );
+    assert!(
+        second.duplicate,
+        "second publish with the same Nats-Msg-Id not a duplicate: {second:?}"
+    );
+    assert_eq!(
+        second.sequence, first.sequence,
+        "duplicate ack names the original sequence"
+    );
     assert_eq!(stream.info().await.expect("stream info").state.messages, 1);
 
-    let stored = stream.get_raw_message(first.sequence).await.expect("get message");
+    let stored = stream
+        .get_raw_message(first.sequence)
+        .await
+        .expect("get message");
     assert_eq!(stored.payload, "first");
-    assert_eq!(stored.headers.get("Nats-Msg-Id").map(|v| v.as_str()), Some("widget-1@42"));
+    assert_eq!(
+        stored.headers.get("Nats-Msg-Id").map(|v| v.as_str()),
+        Some("widget-1@42")
+    );
     assert_eq!(
         stored.headers.get("ce_type").map(|v| v.as_str()),
         Some("dev.kube-event-bridge.widget.added")
@@ -237,9 +299,15 @@ async fn nats_kv_update_requires_the_current_revision() {
         .expect("create KV bucket");
 
     let key = "checkpoint.widgets";
-    let created = store.create(key, "rv-100".into()).await.expect("create key");
+    let created = store
+        .create(key, "rv-100".into())
+        .await
+        .expect("create key");
     let again = store.create(key, "rv-999".into()).await;
-    assert!(again.is_err(), "create of an existing key succeeded: {again:?}");
+    assert!(
+        again.is_err(),
+        "create of an existing key succeeded: {again:?}"
+    );
 
     let updated = store
         .update(key, "rv-200".into(), created)
@@ -253,9 +321,15 @@ async fn nats_kv_update_requires_the_current_revision() {
         Ok(revision) => panic!("update with stale revision {created} succeeded as {revision}"),
     }
 
-    assert_eq!(store.get(key).await.expect("get key").as_deref(), Some(&b"rv-200"[..]));
+    assert_eq!(
+        store.get(key).await.expect("get key").as_deref(),
+        Some(&b"rv-200"[..])
+    );
     let entry = store.entry(key).await.expect("entry").expect("key exists");
     assert_eq!(entry.revision, updated);
 
-    jetstream.delete_key_value(&bucket).await.expect("delete KV bucket");
+    jetstream
+        .delete_key_value(&bucket)
+        .await
+        .expect("delete KV bucket");
 }

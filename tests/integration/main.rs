@@ -1,5 +1,8 @@
 //! Integration tests against the real local environment (etcd + kube-apiserver, Kafka, NATS
 //! JetStream) started by `scripts/testenv up`; see `support::env` for the variables they need.
 
+mod behaviour;
+mod bridge;
 mod components;
+mod harness;
 mod support;

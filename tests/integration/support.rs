@@ -50,7 +50,9 @@ pub fn env() -> Env {
         kubeconfig: required_var("KUBECONFIG"),
         kafka_bootstrap: required_var("KAFKA_BOOTSTRAP_SERVERS"),
         nats_url: required_var("NATS_URL"),
-        kubectl: std::env::var("KEB_KUBECTL").ok().filter(|v| !v.trim().is_empty()),
+        kubectl: std::env::var("KEB_KUBECTL")
+            .ok()
+            .filter(|v| !v.trim().is_empty()),
     }
 }
 
@@ -63,7 +65,10 @@ fn required_var(name: &str) -> String {
             panic!("{}", missing_var_message(name, "is not set", in_ci()))
         }
         Err(std::env::VarError::NotUnicode(_)) => {
-            panic!("{}", missing_var_message(name, "is not valid UTF-8", in_ci()))
+            panic!(
+                "{}",
+                missing_var_message(name, "is not valid UTF-8", in_ci())
+            )
         }
     }
 }
@@ -101,7 +106,8 @@ pub async fn kube_client() -> kube::Client {
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .unwrap_or_else(|e| panic!("invalid kubeconfig {path}: {e}"));
-    kube::Client::try_from(config).unwrap_or_else(|e| panic!("cannot build a kube client from {path}: {e}"))
+    kube::Client::try_from(config)
+        .unwrap_or_else(|e| panic!("cannot build a kube client from {path}: {e}"))
 }
 
 /// A name unique to this run: `prefix` lowercased and reduced to `[a-z0-9-]`, then `-` and a
@@ -119,7 +125,11 @@ pub fn unique_name(prefix: &str) -> String {
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
         .collect();
     let max_prefix = 63 - 1 - suffix.len();
-    let trimmed: String = cleaned.trim_start_matches('-').chars().take(max_prefix).collect();
+    let trimmed: String = cleaned
+        .trim_start_matches('-')
+        .chars()
+        .take(max_prefix)
+        .collect();
     let trimmed = trimmed.trim_end_matches('-');
     let prefix = if trimmed.is_empty() { "t" } else { trimmed };
     format!("{prefix}-{suffix}")
@@ -131,7 +141,11 @@ fn random_u64() -> u64 {
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     hasher.write_u64(SALT.fetch_add(1, Ordering::Relaxed));
     hasher.write_u32(std::process::id());
-    hasher.write_u128(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    hasher.write_u128(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
     hasher.finish()
 }
 
@@ -186,7 +200,8 @@ where
 
 /// Creates the CRD `<plural>.<group>` for `kind` with one version ([`CRD_VERSION`]) whose
 /// schema accepts anything under `spec` and `status` (`x-kubernetes-preserve-unknown-fields`),
-/// then waits until it is `Established`, discovery serves it and a LIST of it succeeds.
+/// then waits until it is `Established`, discovery serves it, a LIST of it succeeds and the
+/// apiserver no longer holds creates of it (2 s after Established, see below).
 /// `scope` is `"Namespaced"` or `"Cluster"`. Creating a CRD that already exists is fine.
 pub async fn create_crd(client: &kube::Client, group: &str, kind: &str, plural: &str, scope: &str) {
     assert!(
@@ -227,29 +242,51 @@ pub async fn create_crd(client: &kube::Client, group: &str, kind: &str, plural: 
     }
 
     let timeout = Duration::from_secs(30);
-    wait_until(&format!("CRD {name} is Established"), timeout, || async {
+    let established = wait_until(&format!("CRD {name} is Established"), timeout, || async {
         let crd = crds.get_opt(&name).await.ok().flatten()?;
         let conditions = crd.status?.conditions?;
-        conditions
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True")
-            .then_some(())
+        let established = conditions
+            .into_iter()
+            .find(|c| c.type_ == "Established" && c.status == "True")?;
+        Some(established.last_transition_time)
     })
     .await;
 
     let gvk = GroupVersionKind::gvk(group, CRD_VERSION, kind);
-    let resource: ApiResource = wait_until(&format!("discovery serves {name}"), timeout, || async {
-        let (resource, _) = kube::discovery::pinned_kind(client, &gvk).await.ok()?;
-        (resource.plural == plural).then_some(resource)
-    })
-    .await;
+    let resource: ApiResource =
+        wait_until(&format!("discovery serves {name}"), timeout, || async {
+            let (resource, _) = kube::discovery::pinned_kind(client, &gvk).await.ok()?;
+            (resource.plural == plural).then_some(resource)
+        })
+        .await;
 
     let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
     wait_until(&format!("{name} can be listed"), timeout, || async {
-        api.list(&ListParams::default().limit(1)).await.ok().map(drop)
+        api.list(&ListParams::default().limit(1))
+            .await
+            .ok()
+            .map(drop)
     })
     .await;
+
+    // kube-apiserver holds every create of a custom resource for 2 s while its CRD became
+    // Established less than 2 s ago (apiextensions-apiserver customresource_handler.go,
+    // "justCreated"): wait that window out here so a test's first create is not delayed.
+    if let Some(established) = established {
+        let established_ms = established.0.as_millisecond();
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let remaining_ms = (CRD_CREATE_HOLD.as_millis() as i64) - (now_ms - established_ms);
+        if remaining_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(remaining_ms as u64)).await;
+        }
+    }
 }
+
+/// How long after its CRD became Established kube-apiserver holds creates of a custom
+/// resource (2 s), plus a margin.
+const CRD_CREATE_HOLD: Duration = Duration::from_millis(2_100);
 
 /// A Kafka client configuration with `bootstrap.servers` from `KAFKA_BOOTSTRAP_SERVERS`.
 pub fn kafka_config() -> ClientConfig {
@@ -297,11 +334,17 @@ pub async fn create_topic(name: &str, partitions: i32) {
         let name = name.to_owned();
         async move {
             tokio::task::spawn_blocking(move || {
-                let metadata = admin.inner().fetch_metadata(Some(&name), Duration::from_secs(5)).ok()?;
+                let metadata = admin
+                    .inner()
+                    .fetch_metadata(Some(&name), Duration::from_secs(5))
+                    .ok()?;
                 let topic = metadata.topics().iter().find(|t| t.name() == name)?;
                 let ready = topic.error().is_none()
                     && topic.partitions().len() == partitions as usize
-                    && topic.partitions().iter().all(|p| p.error().is_none() && p.leader() >= 0);
+                    && topic
+                        .partitions()
+                        .iter()
+                        .all(|p| p.error().is_none() && p.leader() >= 0);
                 ready.then_some(())
             })
             .await
@@ -328,7 +371,10 @@ mod tests {
         let local = missing_var_message("NATS_URL", "is not set", false);
         assert!(local.starts_with("NATS_URL is not set"), "{local}");
         assert!(local.contains("scripts/testenv up"), "{local}");
-        assert!(local.contains(". ~/.cache/kube-event-bridge/run/env"), "{local}");
+        assert!(
+            local.contains(". ~/.cache/kube-event-bridge/run/env"),
+            "{local}"
+        );
         assert!(local.contains("scripts/test`"), "{local}");
 
         let ci = missing_var_message("KUBECONFIG", "is empty", true);
@@ -345,7 +391,11 @@ mod tests {
             .collect();
         for name in &names {
             assert!(name.len() <= 63, "{name}");
-            assert!(name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'), "{name}");
+            assert!(
+                name.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'),
+                "{name}"
+            );
             assert!(!name.starts_with('-') && !name.ends_with('-'), "{name}");
         }
         let distinct: std::collections::HashSet<_> = names.iter().collect();

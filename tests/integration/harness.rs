@@ -1,0 +1,491 @@
+//! Running the real `kube-event-bridge` binary in tests, and reading what it published with real
+//! clients: Kafka consumers (read committed), JetStream consumers, or its standard output.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use cloudevents::{AttributesReader, Event};
+use futures::StreamExt;
+use rdkafka::Message;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::support::{self, env};
+
+/// The bridge binary built by cargo for this test run.
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_kube-event-bridge")
+}
+
+/// Which sink a scenario runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SinkKind {
+    /// Kafka, binary content mode.
+    Kafka,
+    /// NATS JetStream, binary content mode.
+    Nats,
+    /// Standard output (structured JSON lines).
+    Stdout,
+}
+
+/// The `sink:` section for `kind`, isolated by `cluster` (topic and subject carry it; the NATS
+/// stream is named after it).
+pub fn sink_yaml(kind: SinkKind, cluster: &str) -> String {
+    let e = env();
+    match kind {
+        SinkKind::Kafka => format!(
+            "sink:\n  kafka:\n    bootstrapServers: \"{}\"\n    topic: \"k8s.{{cluster}}.{{group}}.{{resource}}\"\n",
+            e.kafka_bootstrap
+        ),
+        SinkKind::Nats => format!(
+            "sink:\n  nats:\n    url: \"{}\"\n    subject: \"k8s.{{cluster}}.{{group}}.{{resource}}.{{namespace}}.{{name}}\"\n    jetstream: {{stream: \"{}\", create: true}}\n",
+            e.nats_url,
+            stream_name(cluster)
+        ),
+        SinkKind::Stdout => "sink:\n  stdout: {}\n".into(),
+    }
+}
+
+/// The JetStream stream a test's bridge publishes to.
+pub fn stream_name(cluster: &str) -> String {
+    format!("KEB_{}", cluster.replace(['-', '.'], "_"))
+}
+
+/// A running bridge process; killed when dropped.
+pub struct Bridge {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    /// Its JSON log (standard error).
+    pub log: PathBuf,
+    /// Its standard output (events, for the stdout sink).
+    pub stdout: PathBuf,
+}
+
+impl Bridge {
+    /// Writes `config` to a file and starts `kube-event-bridge run` on it, logging JSON.
+    pub fn start(config: &str) -> Bridge {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("bridge.yaml");
+        std::fs::write(&path, config).expect("write config");
+        let log = dir.path().join("bridge.log");
+        let stdout = dir.path().join("stdout.jsonl");
+        let child = Command::new(bin())
+            .args(["--log-format", "json", "run", "--config"])
+            .arg(&path)
+            .env("RUST_LOG", "info,kube_event_bridge=debug")
+            .stdout(std::fs::File::create(&stdout).expect("stdout file"))
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("start kube-event-bridge");
+        Bridge {
+            child: Some(child),
+            dir,
+            log,
+            stdout,
+        }
+    }
+
+    /// The directory holding its files (config, log, stdout).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// How many log lines carry `message`.
+    pub fn count_log(&self, message: &str) -> usize {
+        let needle = format!("\"message\":\"{message}\"");
+        self.log_text()
+            .lines()
+            .filter(|l| l.contains(&needle))
+            .count()
+    }
+
+    /// Waits until `watches` watches have published their initial state; panics with the log if
+    /// the process exits or time runs out.
+    pub async fn wait_synced(&mut self, watches: usize) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if self.count_log("initial state published") >= watches {
+                return;
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "bridge exited with {status} before syncing; log:\n{}",
+                    self.log_text()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "bridge did not sync {watches} watches in 60s; log:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Sends `signal` (`TERM`, `KILL`, `STOP`, `CONT`) to the process.
+    pub fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let ok = Command::new("kill")
+                .arg(format!("-{signal}"))
+                .arg(child.id().to_string())
+                .status()
+                .expect("kill")
+                .success();
+            assert!(ok, "kill -{signal} failed");
+        }
+    }
+
+    /// Waits for the process to exit, up to `timeout`.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.as_mut()?.try_wait().ok().flatten() {
+                self.child = None;
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        None
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Runs the binary with `args` to completion: (status, stdout, stderr).
+pub fn run_cli(args: &[&str]) -> (ExitStatus, String, String) {
+    let out = Command::new(bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run kube-event-bridge");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// One event as a consumer received it.
+#[derive(Debug, Clone)]
+pub struct Received {
+    /// The decoded CloudEvent.
+    pub event: Event,
+    /// Kafka record key.
+    pub key: Option<String>,
+    /// Kafka topic or NATS subject.
+    pub destination: String,
+    /// Raw headers (Kafka or NATS).
+    pub headers: BTreeMap<String, String>,
+}
+
+impl Received {
+    /// An extension attribute as a string ("" if absent).
+    pub fn ext(&self, name: &str) -> String {
+        self.event
+            .extension(name)
+            .map(|v| v.to_string())
+            .unwrap_or_default()
+    }
+
+    /// The change: `added`, `modified` or `deleted`.
+    pub fn change(&self) -> &str {
+        self.event.ty().rsplit('.').next().unwrap_or_default()
+    }
+
+    /// The object (`data`).
+    pub fn data(&self) -> serde_json::Value {
+        match self.event.data() {
+            Some(cloudevents::Data::Json(v)) => v.clone(),
+            Some(cloudevents::Data::String(s)) => serde_json::from_str(s).unwrap_or_default(),
+            Some(cloudevents::Data::Binary(b)) => serde_json::from_slice(b).unwrap_or_default(),
+            None => serde_json::Value::Null,
+        }
+    }
+
+    /// The resourceVersion as a number.
+    pub fn rv(&self) -> u64 {
+        self.ext("resourceversion")
+            .parse()
+            .expect("numeric resourceVersion")
+    }
+}
+
+/// Reads what a bridge published.
+pub enum Reader {
+    /// A Kafka consumer (read committed, from the earliest offset).
+    Kafka(StreamConsumer),
+    /// A JetStream ordered consumer over the whole stream.
+    Nats(Box<async_nats::jetstream::consumer::pull::Ordered>),
+    /// The bridge's standard output file and how many lines were consumed.
+    Stdout(PathBuf, usize),
+}
+
+impl Reader {
+    /// A consumer of `topics` (created first, 3 partitions each).
+    pub async fn kafka(topics: &[String]) -> Reader {
+        for t in topics {
+            support::create_topic(t, 3).await;
+        }
+        let consumer = support::kafka_consumer(&support::unique_name("reader"));
+        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        consumer.subscribe(&names).expect("subscribe");
+        Reader::Kafka(consumer)
+    }
+
+    /// An ordered consumer over the stream the bridge of `cluster` created.
+    pub async fn nats(cluster: &str) -> Reader {
+        let js = async_nats::jetstream::new(support::nats_client().await);
+        let stream = support::wait_until(
+            "the bridge's JetStream stream exists",
+            Duration::from_secs(30),
+            || {
+                let js = js.clone();
+                let name = stream_name(cluster);
+                async move { js.get_stream(name).await.ok() }
+            },
+        )
+        .await;
+        let consumer = stream
+            .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig::default())
+            .await
+            .expect("ordered consumer");
+        Reader::Nats(Box::new(
+            consumer.messages().await.expect("consumer messages"),
+        ))
+    }
+
+    /// Reads the bridge's standard output.
+    pub fn stdout(bridge: &Bridge) -> Reader {
+        Reader::Stdout(bridge.stdout.clone(), 0)
+    }
+
+    /// The reader for `kind`.
+    pub async fn for_sink(
+        kind: SinkKind,
+        cluster: &str,
+        topics: &[String],
+        bridge: &Bridge,
+    ) -> Reader {
+        match kind {
+            SinkKind::Kafka => Reader::kafka(topics).await,
+            SinkKind::Nats => Reader::nats(cluster).await,
+            SinkKind::Stdout => Reader::stdout(bridge),
+        }
+    }
+
+    /// The next event, or `None` after `wait` without one.
+    pub async fn next(&mut self, wait: Duration) -> Option<Received> {
+        match self {
+            Reader::Kafka(c) => {
+                let m = tokio::time::timeout(wait, c.recv())
+                    .await
+                    .ok()?
+                    .expect("kafka receive");
+                let mut headers = BTreeMap::new();
+                if let Some(h) = rdkafka::message::Message::headers(&m) {
+                    use rdkafka::message::Headers;
+                    for x in h.iter() {
+                        headers.insert(
+                            x.key.to_string(),
+                            String::from_utf8_lossy(x.value.unwrap_or_default()).into_owned(),
+                        );
+                    }
+                }
+                let event = kube_event_bridge::tail::decode_kafka(&m).expect("a CloudEvent");
+                Some(Received {
+                    event,
+                    key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+                    destination: m.topic().to_string(),
+                    headers,
+                })
+            }
+            Reader::Nats(messages) => {
+                let m = tokio::time::timeout(wait, messages.next())
+                    .await
+                    .ok()??
+                    .expect("nats receive");
+                let mut headers = BTreeMap::new();
+                if let Some(h) = &m.headers {
+                    for (k, v) in h.iter() {
+                        headers.insert(
+                            k.to_string(),
+                            v.first().map(|x| x.to_string()).unwrap_or_default(),
+                        );
+                    }
+                }
+                let event = kube_event_bridge::tail::decode_nats(&m.message).expect("a CloudEvent");
+                Some(Received {
+                    event,
+                    key: None,
+                    destination: m.subject.to_string(),
+                    headers,
+                })
+            }
+            Reader::Stdout(path, consumed) => {
+                let deadline = Instant::now() + wait;
+                loop {
+                    let text = std::fs::read_to_string(&*path).unwrap_or_default();
+                    let complete: Vec<&str> = text
+                        .split_inclusive('\n')
+                        .filter(|l| l.ends_with('\n'))
+                        .collect();
+                    if let Some(line) = complete.get(*consumed) {
+                        *consumed += 1;
+                        let event: Event =
+                            serde_json::from_str(line.trim_end()).expect("a structured CloudEvent");
+                        return Some(Received {
+                            event,
+                            key: None,
+                            destination: "stdout".into(),
+                            headers: BTreeMap::new(),
+                        });
+                    }
+                    if Instant::now() >= deadline {
+                        return None;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+    }
+
+    /// Reads until `done` holds for what was read, or panics after `timeout` showing what arrived.
+    pub async fn read_until(
+        &mut self,
+        timeout: Duration,
+        done: impl Fn(&[Received]) -> bool,
+    ) -> Vec<Received> {
+        let deadline = Instant::now() + timeout;
+        let mut got = Vec::new();
+        while !done(&got) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero(),
+                "timed out; received {} events:\n{}",
+                got.len(),
+                summary(&got)
+            );
+            if let Some(r) = self.next(left.min(Duration::from_millis(500))).await {
+                got.push(r);
+            }
+        }
+        got
+    }
+
+    /// Reads whatever arrives within `quiet` of the last event.
+    pub async fn drain(&mut self, quiet: Duration) -> Vec<Received> {
+        let mut got = Vec::new();
+        while let Some(r) = self.next(quiet).await {
+            got.push(r);
+        }
+        got
+    }
+}
+
+/// One line per event: change, subject, resourceVersion, origin.
+pub fn summary(events: &[Received]) -> String {
+    events
+        .iter()
+        .map(|r| {
+            format!(
+                "  {} {} rv={} origin={}",
+                r.change(),
+                r.event.subject().unwrap_or_default(),
+                r.ext("resourceversion"),
+                r.ext("origin")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A TCP proxy in front of the API server whose connections a test can cut, to prove that the
+/// bridge resumes its watches from the last resourceVersion after a dropped connection.
+pub struct Proxy {
+    /// The loopback port it listens on.
+    pub port: u16,
+    cut: Arc<tokio::sync::Notify>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    /// Listens on a free loopback port and forwards to `upstream` (`host:port`).
+    pub async fn start(upstream: String) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let port = listener.local_addr().expect("addr").port();
+        let cut = Arc::new(tokio::sync::Notify::new());
+        let stop = Arc::new(AtomicBool::new(false));
+        let (cut2, stop2) = (cut.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop2.load(Ordering::Relaxed) {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    break;
+                };
+                let upstream = upstream.clone();
+                let cut = cut2.clone();
+                tokio::spawn(async move {
+                    let Ok(mut server) = TcpStream::connect(&upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        () = cut.notified() => {
+                            let _ = client.shutdown().await;
+                        }
+                    }
+                });
+            }
+        });
+        Proxy { port, cut, stop }
+    }
+
+    /// Cuts every open connection (new ones are still accepted).
+    pub fn cut_all(&self) {
+        self.cut.notify_waiters();
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A copy of the test kubeconfig whose server is `127.0.0.1:port` (TLS still verifies: the
+/// serving certificate is for 127.0.0.1).
+pub fn kubeconfig_via(port: u16, dir: &Path) -> (PathBuf, String) {
+    let text = std::fs::read_to_string(env().kubeconfig).expect("read kubeconfig");
+    let mut doc: serde_json::Value = serde_yaml::from_str(&text).expect("parse kubeconfig");
+    let server = doc["clusters"][0]["cluster"]["server"]
+        .as_str()
+        .expect("server")
+        .to_string();
+    let upstream = server.trim_start_matches("https://").to_string();
+    doc["clusters"][0]["cluster"]["server"] = format!("https://127.0.0.1:{port}").into();
+    let path = dir.join("kubeconfig-via-proxy");
+    std::fs::write(&path, serde_json::to_string(&doc).expect("json")).expect("write kubeconfig");
+    (path, upstream)
+}
