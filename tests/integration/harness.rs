@@ -429,6 +429,7 @@ pub struct Proxy {
     pub port: u16,
     cut: Arc<tokio::sync::Notify>,
     stop: Arc<AtomicBool>,
+    paused: Arc<AtomicBool>,
 }
 
 impl Proxy {
@@ -438,12 +439,16 @@ impl Proxy {
         let port = listener.local_addr().expect("addr").port();
         let cut = Arc::new(tokio::sync::Notify::new());
         let stop = Arc::new(AtomicBool::new(false));
-        let (cut2, stop2) = (cut.clone(), stop.clone());
+        let paused = Arc::new(AtomicBool::new(false));
+        let (cut2, stop2, paused2) = (cut.clone(), stop.clone(), paused.clone());
         tokio::spawn(async move {
             while !stop2.load(Ordering::Relaxed) {
                 let Ok((mut client, _)) = listener.accept().await else {
                     break;
                 };
+                if paused2.load(Ordering::Relaxed) {
+                    continue;
+                }
                 let upstream = upstream.clone();
                 let cut = cut2.clone();
                 tokio::spawn(async move {
@@ -459,7 +464,16 @@ impl Proxy {
                 });
             }
         });
-        Proxy { port, cut, stop }
+        Proxy { port, cut, stop, paused }
+    }
+
+    /// While paused, every connection is cut and new ones are closed at once: the bridge sees
+    /// nothing, as during a network partition.
+    pub fn pause(&self, paused: bool) {
+        self.paused.store(paused, Ordering::Relaxed);
+        if paused {
+            self.cut_all();
+        }
     }
 
     /// Cuts every open connection (new ones are still accepted).

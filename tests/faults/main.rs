@@ -1,0 +1,184 @@
+//! Fault injection against the real components: brokers stopped while changes continue, the API
+//! server restarted so that every watch gets 410 Gone. These tests stop and start shared
+//! components, so they live in their own test binary (cargo runs binaries one after another) and
+//! take a global lock so they never overlap each other.
+
+#[path = "../integration/harness.rs"]
+mod harness;
+#[path = "../integration/support.rs"]
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+use std::time::Duration;
+
+use cloudevents::AttributesReader;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use harness::{Bridge, Proxy, Reader, Received, SinkKind, kubeconfig_via, sink_yaml, summary};
+use support::{kube_client, unique_name, unique_namespace};
+
+/// Serializes the tests of this binary: each one stops shared components.
+static EXCLUSIVE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Runs `scripts/testenv <verb> <component>`.
+fn testenv(verb: &str, component: &str) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/testenv");
+    let ok = Command::new(script).args([verb, component]).status().expect("run scripts/testenv").success();
+    assert!(ok, "scripts/testenv {verb} {component} failed");
+}
+
+fn cm(name: &str, v: &str) -> ConfigMap {
+    serde_json::from_value(json!({"metadata": {"name": name}, "data": {"v": v}})).unwrap()
+}
+
+/// What a consumer saw, per object after deduplicating by event id.
+struct Tally {
+    per_object: BTreeMap<String, Vec<Received>>,
+    duplicates: usize,
+}
+
+fn tally(events: Vec<Received>) -> Tally {
+    let mut seen = BTreeSet::new();
+    let mut duplicates = 0;
+    let mut per_object: BTreeMap<String, Vec<Received>> = BTreeMap::new();
+    for r in events {
+        if !seen.insert(r.event.id().to_string()) {
+            duplicates += 1;
+            continue;
+        }
+        per_object.entry(r.ext("name")).or_default().push(r);
+    }
+    Tally { per_object, duplicates }
+}
+
+/// The broker stops while objects keep changing; when it returns, every change arrives, in order
+/// per object, and the bridge never dropped one.
+async fn broker_outage(sink: SinkKind, component: &str) {
+    let _guard = EXCLUSIVE.lock().await;
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, "outage").await;
+    let cluster = unique_name("c");
+    let mut config = format!("cluster: {cluster}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n{}", sink_yaml(sink, &cluster));
+    if sink == SinkKind::Nats {
+        config = config.replace("create: true}", "create: true, ackTimeoutSecs: 2}");
+    }
+    let topics = vec![format!("k8s.{cluster}.core.configmaps")];
+    let mut bridge = Bridge::start(&config);
+    {
+        let mut reader = Reader::for_sink(sink, &cluster, &topics, &bridge).await;
+        bridge.wait_synced(1).await;
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+        cms.create(&PostParams::default(), &cm("before", "0")).await.unwrap();
+        reader.read_until(Duration::from_secs(30), |got| got.len() == 1).await;
+    }
+
+    testenv("stop", component);
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let pp = PostParams::default();
+    for i in 0..10 {
+        let name = format!("o{i}");
+        cms.create(&pp, &cm(&name, "1")).await.unwrap();
+        cms.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"data": {"v": "2"}}))).await.unwrap();
+        if i % 2 == 0 {
+            cms.delete(&name, &DeleteParams::default()).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(bridge.wait_exit(Duration::from_millis(10)).await.is_none(), "the bridge must ride out the outage");
+    testenv("start", component);
+
+    // 1 + 10 adds + 10 modifies + 5 deletes, read from the start by a fresh consumer.
+    let mut reader = Reader::for_sink(sink, &cluster, &topics, &bridge).await;
+    let events = reader
+        .read_until(Duration::from_secs(120), |got| got.iter().map(|r| r.event.id().to_string()).collect::<BTreeSet<_>>().len() >= 26)
+        .await;
+    let mut all = events;
+    all.extend(reader.drain(Duration::from_secs(2)).await);
+    let t = tally(all);
+    for i in 0..10 {
+        let name = format!("o{i}");
+        let changes: Vec<&str> = t.per_object[&name].iter().map(|r| r.change()).collect();
+        let expected: &[&str] = if i % 2 == 0 { &["added", "modified", "deleted"] } else { &["added", "modified"] };
+        assert_eq!(changes, expected, "{name}");
+        let rvs: Vec<u64> = t.per_object[&name].iter().map(|r| r.rv()).collect();
+        assert!(rvs.windows(2).all(|w| w[0] < w[1]), "{name}: resourceVersions go backwards: {rvs:?}");
+    }
+    eprintln!("{component} outage: 26 changes expected, {} objects, {} duplicates before dedup", t.per_object.len(), t.duplicates);
+    assert!(bridge.log_text().contains("retrying") || sink == SinkKind::Kafka, "NATS publishes should have been retried");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_outage_loses_nothing() {
+    broker_outage(SinkKind::Kafka, "kafka").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_outage_loses_nothing() {
+    broker_outage(SinkKind::Nats, "nats").await;
+}
+
+/// Changes the bridge cannot see (its connection is held off), then an API server restart so its
+/// resourceVersion is gone (410): it relists, diffs against what it knew, and publishes exactly
+/// the differences, marked as repaired; unchanged objects produce nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn gone_after_apiserver_restart_is_repaired_by_relist_and_diff() {
+    let _guard = EXCLUSIVE.lock().await;
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, "gone").await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let pp = PostParams::default();
+    for name in ["same", "changed", "deleted", "recreated"] {
+        cms.create(&pp, &cm(name, "0")).await.unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_, upstream) = kubeconfig_via(0, dir.path());
+    let proxy = Proxy::start(upstream).await;
+    let (kubeconfig, _) = kubeconfig_via(proxy.port, dir.path());
+    let config = format!(
+        "cluster: dev\nkubernetes: {{kubeconfig: {}}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\nsink: {{stdout: {{}}}}\n",
+        kubeconfig.display()
+    );
+    let mut bridge = Bridge::start(&config);
+    let mut reader = Reader::stdout(&bridge);
+    bridge.wait_synced(1).await;
+    let snapshot = reader.read_until(Duration::from_secs(30), |got| got.len() == 4).await;
+    assert!(snapshot.iter().all(|r| r.ext("origin") == "snapshot"), "{}", summary(&snapshot));
+    let old_recreated_uid = snapshot.iter().find(|r| r.ext("name") == "recreated").unwrap().ext("uid");
+
+    proxy.pause(true);
+    cms.patch("changed", &PatchParams::default(), &Patch::Merge(json!({"data": {"v": "1"}}))).await.unwrap();
+    cms.delete("deleted", &DeleteParams::default()).await.unwrap();
+    cms.delete("recreated", &DeleteParams::default()).await.unwrap();
+    let recreated = cms.create(&pp, &cm("recreated", "new")).await.unwrap();
+    let added = cms.create(&pp, &cm("added", "1")).await.unwrap();
+    testenv("stop", "kube-apiserver");
+    testenv("start", "kube-apiserver");
+    proxy.pause(false);
+
+    let events = reader.read_until(Duration::from_secs(90), |got| got.len() >= 5).await;
+    let extra = reader.drain(Duration::from_secs(2)).await;
+    assert!(extra.is_empty(), "unexpected:\n{}", summary(&extra));
+    let got: BTreeSet<(String, String, String)> = events.iter().map(|r| (r.ext("name"), r.change().to_string(), r.ext("origin"))).collect();
+    let want: BTreeSet<(String, String, String)> = [
+        ("changed", "modified"),
+        ("deleted", "deleted"),
+        ("recreated", "deleted"),
+        ("recreated", "added"),
+        ("added", "added"),
+    ]
+    .iter()
+    .map(|(n, c)| (n.to_string(), c.to_string(), "repaired".to_string()))
+    .collect();
+    assert_eq!(got, want, "{}", summary(&events));
+    let del = events.iter().find(|r| r.ext("name") == "recreated" && r.change() == "deleted").unwrap();
+    assert_eq!(del.ext("uid"), old_recreated_uid, "the old uid is deleted");
+    let add = events.iter().find(|r| r.ext("name") == "recreated" && r.change() == "added").unwrap();
+    assert_eq!(add.ext("uid"), recreated.metadata.uid.unwrap(), "the new uid is added");
+    let a = events.iter().find(|r| r.ext("name") == "added").unwrap();
+    assert_eq!(a.ext("resourceversion"), added.metadata.resource_version.unwrap());
+    assert!(bridge.count_log("watch history lost, relisting") >= 1, "log:\n{}", bridge.log_text());
+}
