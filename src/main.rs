@@ -74,9 +74,9 @@ enum Command {
     },
 }
 
-fn init_logging(format: LogFormat) {
+fn init_logging(format: LogFormat, default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| "info,kube_client=warn,rdkafka=warn".into());
+        .unwrap_or_else(|_| default_filter.into());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -99,7 +99,12 @@ fn load(path: &std::path::Path) -> Result<Config, String> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    // `tail` prints events on stdout; its own chatter stays quiet unless asked for.
+    let default_filter = match cli.command {
+        Command::Tail { .. } => "warn",
+        _ => "info,kube_client=warn,rdkafka=warn",
+    };
+    init_logging(cli.log_format, default_filter);
     let result = match cli.command {
         Command::Run { config } => run(&config).await,
         Command::CheckConfig { config, cluster } => check_config(&config, cluster).await,
