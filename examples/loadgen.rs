@@ -12,11 +12,17 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let (verb, ns, count) = (args[1].as_str(), args[2].as_str(), args[3].parse::<usize>()?);
+    let (verb, ns, count) = (
+        args[1].as_str(),
+        args[2].as_str(),
+        args[3].parse::<usize>()?,
+    );
     let client = kube::Client::try_default().await?;
     let api: Api<ConfigMap> = Api::namespaced(client, ns);
     let start = Instant::now();
-    let run = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos();
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_nanos();
     let payload = "x".repeat(args.get(4).map(|b| b.parse()).transpose()?.unwrap_or(1024));
     let results: Vec<_> = futures::stream::iter(0..count)
         .map(|i| {
@@ -40,7 +46,10 @@ async fn main() -> anyhow::Result<()> {
         .collect()
         .await;
     let failed = results.iter().filter(|r| r.is_err()).count();
-    eprintln!("{verb} {count} in {:.1}s ({failed} failed)", start.elapsed().as_secs_f64());
+    eprintln!(
+        "{verb} {count} in {:.1}s ({failed} failed)",
+        start.elapsed().as_secs_f64()
+    );
     anyhow::ensure!(failed == 0, "{failed} requests failed");
     Ok(())
 }

@@ -60,6 +60,70 @@ pub struct ConfigFile {
     /// Buffering between the watches and the sink.
     #[serde(default)]
     pub delivery: DeliveryConfig,
+    /// Where and how often progress is saved.
+    #[serde(default)]
+    pub checkpoint: CheckpointConfig,
+    /// What the first start (no checkpoint yet) publishes: `initial` (every existing object, marked
+    /// `origin=snapshot`) or `none` (only changes from now on).
+    #[serde(default)]
+    pub initial_snapshot: SnapshotPolicy,
+}
+
+/// Checkpoint settings.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CheckpointConfig {
+    /// Save progress, so a restart resumes where the broker's acknowledgements stopped. Default
+    /// true; core NATS (no JetStream) cannot checkpoint and must set false.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Kafka: the compacted topic holding checkpoints (created if missing).
+    #[serde(default = "default_checkpoint_topic")]
+    pub kafka_topic: String,
+    /// NATS: the JetStream KV bucket holding checkpoints (created if missing).
+    #[serde(default = "default_checkpoint_bucket")]
+    pub nats_bucket: String,
+    /// stdout: a directory for checkpoint files; omitted, the stdout sink keeps no checkpoint.
+    pub directory: Option<PathBuf>,
+    /// How often a busy watch saves progress. Default 500 ms: a crash replays at most about that
+    /// much; each save of a Kafka watch commits a transaction.
+    #[serde(default = "default_checkpoint_interval_ms")]
+    pub interval_ms: u64,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            kafka_topic: default_checkpoint_topic(),
+            nats_bucket: default_checkpoint_bucket(),
+            directory: None,
+            interval_ms: default_checkpoint_interval_ms(),
+        }
+    }
+}
+
+fn default_checkpoint_topic() -> String {
+    "kube-event-bridge.checkpoints".into()
+}
+
+fn default_checkpoint_bucket() -> String {
+    "kube-event-bridge".into()
+}
+
+const fn default_checkpoint_interval_ms() -> u64 {
+    500
+}
+
+/// What the first start publishes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum SnapshotPolicy {
+    /// Every existing object, once, as `added` with `origin=snapshot`.
+    #[default]
+    Initial,
+    /// Nothing: only changes after the start.
+    None,
 }
 
 /// How to reach the API server.
@@ -292,6 +356,10 @@ pub struct Config {
     pub sink: Sink,
     /// Buffering.
     pub delivery: DeliveryConfig,
+    /// Checkpoints.
+    pub checkpoint: CheckpointConfig,
+    /// First-start snapshot.
+    pub initial_snapshot: SnapshotPolicy,
 }
 
 /// A validated resource entry.
@@ -417,6 +485,21 @@ impl ConfigFile {
         if d.max_in_flight == 0 {
             errors.push("delivery.maxInFlight: must be at least 1".into());
         }
+        let c = &self.checkpoint;
+        if c.interval_ms == 0 {
+            errors.push("checkpoint.intervalMs: must be at least 1".into());
+        }
+        if c.enabled {
+            match &sink {
+                Some(Sink::Nats { config, .. }) if config.jetstream.is_none() => errors.push(
+                    "checkpoint.enabled: core NATS has no acknowledgements to checkpoint; set sink.nats.jetstream or checkpoint.enabled: false".into(),
+                ),
+                Some(Sink::Kafka { .. } | Sink::Nats { .. }) if c.directory.is_some() => {
+                    errors.push("checkpoint.directory: only the stdout sink keeps checkpoint files".into())
+                }
+                _ => {}
+            }
+        }
         match sink {
             Some(sink) if errors.is_empty() => Ok(Config {
                 cluster: self.cluster,
@@ -424,6 +507,8 @@ impl ConfigFile {
                 resources,
                 sink,
                 delivery: self.delivery,
+                checkpoint: self.checkpoint,
+                initial_snapshot: self.initial_snapshot,
             }),
             _ => Err(Error::Invalid(errors)),
         }

@@ -3,10 +3,15 @@
 //!
 //! After a watch loses its history (410 Gone) the bridge lists again and diffs the listing against
 //! this index, as kubert's `index.rs` does: keys known before but absent from the listing are
-//! deletions. Namespaces are interned, so an entry costs about 150 bytes.
+//! deletions. The index is split into [`BUCKETS`] buckets by uid so that a checkpoint rewrites
+//! only the buckets that changed; namespaces are interned.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
+
+/// Number of buckets; a checkpoint stores each bucket as one record, so 100,000 objects make
+/// records of about 30 KB.
+pub const BUCKETS: usize = 256;
 
 /// What the index remembers of one object.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,30 +35,65 @@ pub enum Seen {
     Unchanged,
 }
 
+/// Errors of decoding a stored bucket.
+#[derive(Debug, thiserror::Error)]
+#[error("bucket line {line}: expected `uid resourceVersion namespace|- name`")]
+pub struct DecodeError {
+    /// 1-based line number.
+    pub line: usize,
+}
+
+type Bucket = HashMap<Box<str>, Entry>;
+
 /// uid -> [`Entry`] for one watch.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct KnownObjects {
-    entries: HashMap<Box<str>, Entry>,
+    buckets: Vec<Bucket>,
     namespaces: HashSet<Arc<str>>,
+    dirty: BTreeSet<usize>,
+    /// Entries known before a relist and not listed yet.
+    relisting: Option<Vec<Bucket>>,
+}
+
+impl Default for KnownObjects {
+    fn default() -> Self {
+        Self {
+            buckets: vec![Bucket::new(); BUCKETS],
+            namespaces: HashSet::new(),
+            dirty: BTreeSet::new(),
+            relisting: None,
+        }
+    }
+}
+
+/// The bucket of a uid: FNV-1a, stable across versions and platforms (it is persisted).
+pub fn bucket_of(uid: &str) -> usize {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in uid.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % BUCKETS as u64) as usize
 }
 
 impl KnownObjects {
     /// Number of known objects.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.buckets.iter().map(HashMap::len).sum()
     }
 
     /// Whether the index is empty.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.buckets.iter().all(HashMap::is_empty)
     }
 
     /// The entry for `uid`.
     pub fn get(&self, uid: &str) -> Option<&Entry> {
-        self.entries.get(uid)
+        self.buckets[bucket_of(uid)].get(uid)
     }
 
-    /// Records an object seen at `resource_version` and says how it relates to what was known.
+    /// Records an object seen at `resource_version` and says how it relates to what was known
+    /// (during a relist: to what was known before the relist).
     pub fn observe(
         &mut self,
         uid: &str,
@@ -61,15 +101,22 @@ impl KnownObjects {
         namespace: Option<&str>,
         name: &str,
     ) -> Seen {
-        if let Some(entry) = self.entries.get_mut(uid) {
+        let b = bucket_of(uid);
+        if let Some(previous) = self.relisting.as_mut()
+            && let Some((key, entry)) = previous[b].remove_entry(uid)
+        {
+            self.buckets[b].insert(key, entry);
+        }
+        if let Some(entry) = self.buckets[b].get_mut(uid) {
             if &*entry.resource_version == resource_version {
                 return Seen::Unchanged;
             }
             entry.resource_version = resource_version.into();
+            self.dirty.insert(b);
             return Seen::Changed;
         }
         let namespace = namespace.map(|ns| self.intern(ns));
-        self.entries.insert(
+        self.buckets[b].insert(
             uid.into(),
             Entry {
                 resource_version: resource_version.into(),
@@ -77,22 +124,115 @@ impl KnownObjects {
                 name: name.into(),
             },
         );
+        self.dirty.insert(b);
         Seen::New
     }
 
     /// Forgets a deleted object; returns what was known of it.
     pub fn remove(&mut self, uid: &str) -> Option<Entry> {
-        self.entries.remove(uid)
+        let b = bucket_of(uid);
+        let removed = self.buckets[b].remove(uid);
+        if removed.is_some() {
+            self.dirty.insert(b);
+        }
+        removed
     }
 
-    /// Starts a relist: the listing is fed to [`Relist::observe`], then [`Relist::finish`] returns
-    /// the objects that vanished.
-    pub fn relist(&mut self) -> Relist<'_> {
-        let previous = std::mem::take(&mut self.entries);
-        Relist {
-            index: self,
-            previous: Some(previous),
+    /// Starts a relist: objects then fed to [`KnownObjects::observe`] are compared with what was
+    /// known before; [`KnownObjects::finish_relist`] returns the objects that vanished.
+    pub fn begin_relist(&mut self) {
+        self.abort_relist();
+        let previous = std::mem::replace(&mut self.buckets, vec![Bucket::new(); BUCKETS]);
+        self.relisting = Some(previous);
+    }
+
+    /// Ends a relist: every object known before but not listed, as (uid, entry), sorted by uid so
+    /// synthetic deletes come out in a stable order. They are removed from the index.
+    pub fn finish_relist(&mut self) -> Vec<(Box<str>, Entry)> {
+        let Some(previous) = self.relisting.take() else {
+            return Vec::new();
+        };
+        let mut gone: Vec<(Box<str>, Entry)> = Vec::new();
+        for (b, bucket) in previous.into_iter().enumerate() {
+            if !bucket.is_empty() {
+                self.dirty.insert(b);
+                gone.extend(bucket);
+            }
         }
+        gone.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        gone
+    }
+
+    /// Abandons a relist (a failed page): entries not reached are kept, so nothing is deleted
+    /// without a complete listing.
+    pub fn abort_relist(&mut self) {
+        if let Some(previous) = self.relisting.take() {
+            for (b, bucket) in previous.into_iter().enumerate() {
+                for (uid, entry) in bucket {
+                    self.buckets[b].entry(uid).or_insert(entry);
+                }
+            }
+        }
+    }
+
+    /// Buckets changed since the last [`KnownObjects::take_dirty`].
+    pub fn take_dirty(&mut self) -> BTreeSet<usize> {
+        std::mem::take(&mut self.dirty)
+    }
+
+    /// Marks every bucket changed (a first checkpoint writes them all).
+    pub fn mark_all_dirty(&mut self) {
+        self.dirty = (0..BUCKETS).collect();
+    }
+
+    /// One bucket as text: a line `uid resourceVersion namespace|- name` per object, sorted. Names,
+    /// namespaces, uids and resourceVersions never contain spaces or newlines.
+    pub fn encode_bucket(&self, b: usize) -> String {
+        let mut lines: Vec<String> = self.buckets[b]
+            .iter()
+            .map(|(uid, e)| {
+                format!(
+                    "{uid} {} {} {}",
+                    e.resource_version,
+                    e.namespace.as_deref().unwrap_or("-"),
+                    e.name
+                )
+            })
+            .collect();
+        lines.sort_unstable();
+        let mut out = lines.join("\n");
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out
+    }
+
+    /// Loads one bucket's text (replacing what the index held for that bucket).
+    pub fn decode_bucket(&mut self, b: usize, text: &str) -> Result<(), DecodeError> {
+        let mut bucket = Bucket::new();
+        for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.is_empty()) {
+            let mut parts = line.split(' ');
+            let (Some(uid), Some(rv), Some(ns), Some(name), None) = (
+                parts.next(),
+                parts.next(),
+                parts.next(),
+                parts.next(),
+                parts.next(),
+            ) else {
+                return Err(DecodeError { line: i + 1 });
+            };
+            let namespace = (ns != "-").then(|| self.intern(ns));
+            bucket.insert(
+                uid.into(),
+                Entry {
+                    resource_version: rv.into(),
+                    namespace,
+                    name: name.into(),
+                },
+            );
+        }
+        self.buckets[b] = bucket;
+        Ok(())
     }
 
     fn intern(&mut self, ns: &str) -> Arc<str> {
@@ -102,64 +242,6 @@ impl KnownObjects {
         let arc: Arc<str> = ns.into();
         self.namespaces.insert(arc.clone());
         arc
-    }
-}
-
-/// A relist in progress; see [`KnownObjects::relist`].
-#[derive(Debug)]
-pub struct Relist<'a> {
-    index: &'a mut KnownObjects,
-    /// Entries known before the relist and not listed yet; `None` once finished.
-    previous: Option<HashMap<Box<str>, Entry>>,
-}
-
-impl Relist<'_> {
-    /// Records one listed object and says how it relates to what was known before the relist.
-    pub fn observe(
-        &mut self,
-        uid: &str,
-        resource_version: &str,
-        namespace: Option<&str>,
-        name: &str,
-    ) -> Seen {
-        match self.previous.as_mut().and_then(|p| p.remove_entry(uid)) {
-            Some((key, mut entry)) => {
-                let seen = if &*entry.resource_version == resource_version {
-                    Seen::Unchanged
-                } else {
-                    entry.resource_version = resource_version.into();
-                    Seen::Changed
-                };
-                self.index.entries.insert(key, entry);
-                seen
-            }
-            None => self.index.observe(uid, resource_version, namespace, name),
-        }
-    }
-
-    /// Ends the relist: every object known before but not listed, as (uid, entry), sorted by uid so
-    /// synthetic deletes come out in a stable order.
-    pub fn finish(mut self) -> Vec<(Box<str>, Entry)> {
-        let mut gone: Vec<_> = self
-            .previous
-            .take()
-            .unwrap_or_default()
-            .into_iter()
-            .collect();
-        gone.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        gone
-    }
-}
-
-impl Drop for Relist<'_> {
-    /// An abandoned relist (a failed page) keeps what it did not reach: nothing is deleted
-    /// without a complete listing.
-    fn drop(&mut self) {
-        if let Some(previous) = self.previous.take() {
-            for (uid, entry) in previous {
-                self.index.entries.entry(uid).or_insert(entry);
-            }
-        }
     }
 }
 
@@ -191,14 +273,14 @@ mod tests {
         k.observe("gone", "3", Some("ns"), "gone");
         k.observe("recreated-old", "4", Some("ns"), "x");
 
-        let mut r = k.relist();
-        assert_eq!(r.observe("same", "1", Some("ns"), "same"), Seen::Unchanged);
+        k.begin_relist();
+        assert_eq!(k.observe("same", "1", Some("ns"), "same"), Seen::Unchanged);
         assert_eq!(
-            r.observe("changed", "9", Some("ns"), "changed"),
+            k.observe("changed", "9", Some("ns"), "changed"),
             Seen::Changed
         );
-        assert_eq!(r.observe("recreated-new", "10", Some("ns"), "x"), Seen::New);
-        let gone = r.finish();
+        assert_eq!(k.observe("recreated-new", "10", Some("ns"), "x"), Seen::New);
+        let gone = k.finish_relist();
         let gone: Vec<_> = gone
             .iter()
             .map(|(uid, e)| (&**uid, &*e.resource_version))
@@ -215,12 +297,40 @@ mod tests {
         let mut k = KnownObjects::default();
         k.observe("a", "1", None, "a");
         k.observe("b", "2", None, "b");
-        {
-            let mut r = k.relist();
-            assert_eq!(r.observe("a", "5", None, "a"), Seen::Changed);
-        }
+        k.begin_relist();
+        assert_eq!(k.observe("a", "5", None, "a"), Seen::Changed);
+        k.abort_relist();
         assert_eq!(k.len(), 2);
         assert_eq!(&*k.get("a").unwrap().resource_version, "5");
         assert_eq!(&*k.get("b").unwrap().resource_version, "2");
+    }
+
+    #[test]
+    fn buckets_round_trip_and_track_changes() {
+        let mut k = KnownObjects::default();
+        for i in 0..1000 {
+            k.observe(
+                &format!("uid-{i}"),
+                &i.to_string(),
+                (i % 2 == 0).then_some("ns"),
+                &format!("n{i}"),
+            );
+        }
+        assert!(
+            k.take_dirty().len() > 200,
+            "1000 uids spread over the buckets"
+        );
+        k.observe("uid-7", "99", None, "n7");
+        assert_eq!(k.take_dirty(), BTreeSet::from([bucket_of("uid-7")]));
+
+        let mut copy = KnownObjects::default();
+        for b in 0..BUCKETS {
+            copy.decode_bucket(b, &k.encode_bucket(b)).unwrap();
+        }
+        assert_eq!(copy.len(), 1000);
+        assert_eq!(copy.get("uid-7"), k.get("uid-7"));
+        assert_eq!(copy.get("uid-8").unwrap().namespace.as_deref(), Some("ns"));
+        assert!(copy.get("uid-9").unwrap().namespace.is_none());
+        assert!(copy.decode_bucket(0, "only three fields").is_err());
     }
 }

@@ -6,11 +6,13 @@
 //! [`sink`] (publish, await the broker's acknowledgement) → [`pipeline`] (ordered acknowledgement).
 
 pub mod change;
+pub mod checkpoint;
 pub mod config;
 pub mod discovery;
 pub mod encode;
 pub mod known;
 pub mod pipeline;
+pub mod rbac;
 pub mod runtime;
 pub mod schema;
 pub mod sink;

@@ -158,7 +158,7 @@ async fn run(path: &std::path::Path) -> Result<(), String> {
         .map_err(|e| chain(&e))?;
     tokio::select! {
         () = shutdown_signal() => {}
-        () = bridge.join() => return Err("every watch stopped unexpectedly".into()),
+        failure = bridge.failure() => return Err(failure),
     }
     // A second signal exits at once.
     tokio::spawn(async {

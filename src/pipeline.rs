@@ -1,23 +1,31 @@
-//! One watch's path to the sink: filter, encode, send in order, and take acknowledgements in
-//! order, so the acknowledged position only moves past events the broker has stored.
+//! One watch's path to the sink: classify what the watch saw against the known-object index,
+//! filter, encode, send in order, take acknowledgements in order, and save a checkpoint only when
+//! every event before it has been acknowledged.
 //!
 //! Acknowledgements are handled before new input (a `biased` select), and at most
 //! `max_in_flight` events await one, so memory stays bounded while a slow broker applies
-//! backpressure all the way to the watch.
+//! backpressure all the way to the watch. When a checkpoint is due the pipeline stops taking
+//! input until what is in flight is acknowledged, then saves: the saved resourceVersion and index
+//! never run ahead of the broker.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
+use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesOrdered;
-use futures::{FutureExt, StreamExt};
+use kube::api::{DynamicObject, ObjectMeta};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tracing::{error, info, warn};
 
-use crate::change::ChangeKind;
+use crate::change::{Change, ChangeKind, Origin};
+use crate::checkpoint::{self, Checkpoint, Store};
+use crate::config::SnapshotPolicy;
 use crate::encode::{self, ResourceInfo};
+use crate::known::{KnownObjects, Seen};
 use crate::sink::{AnySink, Delivered, Outcome};
 use crate::watch::{Backoff, Item};
 
@@ -34,121 +42,333 @@ pub struct Status {
     pub encode_failed: AtomicU64,
     /// Publish attempts that were retried.
     pub retried: AtomicU64,
-    /// Whether the initial list has been published and acknowledged.
+    /// Checkpoints saved.
+    pub checkpoints: AtomicU64,
+    /// Whether the initial list (or the resume) has been published and acknowledged.
     pub synced: AtomicBool,
-    acked: std::sync::Mutex<Option<String>>,
+    checkpointed: std::sync::Mutex<Option<String>>,
 }
 
 impl Status {
-    /// The resourceVersion up to which every event has been acknowledged.
-    pub fn acked_resource_version(&self) -> Option<String> {
-        self.acked.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    /// The resourceVersion of the last saved checkpoint.
+    pub fn checkpoint_resource_version(&self) -> Option<String> {
+        self.checkpointed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
-    fn set_acked(&self, rv: String) {
-        *self.acked.lock().unwrap_or_else(|e| e.into_inner()) = Some(rv);
+    fn set_checkpointed(&self, rv: &str) {
+        *self.checkpointed.lock().unwrap_or_else(|e| e.into_inner()) = Some(rv.to_string());
     }
 }
 
 /// Everything one pipeline needs.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Pipeline {
     /// Resource-wide event attributes.
     pub info: Arc<ResourceInfo>,
     /// The change kinds to publish.
     pub events: BTreeSet<ChangeKind>,
-    /// The sink, shared by every pipeline.
+    /// The sink.
     pub sink: Arc<AnySink>,
     /// Events awaiting acknowledgement at most.
     pub max_in_flight: usize,
     /// Counters and position.
     pub status: Arc<Status>,
+    /// Where checkpoints go.
+    pub store: Store,
+    /// The loaded checkpoint, if any.
+    pub resume: Option<Checkpoint>,
+    /// What the first list publishes when there is no checkpoint.
+    pub snapshot: SnapshotPolicy,
+    /// How often a busy watch checkpoints.
+    pub checkpoint_interval: Duration,
 }
 
-#[expect(
-    clippy::large_enum_variant,
-    reason = "moved once; boxing would allocate per event"
-)]
-enum Done {
-    Delivered(Delivered),
-    Progress(String),
-    Synced,
+/// What classifying one item produced.
+struct Step {
+    change: Option<Change>,
+    /// Synthetic deletes found at the end of a relist.
+    deletes: Vec<Change>,
+    /// The resourceVersion the stream has reached, if the item moves it.
+    position: Option<String>,
+}
+
+type InFlight = FuturesOrdered<BoxFuture<'static, Delivered>>;
+
+struct State {
+    known: KnownObjects,
+    /// Origin of the list in progress, if any, and whether its findings are published.
+    listing: Option<(Origin, bool)>,
+    listed_once: bool,
+    position: Option<String>,
+    committed: Option<String>,
+    sync_pending: bool,
+    last_commit: Instant,
 }
 
 impl Pipeline {
-    /// Runs until the watch closes its side of the channel, then drains what is in flight.
-    pub async fn run(self, mut rx: mpsc::Receiver<Item>) {
-        let mut in_flight: FuturesOrdered<BoxFuture<'static, Done>> = FuturesOrdered::new();
+    /// Runs until the watch closes its side of the channel, then drains what is in flight and
+    /// saves a last checkpoint. An error means this instance must stop (fenced, or the store
+    /// failed in a way that leaves its state unknown).
+    pub async fn run(mut self, mut rx: mpsc::Receiver<Item>) -> Result<(), checkpoint::Error> {
+        let resumed = self.resume.take();
+        let mut st = State {
+            listed_once: resumed.is_some(),
+            position: resumed.as_ref().map(|c| c.resource_version.clone()),
+            committed: resumed.as_ref().map(|c| c.resource_version.clone()),
+            known: resumed.map(|c| c.known).unwrap_or_default(),
+            listing: None,
+            sync_pending: false,
+            last_commit: Instant::now(),
+        };
+        if let Some(rv) = &st.committed {
+            info!(rv = %rv, objects = st.known.len(), "resuming from checkpoint");
+            self.status.set_checkpointed(rv);
+            self.status.synced.store(true, Ordering::Relaxed);
+        } else if self.store.durable() {
+            // Everything a first checkpoint holds is new.
+            st.known.mark_all_dirty();
+        }
+        let mut in_flight = InFlight::new();
         // For sinks that cannot keep two publishes of one object in order: uids awaiting an ack.
         let mut uids: HashMap<String, u32> = HashMap::new();
         let gate = !self.sink.ordered_in_flight();
         loop {
+            let pending = st.position != st.committed && st.listing.is_none();
+            let due = pending && st.last_commit.elapsed() >= self.checkpoint_interval;
+            if in_flight.is_empty() {
+                if st.sync_pending {
+                    st.sync_pending = false;
+                    self.status.synced.store(true, Ordering::Relaxed);
+                    info!("initial state published");
+                }
+                if due {
+                    self.commit(&mut st).await?;
+                    continue;
+                }
+            }
+            let wake = st.last_commit + self.checkpoint_interval;
             tokio::select! {
                 biased;
                 Some(done) = in_flight.next(), if !in_flight.is_empty() => self.complete(done, &mut uids).await,
-                item = rx.recv(), if in_flight.len() < self.max_in_flight => match item {
-                    None => break,
-                    Some(Item::Progress(rv)) => in_flight.push_back(std::future::ready(Done::Progress(rv)).boxed()),
-                    Some(Item::Synced) => in_flight.push_back(std::future::ready(Done::Synced).boxed()),
-                    Some(Item::Change(change)) => {
-                        if !self.events.contains(&change.kind) {
-                            self.status.filtered.fetch_add(1, Ordering::Relaxed);
-                            continue;
-                        }
-                        let event = match encode::encode(&self.info, change) {
-                            Ok(e) => e,
-                            Err(error) => {
-                                self.status.encode_failed.fetch_add(1, Ordering::Relaxed);
-                                error!(error = %error, "cannot encode change, skipped");
-                                continue;
-                            }
-                        };
-                        if gate {
-                            while uids.contains_key(&event.uid) {
-                                match in_flight.next().await {
-                                    Some(done) => self.complete(done, &mut uids).await,
-                                    None => break,
-                                }
-                            }
-                            *uids.entry(event.uid.clone()).or_default() += 1;
-                        }
-                        let pending = self.sink.send(event).await;
-                        in_flight.push_back(pending.map(Done::Delivered).boxed());
+                () = tokio::time::sleep_until(wake), if pending && in_flight.is_empty() => {}
+                item = rx.recv(), if in_flight.len() < self.max_in_flight && !due => {
+                    let Some(item) = item else { break };
+                    let step = self.classify(item, &mut st);
+                    if let Some(rv) = step.position {
+                        st.position = Some(rv);
                     }
-                },
+                    for change in step.change.into_iter().chain(step.deletes) {
+                        self.publish(change, &mut in_flight, &mut uids, gate).await;
+                    }
+                }
             }
         }
         while let Some(done) = in_flight.next().await {
             self.complete(done, &mut uids).await;
         }
+        if st.position != st.committed && st.listing.is_none() {
+            self.commit(&mut st).await?;
+        }
+        Ok(())
     }
 
-    async fn complete(&self, done: Done, uids: &mut HashMap<String, u32>) {
-        match done {
-            Done::Progress(rv) => self.status.set_acked(rv),
-            Done::Synced => {
-                self.status.synced.store(true, Ordering::Relaxed);
-                info!("initial state published");
+    /// Filters, encodes and sends one change.
+    async fn publish(
+        &self,
+        change: Change,
+        in_flight: &mut InFlight,
+        uids: &mut HashMap<String, u32>,
+        gate: bool,
+    ) {
+        if !self.events.contains(&change.kind) {
+            self.status.filtered.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let event = match encode::encode(&self.info, change) {
+            Ok(e) => e,
+            Err(error) => {
+                self.status.encode_failed.fetch_add(1, Ordering::Relaxed);
+                error!(error = %error, "cannot encode change, skipped");
+                return;
             }
-            Done::Delivered(delivered) => {
-                let Delivered { event, outcome } = self.retry_until_settled(delivered).await;
-                match outcome {
-                    Outcome::Acked => {
-                        self.status.published.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Outcome::Rejected { reason, error } => {
-                        self.status.rejected.fetch_add(1, Ordering::Relaxed);
-                        error!(object = %event.reference(), id = %event.id, bytes = event.data.len(), reason, error = %error, "broker refused event for good, skipped");
-                    }
-                    Outcome::Retry { .. } => unreachable!("retry_until_settled settles"),
+        };
+        if gate {
+            while uids.contains_key(&event.uid) {
+                match in_flight.next().await {
+                    Some(done) => self.complete(done, uids).await,
+                    None => break,
                 }
-                if let Some(n) = uids.get_mut(&event.uid) {
-                    *n -= 1;
-                    if *n == 0 {
-                        uids.remove(&event.uid);
+            }
+            *uids.entry(event.uid.clone()).or_default() += 1;
+        }
+        in_flight.push_back(self.sink.send(event).await);
+    }
+
+    /// Classifies one item against the index (which it updates) and says what to publish.
+    fn classify(&self, item: Item, st: &mut State) -> Step {
+        let none = Step {
+            change: None,
+            deletes: Vec::new(),
+            position: None,
+        };
+        match item {
+            Item::Event(kind, object, observed) => {
+                let Some((uid, rv, ns, name)) = identity(&object.metadata) else {
+                    return none;
+                };
+                let position = Some(rv.to_string());
+                let publish = match kind {
+                    ChangeKind::Deleted => {
+                        st.known.remove(uid);
+                        true
                     }
+                    _ => st.known.observe(uid, rv, ns, name) != Seen::Unchanged,
+                };
+                let change = publish.then_some(Change {
+                    kind,
+                    origin: Origin::Live,
+                    object,
+                    observed,
+                });
+                Step {
+                    change,
+                    deletes: Vec::new(),
+                    position,
                 }
-                self.status.set_acked(event.resource_version);
+            }
+            Item::ListBegin => {
+                let origin = if st.listed_once {
+                    Origin::Repaired
+                } else {
+                    Origin::Snapshot
+                };
+                let publish =
+                    origin == Origin::Repaired || self.snapshot == SnapshotPolicy::Initial;
+                st.known.begin_relist();
+                st.listing = Some((origin, publish));
+                none
+            }
+            Item::Listed(object, observed) => {
+                let Some((origin, publish)) = st.listing else {
+                    return none;
+                };
+                let Some((uid, rv, ns, name)) = identity(&object.metadata) else {
+                    return none;
+                };
+                let kind = match st.known.observe(uid, rv, ns, name) {
+                    Seen::New => ChangeKind::Added,
+                    Seen::Changed => ChangeKind::Modified,
+                    Seen::Unchanged => return none,
+                };
+                Step {
+                    change: publish.then_some(Change {
+                        kind,
+                        origin,
+                        object,
+                        observed,
+                    }),
+                    deletes: Vec::new(),
+                    position: None,
+                }
+            }
+            Item::ListEnd(rv) => {
+                let gone = st.known.finish_relist();
+                st.listing = None;
+                if !st.listed_once {
+                    st.listed_once = true;
+                    st.sync_pending = true;
+                }
+                Step {
+                    change: None,
+                    deletes: self.synthetic_deletes(gone),
+                    position: Some(rv),
+                }
+            }
+            Item::ListAbort => {
+                st.known.abort_relist();
+                st.listing = None;
+                none
+            }
+            Item::Progress(rv) => Step {
+                change: None,
+                deletes: Vec::new(),
+                position: Some(rv),
+            },
+        }
+    }
+
+    fn synthetic_deletes(&self, gone: Vec<(Box<str>, crate::known::Entry)>) -> Vec<Change> {
+        let observed = SystemTime::now();
+        gone.into_iter()
+            .map(|(uid, entry)| Change {
+                kind: ChangeKind::Deleted,
+                origin: Origin::Repaired,
+                object: DynamicObject {
+                    types: Some(kube::api::TypeMeta {
+                        api_version: self.info.api_version.clone(),
+                        kind: self.info.kind.clone(),
+                    }),
+                    metadata: ObjectMeta {
+                        name: Some(entry.name.into()),
+                        namespace: entry.namespace.map(|ns| ns.to_string()),
+                        uid: Some(uid.into()),
+                        resource_version: Some(entry.resource_version.into()),
+                        ..Default::default()
+                    },
+                    data: serde_json::Value::Object(Default::default()),
+                },
+                observed,
+            })
+            .collect()
+    }
+
+    async fn commit(&mut self, st: &mut State) -> Result<(), checkpoint::Error> {
+        let Some(rv) = st.position.clone() else {
+            return Ok(());
+        };
+        match self.store.save(&rv, &mut st.known).await {
+            Ok(()) => {
+                self.status.checkpoints.fetch_add(1, Ordering::Relaxed);
+                self.status.set_checkpointed(&rv);
+                st.committed = Some(rv);
+            }
+            Err(e @ checkpoint::Error::Fenced { .. }) => {
+                error!(error = %e, "fenced: another instance owns this watch now");
+                return Err(e);
+            }
+            Err(e) if matches!(self.sink.as_ref(), AnySink::Kafka(_)) => {
+                // The transaction's fate is unknown: restart from the last checkpoint.
+                error!(error = %e, "checkpoint transaction failed");
+                return Err(e);
+            }
+            Err(e) => {
+                warn!(error = %e, "checkpoint not saved, will retry");
+                st.known.mark_all_dirty();
+            }
+        }
+        st.last_commit = Instant::now();
+        Ok(())
+    }
+
+    async fn complete(&self, delivered: Delivered, uids: &mut HashMap<String, u32>) {
+        let Delivered { event, outcome } = self.retry_until_settled(delivered).await;
+        match outcome {
+            Outcome::Acked => {
+                self.status.published.fetch_add(1, Ordering::Relaxed);
+            }
+            Outcome::Rejected { reason, error } => {
+                self.status.rejected.fetch_add(1, Ordering::Relaxed);
+                error!(object = %event.reference(), id = %event.id, bytes = event.data.len(), reason, error = %error, "broker refused event for good, skipped");
+            }
+            Outcome::Retry { .. } => unreachable!("retry_until_settled settles"),
+        }
+        if let Some(n) = uids.get_mut(&event.uid) {
+            *n -= 1;
+            if *n == 0 {
+                uids.remove(&event.uid);
             }
         }
     }
@@ -168,81 +388,11 @@ impl Pipeline {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::change::{Change, Origin};
-    use crate::sink::stdout::StdoutSink;
-    use kube::api::{DynamicObject, ObjectMeta};
-    use std::time::SystemTime;
-
-    fn change(kind: ChangeKind, uid: &str, rv: &str) -> Item {
-        Item::Change(Change {
-            kind,
-            origin: Origin::Live,
-            object: DynamicObject {
-                types: None,
-                metadata: ObjectMeta {
-                    name: Some(format!("n-{uid}")),
-                    namespace: Some("ns".into()),
-                    uid: Some(uid.into()),
-                    resource_version: Some(rv.into()),
-                    ..Default::default()
-                },
-                data: serde_json::json!({}),
-            },
-            observed: SystemTime::now(),
-        })
-    }
-
-    fn info() -> Arc<ResourceInfo> {
-        let resolved = crate::discovery::ResolvedResource {
-            config: crate::config::ConfigFile::parse(
-                "cluster: dev\nresources: [{apiVersion: v1, resource: configmaps}]\n",
-            )
-            .unwrap()
-            .validate()
-            .unwrap()
-            .resources
-            .remove(0),
-            api: kube::discovery::ApiResource {
-                group: String::new(),
-                version: "v1".into(),
-                api_version: "v1".into(),
-                kind: "ConfigMap".into(),
-                plural: "configmaps".into(),
-            },
-            namespaced: true,
-        };
-        Arc::new(ResourceInfo::new("dev", &resolved))
-    }
-
-    #[tokio::test]
-    async fn filters_publishes_and_advances_in_order() {
-        let status = Arc::new(Status::default());
-        let p = Pipeline {
-            info: info(),
-            events: [ChangeKind::Added, ChangeKind::Deleted].into(),
-            sink: Arc::new(AnySink::Stdout(StdoutSink::new())),
-            max_in_flight: 2,
-            status: status.clone(),
-        };
-        let (tx, rx) = mpsc::channel(4);
-        let task = tokio::spawn(p.run(rx));
-        tx.send(change(ChangeKind::Added, "a", "1")).await.unwrap();
-        tx.send(change(ChangeKind::Modified, "a", "2"))
-            .await
-            .unwrap();
-        tx.send(Item::Synced).await.unwrap();
-        tx.send(change(ChangeKind::Deleted, "a", "3"))
-            .await
-            .unwrap();
-        tx.send(Item::Progress("7".into())).await.unwrap();
-        drop(tx);
-        task.await.unwrap();
-        assert_eq!(status.published.load(Ordering::Relaxed), 2);
-        assert_eq!(status.filtered.load(Ordering::Relaxed), 1);
-        assert!(status.synced.load(Ordering::Relaxed));
-        assert_eq!(status.acked_resource_version().as_deref(), Some("7"));
-    }
+fn identity(meta: &ObjectMeta) -> Option<(&str, &str, Option<&str>, &str)> {
+    Some((
+        meta.uid.as_deref()?,
+        meta.resource_version.as_deref()?,
+        meta.namespace.as_deref(),
+        meta.name.as_deref()?,
+    ))
 }

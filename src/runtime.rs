@@ -12,10 +12,12 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
-use crate::config::{Config, KubernetesConfig};
+use crate::checkpoint::{self, FileStore, KafkaStore, NatsStore, Store, WatchKey};
+use crate::config::{self as cfg, Config, KubernetesConfig};
 use crate::discovery::{self, ResolvedResource};
 use crate::encode::ResourceInfo;
 use crate::pipeline::{Pipeline, Status};
+use crate::sink::kafka::KafkaSink;
 use crate::sink::{self, AnySink};
 use crate::watch::{self, Target};
 
@@ -43,6 +45,9 @@ pub enum Error {
     /// The sink could not be connected.
     #[error(transparent)]
     Sink(#[from] sink::Error),
+    /// A checkpoint could not be loaded, or the checkpoint store prepared.
+    #[error(transparent)]
+    Checkpoint(#[from] checkpoint::Error),
 }
 
 /// A `Result` with this module's [`Error`].
@@ -94,7 +99,7 @@ pub struct WatchHandle {
 pub struct Bridge {
     watches: Vec<WatchHandle>,
     stop_watches: CancellationToken,
-    tasks: JoinSet<()>,
+    tasks: JoinSet<Result<(), checkpoint::Error>>,
     sink: Arc<AnySink>,
 }
 
@@ -104,8 +109,8 @@ const PAGE_SIZE: u32 = 500;
 const WATCH_TIMEOUT_SECS: u32 = 290;
 
 impl Bridge {
-    /// Resolves every resource, connects the sink and starts one watch and one pipeline per
-    /// resource and namespace scope.
+    /// Resolves every resource, connects the sink, loads each watch's checkpoint and starts one
+    /// watch and one pipeline per resource and namespace scope.
     pub async fn start(config: Config) -> Result<Self> {
         let client = client(&config.kubernetes).await?;
         let resources = discovery::resolve(&client, &config.resources).await?;
@@ -114,32 +119,55 @@ impl Bridge {
                 warn!(resource = %r.label(), "Secret redaction is OFF for this resource: secret values will be published in clear");
             }
         }
-        let sink = Arc::new(AnySink::connect(&config.cluster, &config.sink, &resources).await?);
+        let shared = Arc::new(AnySink::connect(&config.cluster, &config.sink, &resources).await?);
         info!(
-            sink = sink.name(),
+            sink = shared.name(),
             resources = resources.len(),
             "sink connected"
         );
+        let stores = Stores::prepare(&config, &shared).await?;
         let stop_watches = CancellationToken::new();
         let mut tasks = JoinSet::new();
         let mut watches = Vec::new();
         for r in &resources {
             let info = Arc::new(ResourceInfo::new(&config.cluster, r));
             for namespace in r.scopes() {
+                let key = WatchKey::new(
+                    &config.cluster,
+                    &r.api.api_version,
+                    &r.api.plural,
+                    namespace.as_deref(),
+                    r.config.label_selector.as_deref(),
+                    r.config.field_selector.as_deref(),
+                );
+                let span = info_span!("watch", resource = %r.label(), namespace = namespace.as_deref().unwrap_or("*"));
+                let (sink, mut store) = stores
+                    .for_watch(&config, &shared, &key)
+                    .instrument(span.clone())
+                    .await?;
+                let resume = store.load().instrument(span.clone()).await?;
                 let status = Arc::new(Status::default());
                 let (tx, rx) = mpsc::channel(config.delivery.queue_capacity);
-                let span = info_span!("watch", resource = %r.label(), namespace = namespace.as_deref().unwrap_or("*"));
+                let start_rv = resume.as_ref().map(|c| c.resource_version.clone());
                 let target = target(&client, r, namespace.as_deref());
+                let stop = stop_watches.clone();
                 tasks.spawn(
-                    watch::run(target, watch::State::default(), tx, stop_watches.clone())
-                        .instrument(span.clone()),
+                    async move {
+                        watch::run(target, start_rv, tx, stop).await;
+                        Ok(())
+                    }
+                    .instrument(span.clone()),
                 );
                 let pipeline = Pipeline {
                     info: info.clone(),
                     events: r.config.events.clone(),
-                    sink: sink.clone(),
+                    sink,
                     max_in_flight: config.delivery.max_in_flight,
                     status: status.clone(),
+                    store,
+                    resume,
+                    snapshot: config.initial_snapshot,
+                    checkpoint_interval: Duration::from_millis(config.checkpoint.interval_ms),
                 };
                 tasks.spawn(pipeline.run(rx).instrument(span));
                 watches.push(WatchHandle {
@@ -154,7 +182,7 @@ impl Bridge {
             watches,
             stop_watches,
             tasks,
-            sink,
+            sink: shared,
         })
     }
 
@@ -195,9 +223,111 @@ impl Bridge {
         drained
     }
 
-    /// Waits until every task has ended on its own (it normally never does).
-    pub async fn join(&mut self) {
-        while self.tasks.join_next().await.is_some() {}
+    /// Waits until a watch or pipeline fails for good (fenced, checkpoint store lost) and returns
+    /// why; while everything is healthy it never returns.
+    pub async fn failure(&mut self) -> String {
+        while let Some(result) = self.tasks.join_next().await {
+            match result {
+                Ok(Err(e)) => return e.to_string(),
+                Err(e) if e.is_panic() => return format!("a watch task panicked: {e}"),
+                _ => {}
+            }
+        }
+        "every watch stopped".into()
+    }
+}
+
+/// What the checkpoint stores of all watches share.
+enum Stores {
+    /// Per-watch transactional producers writing to this topic.
+    Kafka { topic: String },
+    /// One KV bucket.
+    Nats(async_nats::jetstream::kv::Store),
+    /// Files in a directory.
+    Files(std::path::PathBuf),
+    /// Nothing durable.
+    Memory,
+}
+
+impl Stores {
+    async fn prepare(config: &Config, shared: &Arc<AnySink>) -> Result<Self> {
+        let c = &config.checkpoint;
+        if !c.enabled {
+            return Ok(Stores::Memory);
+        }
+        let store_err = |store: &'static str, e: &dyn std::fmt::Display| checkpoint::Error::Store {
+            store,
+            message: e.to_string(),
+        };
+        Ok(match shared.as_ref() {
+            AnySink::Kafka(k) => {
+                k.ensure_compacted_topic(&c.kafka_topic)
+                    .await
+                    .map_err(|e| store_err("kafka", &e))?;
+                Stores::Kafka {
+                    topic: c.kafka_topic.clone(),
+                }
+            }
+            AnySink::Nats(n) => {
+                let js = n
+                    .jetstream()
+                    .ok_or_else(|| store_err("nats", &"core NATS cannot checkpoint"))?;
+                Stores::Nats(checkpoint::nats_bucket(js, &c.nats_bucket).await?)
+            }
+            AnySink::Stdout(_) => match &c.directory {
+                Some(dir) => {
+                    tokio::fs::create_dir_all(dir)
+                        .await
+                        .map_err(|e| store_err("file", &format!("{}: {e}", dir.display())))?;
+                    Stores::Files(dir.clone())
+                }
+                None => Stores::Memory,
+            },
+        })
+    }
+
+    /// The sink and checkpoint store of one watch. A Kafka watch gets its own transactional
+    /// producer (its transactional id fences an older instance of the same watch).
+    async fn for_watch(
+        &self,
+        config: &Config,
+        shared: &Arc<AnySink>,
+        key: &WatchKey,
+    ) -> Result<(Arc<AnySink>, Store)> {
+        Ok(match self {
+            Stores::Kafka { topic } => {
+                let cfg::Sink::Kafka {
+                    config: kafka,
+                    topic: template,
+                } = &config.sink
+                else {
+                    unreachable!("kafka stores need a kafka sink")
+                };
+                let id = format!("kube-event-bridge.{}", key.id);
+                let producer = Arc::new(
+                    KafkaSink::new_transactional(&config.cluster, kafka, template.clone(), &id)
+                        .await?,
+                );
+                let store = Store::Kafka(KafkaStore {
+                    key: key.clone(),
+                    sink: producer.clone(),
+                    topic: topic.clone(),
+                });
+                (Arc::new(AnySink::Kafka(producer)), store)
+            }
+            Stores::Nats(kv) => (
+                shared.clone(),
+                Store::Nats(NatsStore::new(key.clone(), kv.clone())),
+            ),
+            Stores::Files(dir) => (
+                shared.clone(),
+                Store::File(FileStore {
+                    key: key.clone(),
+                    path: dir.join(format!("{}.checkpoint", key.id)),
+                }),
+            ),
+            Stores::Memory => (shared.clone(), Store::Memory),
+        })
     }
 }
 

@@ -95,7 +95,7 @@ fn ready(event: Event, outcome: Outcome) -> Pending {
 #[expect(clippy::large_enum_variant, reason = "one value per process")]
 pub enum AnySink {
     /// Apache Kafka.
-    Kafka(kafka::KafkaSink),
+    Kafka(std::sync::Arc<kafka::KafkaSink>),
     /// NATS, JetStream or core.
     Nats(nats::NatsSink),
     /// JSON lines on standard output.
@@ -111,9 +111,9 @@ impl AnySink {
         resources: &[ResolvedResource],
     ) -> Result<Self> {
         Ok(match sink {
-            config::Sink::Kafka { config, topic } => {
-                AnySink::Kafka(kafka::KafkaSink::new(cluster, config, topic.clone())?)
-            }
+            config::Sink::Kafka { config, topic } => AnySink::Kafka(std::sync::Arc::new(
+                kafka::KafkaSink::new(cluster, config, topic.clone())?,
+            )),
             config::Sink::Nats { config, subject } => AnySink::Nats(
                 nats::NatsSink::connect(cluster, config, subject.clone(), resources).await?,
             ),

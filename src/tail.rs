@@ -15,7 +15,7 @@ use rdkafka::message::Headers;
 use crate::config::{Config, Sink};
 use crate::discovery::{self, ResolvedResource};
 use crate::runtime;
-use crate::sink::kafka::producer_config;
+use crate::sink::kafka::consumer_config;
 use crate::template::{Template, Values};
 
 /// Errors of tailing.
@@ -183,15 +183,7 @@ pub async fn run(config: &Config, options: Options) -> Result<(), Error> {
     match &config.sink {
         Sink::Stdout => Err(Error::Stdout),
         Sink::Kafka { config: k, topic } => {
-            let mut c = producer_config(k);
-            for key in [
-                "enable.idempotence",
-                "acks",
-                "message.timeout.ms",
-                "linger.ms",
-            ] {
-                c.remove(key);
-            }
+            let mut c = consumer_config(k);
             c.set(
                 "group.id",
                 format!("kube-event-bridge-tail-{}", std::process::id()),

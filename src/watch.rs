@@ -14,8 +14,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::change::{Change, ChangeKind, Origin};
-use crate::known::{KnownObjects, Seen};
+use crate::change::ChangeKind;
 
 /// Why a watch could not go on; each is logged and retried with backoff, never fatal.
 #[derive(Debug, thiserror::Error)]
@@ -67,19 +66,26 @@ impl Error {
     }
 }
 
-/// What a watch sends down the pipeline, in order.
+/// What a watch sends down the pipeline, in order. The pipeline owns the known-object index and
+/// classifies what the watch saw, so the index always matches what was sent.
 #[derive(Debug)]
 #[expect(
     clippy::large_enum_variant,
     reason = "moved once through the channel; boxing would allocate per event"
 )]
 pub enum Item {
-    /// A change to publish.
-    Change(Change),
-    /// Every change up to this resourceVersion has been sent (a bookmark or the end of a list).
+    /// An event of the live watch.
+    Event(ChangeKind, DynamicObject, SystemTime),
+    /// A (re)list starts: the listed objects follow.
+    ListBegin,
+    /// One listed object.
+    Listed(DynamicObject, SystemTime),
+    /// The list is complete, at this resourceVersion.
+    ListEnd(String),
+    /// The list failed part-way: nothing may be concluded from what was listed.
+    ListAbort,
+    /// Nothing changed up to this resourceVersion (a bookmark).
     Progress(String),
-    /// The initial list (or resume) is complete.
-    Synced,
 }
 
 /// What one watch looks at.
@@ -99,30 +105,22 @@ pub struct Target {
     pub watch_timeout_secs: u32,
 }
 
-/// The watch's position and the index it diffs against.
-#[derive(Debug, Default)]
-pub struct State {
-    /// The last resourceVersion passed to the pipeline; `None` before the first list.
-    pub resource_version: Option<String>,
-    /// uid -> resourceVersion, namespace, name.
-    pub known: KnownObjects,
-    /// Whether the first list has completed.
-    pub synced: bool,
-}
-
-/// Runs the watch until `shutdown` or until the pipeline closes.
+/// Runs the watch until `shutdown` or until the pipeline closes, starting from
+/// `resource_version` (a checkpoint) or, if `None`, with a list.
 pub async fn run(
     target: Target,
-    mut state: State,
+    mut resource_version: Option<String>,
     tx: mpsc::Sender<Item>,
     shutdown: CancellationToken,
 ) {
     let mut backoff = Backoff::default();
     loop {
         let step = async {
-            match state.resource_version.clone() {
-                None => list(&target, &mut state, &tx).await,
-                Some(rv) => watch(&target, &mut state, &tx, &rv).await,
+            match resource_version.clone() {
+                None => list(&target, &tx)
+                    .await
+                    .map(|rv| resource_version = Some(rv)),
+                Some(rv) => watch(&target, &tx, &rv, &mut resource_version).await,
             }
         };
         let result = tokio::select! {
@@ -133,12 +131,17 @@ pub async fn run(
             Ok(()) => backoff.reset(),
             Err(Error::Closed) => return,
             Err(Error::Gone(rv)) => {
-                info!(rv = %rv, known = state.known.len(), "watch history lost, relisting");
-                state.resource_version = None;
+                info!(rv = %rv, "watch history lost, relisting");
+                resource_version = None;
             }
             Err(error) => {
                 let delay = backoff.next_delay();
-                warn!(error = %error, reason = error.reason(), retry_in_ms = delay.as_millis() as u64, "watch failed");
+                warn!(
+                    error = %error,
+                    reason = error.reason(),
+                    retry_in_ms = delay.as_millis() as u64,
+                    "watch failed"
+                );
                 tokio::select! {
                     () = shutdown.cancelled() => return,
                     () = tokio::time::sleep(delay) => {}
@@ -148,14 +151,9 @@ pub async fn run(
     }
 }
 
-/// Lists every object (paginated, consistent read), diffs against the index, and sends the
-/// differences: the initial snapshot the first time, repaired changes after a 410.
-async fn list(target: &Target, state: &mut State, tx: &mpsc::Sender<Item>) -> Result<(), Error> {
-    let origin = if state.synced {
-        Origin::Repaired
-    } else {
-        Origin::Snapshot
-    };
+/// Lists every object (paginated, consistent read) and sends them between `ListBegin` and
+/// `ListEnd`; returns the list's resourceVersion.
+async fn list(target: &Target, tx: &mpsc::Sender<Item>) -> Result<String, Error> {
     let mut params = ListParams::default().limit(target.page_size);
     if let Some(l) = &target.label_selector {
         params = params.labels(l);
@@ -163,93 +161,46 @@ async fn list(target: &Target, state: &mut State, tx: &mpsc::Sender<Item>) -> Re
     if let Some(f) = &target.field_selector {
         params = params.fields(f);
     }
-    // Changes are sent page by page; a failed page drops the relist, which keeps the entries it
-    // did not reach, so the next attempt diffs against what was really sent.
-    let mut relist = state.known.relist();
-    let mut sent = 0usize;
+    send(tx, Item::ListBegin).await?;
+    let mut count = 0usize;
     let list_rv = loop {
-        let page = target
-            .api
-            .list(&params)
-            .await
-            .map_err(|source| Error::Request {
-                reason: "list",
-                source,
-            })?;
+        let page = match target.api.list(&params).await {
+            Ok(page) => page,
+            Err(source) => {
+                send(tx, Item::ListAbort).await?;
+                return Err(Error::Request {
+                    reason: "list",
+                    source,
+                });
+            }
+        };
         let observed = SystemTime::now();
         for mut object in page.items {
-            let Some((uid, rv)) = ids(&object.metadata) else {
-                continue;
-            };
-            let seen = relist.observe(
-                uid,
-                rv,
-                object.metadata.namespace.as_deref(),
-                object.metadata.name.as_deref().unwrap_or_default(),
-            );
-            let kind = match seen {
-                Seen::New => ChangeKind::Added,
-                Seen::Changed => ChangeKind::Modified,
-                Seen::Unchanged => continue,
-            };
             object.types.get_or_insert_with(|| target.types.clone());
-            tx.send(Item::Change(Change {
-                kind,
-                origin,
-                object,
-                observed,
-            }))
-            .await
-            .map_err(|_| Error::Closed)?;
-            sent += 1;
+            send(tx, Item::Listed(object, observed)).await?;
+            count += 1;
         }
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => params = params.continue_token(&token),
             None => break page.metadata.resource_version.unwrap_or_default(),
         }
     };
-    let gone = relist.finish();
-    let observed = SystemTime::now();
-    let deletes = gone.into_iter().map(|(uid, entry)| Change {
-        kind: ChangeKind::Deleted,
-        origin: Origin::Repaired,
-        object: DynamicObject {
-            types: Some(target.types.clone()),
-            metadata: ObjectMeta {
-                name: Some(entry.name.into()),
-                namespace: entry.namespace.map(|ns| ns.to_string()),
-                uid: Some(uid.into()),
-                resource_version: Some(entry.resource_version.into()),
-                ..Default::default()
-            },
-            data: serde_json::Value::Object(Default::default()),
-        },
-        observed,
-    });
-    for change in deletes {
-        tx.send(Item::Change(change))
-            .await
-            .map_err(|_| Error::Closed)?;
-        sent += 1;
-    }
-    info!(rv = %list_rv, objects = state.known.len(), sent, origin = origin.as_str(), "listed");
-    state.resource_version = Some(list_rv.clone());
-    tx.send(Item::Progress(list_rv))
-        .await
-        .map_err(|_| Error::Closed)?;
-    if !state.synced {
-        state.synced = true;
-        tx.send(Item::Synced).await.map_err(|_| Error::Closed)?;
-    }
-    Ok(())
+    info!(rv = %list_rv, objects = count, "listed");
+    send(tx, Item::ListEnd(list_rv.clone())).await?;
+    Ok(list_rv)
 }
 
-/// Watches from `rv` until the stream ends (server timeout, dropped connection) or fails.
+async fn send(tx: &mpsc::Sender<Item>, item: Item) -> Result<(), Error> {
+    tx.send(item).await.map_err(|_| Error::Closed)
+}
+
+/// Watches from `rv` until the stream ends (server timeout, dropped connection) or fails,
+/// keeping `position` at the last resourceVersion sent.
 async fn watch(
     target: &Target,
-    state: &mut State,
     tx: &mpsc::Sender<Item>,
     rv: &str,
+    position: &mut Option<String>,
 ) -> Result<(), Error> {
     let mut params = WatchParams::default().timeout(target.watch_timeout_secs);
     if let Some(l) = &target.label_selector {
@@ -286,16 +237,12 @@ async fn watch(
             WatchEvent::Modified(o) => (ChangeKind::Modified, o),
             WatchEvent::Deleted(o) => (ChangeKind::Deleted, o),
             WatchEvent::Bookmark(b) => {
-                state.resource_version = Some(b.metadata.resource_version.clone());
-                tx.send(Item::Progress(b.metadata.resource_version))
-                    .await
-                    .map_err(|_| Error::Closed)?;
+                *position = Some(b.metadata.resource_version.clone());
+                send(tx, Item::Progress(b.metadata.resource_version)).await?;
                 continue;
             }
             WatchEvent::Error(s) if s.code == 410 => {
-                return Err(Error::Gone(
-                    state.resource_version.clone().unwrap_or_default(),
-                ));
+                return Err(Error::Gone(position.clone().unwrap_or_default()));
             }
             WatchEvent::Error(s) => {
                 return Err(Error::Status {
@@ -305,40 +252,12 @@ async fn watch(
                 });
             }
         };
-        let Some((uid, rv)) = ids(&object.metadata) else {
+        let Some((_, rv)) = ids(&object.metadata) else {
             continue;
         };
-        let (uid, rv) = (uid.to_string(), rv.to_string());
-        // A delete is always published (even of an object the index missed); an add or modify at
-        // a resourceVersion already seen is a replay and is skipped.
-        let publish = match kind {
-            ChangeKind::Deleted => {
-                state.known.remove(&uid);
-                true
-            }
-            _ => {
-                let seen = state.known.observe(
-                    &uid,
-                    &rv,
-                    object.metadata.namespace.as_deref(),
-                    object.metadata.name.as_deref().unwrap_or_default(),
-                );
-                seen != Seen::Unchanged
-            }
-        };
-        state.resource_version = Some(rv);
-        if publish {
-            object.types.get_or_insert_with(|| target.types.clone());
-            let change = Change {
-                kind,
-                origin: Origin::Live,
-                object,
-                observed,
-            };
-            tx.send(Item::Change(change))
-                .await
-                .map_err(|_| Error::Closed)?;
-        }
+        *position = Some(rv.to_string());
+        object.types.get_or_insert_with(|| target.types.clone());
+        send(tx, Item::Event(kind, object, observed)).await?;
     }
     Ok(())
 }

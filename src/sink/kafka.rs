@@ -4,10 +4,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::ClientConfig;
+use std::collections::HashMap;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use tracing::warn;
 
 use super::{Delivered, Error, Outcome, Pending, Result, ready};
@@ -15,9 +20,25 @@ use crate::config::{ContentMode, KafkaConfig};
 use crate::encode::{DATA_CONTENT_TYPE, Event, STRUCTURED_CONTENT_TYPE};
 use crate::template::{Template, Values};
 
+/// Errors of committing a transaction.
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    /// A newer producer with the same transactional id exists: this instance must stop.
+    #[error("producer fenced by a newer instance with the same transactional id")]
+    Fenced,
+    /// The broker or client failed.
+    #[error("kafka transaction failed")]
+    Kafka(#[source] KafkaError),
+}
+
+/// How long transactional calls may block.
+const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The Kafka sink.
 pub struct KafkaSink {
     producer: FutureProducer,
+    config: KafkaConfig,
+    transactional: bool,
     topic: Template,
     mode: ContentMode,
     cluster: Arc<str>,
@@ -49,6 +70,26 @@ pub fn producer_config(config: &KafkaConfig) -> ClientConfig {
     c
 }
 
+/// Client settings for consumers and admin clients: the user's properties (TLS, SASL) without the
+/// producer-only ones, reading committed records only.
+pub fn consumer_config(config: &KafkaConfig) -> ClientConfig {
+    let mut c = producer_config(config);
+    for key in [
+        "enable.idempotence",
+        "acks",
+        "message.timeout.ms",
+        "linger.ms",
+        "client.id",
+        "compression.type",
+        "compression.codec",
+    ] {
+        c.remove(key);
+    }
+    c.set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false");
+    c
+}
+
 impl KafkaSink {
     /// Creates the producer (connections are made lazily by librdkafka).
     pub fn new(cluster: &str, config: &KafkaConfig, topic: Template) -> Result<Self> {
@@ -57,10 +98,164 @@ impl KafkaSink {
             .map_err(Error::KafkaClient)?;
         Ok(Self {
             producer,
+            config: config.clone(),
+            transactional: false,
             topic,
             mode: config.content_mode,
             cluster: cluster.into(),
         })
+    }
+
+    /// Creates a transactional producer for one watch: `init_transactions` fences any older
+    /// producer with the same id (a previous instance or a deposed leader), then a transaction
+    /// is opened for the first events.
+    pub async fn new_transactional(
+        cluster: &str,
+        config: &KafkaConfig,
+        topic: Template,
+        transactional_id: &str,
+    ) -> Result<Self> {
+        let producer: FutureProducer = producer_config(config)
+            .set("transactional.id", transactional_id)
+            .set("transaction.timeout.ms", "60000")
+            .create()
+            .map_err(Error::KafkaClient)?;
+        let p = producer.clone();
+        tokio::task::spawn_blocking(move || {
+            p.init_transactions(TRANSACTION_TIMEOUT)?;
+            p.begin_transaction()
+        })
+        .await
+        .expect("init_transactions task")
+        .map_err(Error::KafkaClient)?;
+        Ok(Self {
+            producer,
+            config: config.clone(),
+            transactional: true,
+            topic,
+            mode: config.content_mode,
+            cluster: cluster.into(),
+        })
+    }
+
+    /// Writes `records` (key, value) to `topic` in the open transaction, commits it (events
+    /// and checkpoint become visible to `read_committed` consumers together) and opens the next.
+    pub async fn commit_with(
+        &self,
+        topic: &str,
+        records: Vec<(String, Vec<u8>)>,
+    ) -> Result<(), CommitError> {
+        assert!(
+            self.transactional,
+            "commit_with needs a transactional producer"
+        );
+        let mut deliveries = Vec::with_capacity(records.len());
+        for (key, value) in &records {
+            let record = FutureRecord::to(topic).key(key).payload(value);
+            deliveries.push(
+                self.producer
+                    .send_result(record)
+                    .map_err(|(e, _)| classify_commit(e))?,
+            );
+        }
+        for d in deliveries {
+            match d.await {
+                Ok(Ok(_)) => {}
+                Ok(Err((e, _))) => return Err(classify_commit(e)),
+                Err(_) => return Err(CommitError::Kafka(KafkaError::Canceled)),
+            }
+        }
+        let p = self.producer.clone();
+        tokio::task::spawn_blocking(move || {
+            p.commit_transaction(TRANSACTION_TIMEOUT)?;
+            p.begin_transaction()
+        })
+        .await
+        .expect("commit task")
+        .map_err(classify_commit)
+    }
+
+    /// Reads a compacted topic (partition 0) to its end with `read_committed` and returns the last
+    /// value of every key starting with `prefix`.
+    pub async fn read_compacted(
+        &self,
+        topic: &str,
+        prefix: &str,
+    ) -> Result<HashMap<String, Vec<u8>>, KafkaError> {
+        let mut config = self.consumer_config();
+        config.set(
+            "group.id",
+            format!("kube-event-bridge-checkpoint-{}", std::process::id()),
+        );
+        let (topic, prefix) = (topic.to_string(), prefix.to_string());
+        tokio::task::spawn_blocking(move || {
+            let consumer: BaseConsumer = config.create()?;
+            let (_, high) = consumer.fetch_watermarks(&topic, 0, TRANSACTION_TIMEOUT)?;
+            let mut out = HashMap::new();
+            if high == 0 {
+                return Ok(out);
+            }
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition_offset(&topic, 0, Offset::Beginning)?;
+            consumer.assign(&tpl)?;
+            let deadline = std::time::Instant::now() + TRANSACTION_TIMEOUT;
+            loop {
+                if let Some(m) = consumer.poll(Duration::from_millis(200)) {
+                    let m = m?;
+                    if let Some(key) = m
+                        .key()
+                        .map(String::from_utf8_lossy)
+                        .filter(|k| k.starts_with(&prefix))
+                    {
+                        match m.payload() {
+                            Some(v) => out.insert(key.into_owned(), v.to_vec()),
+                            None => out.remove(key.as_ref()),
+                        };
+                    }
+                }
+                let position = consumer.position()?;
+                let at = position
+                    .find_partition(&topic, 0)
+                    .and_then(|p| match p.offset() {
+                        Offset::Offset(o) => Some(o),
+                        _ => None,
+                    });
+                if at.is_some_and(|o| o >= high) {
+                    return Ok(out);
+                }
+                if std::time::Instant::now() > deadline {
+                    return Err(KafkaError::MessageConsumption(
+                        RDKafkaErrorCode::OperationTimedOut,
+                    ));
+                }
+            }
+        })
+        .await
+        .expect("read task")
+    }
+
+    /// Creates `topic` as a compacted single-partition topic if it does not exist.
+    pub async fn ensure_compacted_topic(&self, topic: &str) -> Result<(), KafkaError> {
+        let admin: AdminClient<DefaultClientContext> = self.consumer_config().create()?;
+        let new =
+            NewTopic::new(topic, 1, TopicReplication::Fixed(-1)).set("cleanup.policy", "compact");
+        let results = admin
+            .create_topics(
+                [&new],
+                &AdminOptions::new().operation_timeout(Some(TRANSACTION_TIMEOUT)),
+            )
+            .await?;
+        for r in results {
+            match r {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((_, code)) => return Err(KafkaError::AdminOp(code)),
+            }
+        }
+        Ok(())
+    }
+
+    fn consumer_config(&self) -> ClientConfig {
+        consumer_config(&self.config)
     }
 
     /// The topic for `event`.
@@ -138,6 +333,22 @@ impl KafkaSink {
         if let Ok(Err(error)) = flushed {
             warn!(error = %error, "kafka flush incomplete");
         }
+    }
+}
+
+fn classify_commit(e: KafkaError) -> CommitError {
+    let fenced = matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::ProducerFenced
+                | RDKafkaErrorCode::InvalidProducerEpoch
+                | RDKafkaErrorCode::Fenced
+        )
+    );
+    if fenced {
+        CommitError::Fenced
+    } else {
+        CommitError::Kafka(e)
     }
 }
 

@@ -140,6 +140,11 @@ impl NatsSink {
         })
     }
 
+    /// The JetStream context, if publishing to JetStream.
+    pub fn jetstream(&self) -> Option<&jetstream::Context> {
+        self.jetstream.as_ref()
+    }
+
     /// The subject for `event`.
     pub fn subject_for(&self, event: &Event) -> String {
         self.subject.render_subject(&Values {

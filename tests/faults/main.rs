@@ -26,7 +26,11 @@ static EXCLUSIVE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// Runs `scripts/testenv <verb> <component>`.
 fn testenv(verb: &str, component: &str) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/testenv");
-    let ok = Command::new(script).args([verb, component]).status().expect("run scripts/testenv").success();
+    let ok = Command::new(script)
+        .args([verb, component])
+        .status()
+        .expect("run scripts/testenv")
+        .success();
     assert!(ok, "scripts/testenv {verb} {component} failed");
 }
 
@@ -51,7 +55,10 @@ fn tally(events: Vec<Received>) -> Tally {
         }
         per_object.entry(r.ext("name")).or_default().push(r);
     }
-    Tally { per_object, duplicates }
+    Tally {
+        per_object,
+        duplicates,
+    }
 }
 
 /// The broker stops while objects keep changing; when it returns, every change arrives, in order
@@ -61,7 +68,10 @@ async fn broker_outage(sink: SinkKind, component: &str) {
     let client = kube_client().await;
     let ns = unique_namespace(&client, "outage").await;
     let cluster = unique_name("c");
-    let mut config = format!("cluster: {cluster}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n{}", sink_yaml(sink, &cluster));
+    let mut config = format!(
+        "cluster: {cluster}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n{}",
+        sink_yaml(sink, &cluster)
+    );
     if sink == SinkKind::Nats {
         config = config.replace("create: true}", "create: true, ackTimeoutSecs: 2}");
     }
@@ -71,8 +81,12 @@ async fn broker_outage(sink: SinkKind, component: &str) {
         let mut reader = Reader::for_sink(sink, &cluster, &topics, &bridge).await;
         bridge.wait_synced(1).await;
         let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-        cms.create(&PostParams::default(), &cm("before", "0")).await.unwrap();
-        reader.read_until(Duration::from_secs(30), |got| got.len() == 1).await;
+        cms.create(&PostParams::default(), &cm("before", "0"))
+            .await
+            .unwrap();
+        reader
+            .read_until(Duration::from_secs(30), |got| got.len() == 1)
+            .await;
     }
 
     testenv("stop", component);
@@ -81,20 +95,35 @@ async fn broker_outage(sink: SinkKind, component: &str) {
     for i in 0..10 {
         let name = format!("o{i}");
         cms.create(&pp, &cm(&name, "1")).await.unwrap();
-        cms.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"data": {"v": "2"}}))).await.unwrap();
+        cms.patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"v": "2"}})),
+        )
+        .await
+        .unwrap();
         if i % 2 == 0 {
             cms.delete(&name, &DeleteParams::default()).await.unwrap();
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(bridge.wait_exit(Duration::from_millis(10)).await.is_none(), "the bridge must ride out the outage");
+    assert!(
+        bridge.wait_exit(Duration::from_millis(10)).await.is_none(),
+        "the bridge must ride out the outage"
+    );
     testenv("start", component);
 
     // 1 + 10 adds + 10 modifies + 5 deletes, read from the start by a fresh consumer.
     let mut reader = Reader::for_sink(sink, &cluster, &topics, &bridge).await;
     let events = reader
-        .read_until(Duration::from_secs(120), |got| got.iter().map(|r| r.event.id().to_string()).collect::<BTreeSet<_>>().len() >= 26)
+        .read_until(Duration::from_secs(120), |got| {
+            got.iter()
+                .map(|r| r.event.id().to_string())
+                .collect::<BTreeSet<_>>()
+                .len()
+                >= 26
+        })
         .await;
     let mut all = events;
     all.extend(reader.drain(Duration::from_secs(2)).await);
@@ -102,13 +131,27 @@ async fn broker_outage(sink: SinkKind, component: &str) {
     for i in 0..10 {
         let name = format!("o{i}");
         let changes: Vec<&str> = t.per_object[&name].iter().map(|r| r.change()).collect();
-        let expected: &[&str] = if i % 2 == 0 { &["added", "modified", "deleted"] } else { &["added", "modified"] };
+        let expected: &[&str] = if i % 2 == 0 {
+            &["added", "modified", "deleted"]
+        } else {
+            &["added", "modified"]
+        };
         assert_eq!(changes, expected, "{name}");
         let rvs: Vec<u64> = t.per_object[&name].iter().map(|r| r.rv()).collect();
-        assert!(rvs.windows(2).all(|w| w[0] < w[1]), "{name}: resourceVersions go backwards: {rvs:?}");
+        assert!(
+            rvs.windows(2).all(|w| w[0] < w[1]),
+            "{name}: resourceVersions go backwards: {rvs:?}"
+        );
     }
-    eprintln!("{component} outage: 26 changes expected, {} objects, {} duplicates before dedup", t.per_object.len(), t.duplicates);
-    assert!(bridge.log_text().contains("retrying") || sink == SinkKind::Kafka, "NATS publishes should have been retried");
+    eprintln!(
+        "{component} outage: 26 changes expected, {} objects, {} duplicates before dedup",
+        t.per_object.len(),
+        t.duplicates
+    );
+    assert!(
+        bridge.log_text().contains("retrying") || sink == SinkKind::Kafka,
+        "NATS publishes should have been retried"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -145,24 +188,49 @@ async fn gone_after_apiserver_restart_is_repaired_by_relist_and_diff() {
     let mut bridge = Bridge::start(&config);
     let mut reader = Reader::stdout(&bridge);
     bridge.wait_synced(1).await;
-    let snapshot = reader.read_until(Duration::from_secs(30), |got| got.len() == 4).await;
-    assert!(snapshot.iter().all(|r| r.ext("origin") == "snapshot"), "{}", summary(&snapshot));
-    let old_recreated_uid = snapshot.iter().find(|r| r.ext("name") == "recreated").unwrap().ext("uid");
+    let snapshot = reader
+        .read_until(Duration::from_secs(30), |got| got.len() == 4)
+        .await;
+    assert!(
+        snapshot.iter().all(|r| r.ext("origin") == "snapshot"),
+        "{}",
+        summary(&snapshot)
+    );
+    let old_recreated_uid = snapshot
+        .iter()
+        .find(|r| r.ext("name") == "recreated")
+        .unwrap()
+        .ext("uid");
 
     proxy.pause(true);
-    cms.patch("changed", &PatchParams::default(), &Patch::Merge(json!({"data": {"v": "1"}}))).await.unwrap();
-    cms.delete("deleted", &DeleteParams::default()).await.unwrap();
-    cms.delete("recreated", &DeleteParams::default()).await.unwrap();
+    cms.patch(
+        "changed",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"v": "1"}})),
+    )
+    .await
+    .unwrap();
+    cms.delete("deleted", &DeleteParams::default())
+        .await
+        .unwrap();
+    cms.delete("recreated", &DeleteParams::default())
+        .await
+        .unwrap();
     let recreated = cms.create(&pp, &cm("recreated", "new")).await.unwrap();
     let added = cms.create(&pp, &cm("added", "1")).await.unwrap();
     testenv("stop", "kube-apiserver");
     testenv("start", "kube-apiserver");
     proxy.pause(false);
 
-    let events = reader.read_until(Duration::from_secs(90), |got| got.len() >= 5).await;
+    let events = reader
+        .read_until(Duration::from_secs(90), |got| got.len() >= 5)
+        .await;
     let extra = reader.drain(Duration::from_secs(2)).await;
     assert!(extra.is_empty(), "unexpected:\n{}", summary(&extra));
-    let got: BTreeSet<(String, String, String)> = events.iter().map(|r| (r.ext("name"), r.change().to_string(), r.ext("origin"))).collect();
+    let got: BTreeSet<(String, String, String)> = events
+        .iter()
+        .map(|r| (r.ext("name"), r.change().to_string(), r.ext("origin")))
+        .collect();
     let want: BTreeSet<(String, String, String)> = [
         ("changed", "modified"),
         ("deleted", "deleted"),
@@ -174,11 +242,28 @@ async fn gone_after_apiserver_restart_is_repaired_by_relist_and_diff() {
     .map(|(n, c)| (n.to_string(), c.to_string(), "repaired".to_string()))
     .collect();
     assert_eq!(got, want, "{}", summary(&events));
-    let del = events.iter().find(|r| r.ext("name") == "recreated" && r.change() == "deleted").unwrap();
+    let del = events
+        .iter()
+        .find(|r| r.ext("name") == "recreated" && r.change() == "deleted")
+        .unwrap();
     assert_eq!(del.ext("uid"), old_recreated_uid, "the old uid is deleted");
-    let add = events.iter().find(|r| r.ext("name") == "recreated" && r.change() == "added").unwrap();
-    assert_eq!(add.ext("uid"), recreated.metadata.uid.unwrap(), "the new uid is added");
+    let add = events
+        .iter()
+        .find(|r| r.ext("name") == "recreated" && r.change() == "added")
+        .unwrap();
+    assert_eq!(
+        add.ext("uid"),
+        recreated.metadata.uid.unwrap(),
+        "the new uid is added"
+    );
     let a = events.iter().find(|r| r.ext("name") == "added").unwrap();
-    assert_eq!(a.ext("resourceversion"), added.metadata.resource_version.unwrap());
-    assert!(bridge.count_log("watch history lost, relisting") >= 1, "log:\n{}", bridge.log_text());
+    assert_eq!(
+        a.ext("resourceversion"),
+        added.metadata.resource_version.unwrap()
+    );
+    assert!(
+        bridge.count_log("watch history lost, relisting") >= 1,
+        "log:\n{}",
+        bridge.log_text()
+    );
 }

@@ -128,6 +128,7 @@ async fn dropped_watch_resumes_without_relist() {
         .await;
 
     for round in 0..3 {
+        let watches_before = bridge.count_log("watching");
         proxy.cut_all();
         cms.create(&PostParams::default(), &cm(&format!("r{round}")))
             .await
@@ -139,6 +140,13 @@ async fn dropped_watch_resumes_without_relist() {
         )
         .await
         .unwrap();
+        // The next cut only after the watch has been re-established, so each cut ends one.
+        crate::support::wait_until(
+            "the watch is re-established",
+            Duration::from_secs(30),
+            || async { (bridge.count_log("watching") > watches_before).then_some(()) },
+        )
+        .await;
     }
     let events = reader
         .read_until(Duration::from_secs(60), |got| got.len() >= 6)

@@ -464,7 +464,12 @@ impl Proxy {
                 });
             }
         });
-        Proxy { port, cut, stop, paused }
+        Proxy {
+            port,
+            cut,
+            stop,
+            paused,
+        }
     }
 
     /// While paused, every connection is cut and new ones are closed at once: the bridge sees

@@ -1,0 +1,431 @@
+//! The RBAC objects the bridge needs, rendered from its resolved resources.
+//!
+//! The bridge reads (`get`, `list`, `watch`) exactly the resources it is configured to watch and,
+//! for leader election, reads and writes `coordination.k8s.io` Leases in its own namespace.
+//! [`permissions`] computes those grants and [`render`] turns them into multi-document YAML that
+//! `kubectl apply -f -` accepts:
+//!
+//! - resources watched only in listed namespaces get a `Role` + `RoleBinding` in each of those
+//!   namespaces, so the bridge cannot read the same kind elsewhere;
+//! - resources watched in every namespace, and cluster-scoped resources, get one `ClusterRole` +
+//!   `ClusterRoleBinding` (only those resources: a Secret watched in one namespace stays a `Role`
+//!   even when another entry needs the cluster role);
+//! - the Lease grants are a `Role` + `RoleBinding` in the bridge's own namespace.
+//!
+//! Resources are taken after discovery ([`crate::discovery::resolve`]) because RBAC names the
+//! plural (`configmaps`), while a configuration may name the kind (`ConfigMap`).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Serialize;
+
+use crate::discovery::ResolvedResource;
+
+/// The verbs granted on every watched resource.
+pub const WATCH_VERBS: [&str; 3] = ["get", "list", "watch"];
+
+/// The verbs granted on Leases in the bridge's own namespace (leader election).
+pub const LEASE_VERBS: [&str; 3] = ["get", "create", "update"];
+
+/// The API group of Leases.
+pub const LEASE_GROUP: &str = "coordination.k8s.io";
+
+/// Resources as RBAC names them: API group (`""` for core) → plural resource names.
+pub type Grants = BTreeMap<String, BTreeSet<String>>;
+
+/// What the bridge may read, split by where the grant must apply.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Permissions {
+    /// Resources read in every namespace, or cluster-scoped: granted by a `ClusterRole`.
+    pub cluster: Grants,
+    /// Resources read only in listed namespaces: namespace → grants, each granted by a `Role`
+    /// in that namespace. A resource already in [`Permissions::cluster`] is not repeated here.
+    pub namespaced: BTreeMap<String, Grants>,
+}
+
+/// Computes where each resource must be readable: entries without `namespaces` (all namespaces,
+/// or a cluster-scoped resource) go to the cluster grants, the others to each listed namespace.
+pub fn permissions(resources: &[ResolvedResource]) -> Permissions {
+    let mut out = Permissions::default();
+    for r in resources {
+        match &r.config.namespaces {
+            Some(list) if r.namespaced => {
+                for ns in list {
+                    add(out.namespaced.entry(ns.clone()).or_default(), r);
+                }
+            }
+            // Cluster-scoped resources, and namespaced ones watched everywhere.
+            _ => add(&mut out.cluster, r),
+        }
+    }
+    // A grant the cluster role already gives needs no Role.
+    for grants in out.namespaced.values_mut() {
+        for (group, plurals) in grants.iter_mut() {
+            if let Some(everywhere) = out.cluster.get(group) {
+                plurals.retain(|p| !everywhere.contains(p));
+            }
+        }
+        grants.retain(|_, plurals| !plurals.is_empty());
+    }
+    out.namespaced.retain(|_, grants| !grants.is_empty());
+    out
+}
+
+fn add(grants: &mut Grants, r: &ResolvedResource) {
+    grants
+        .entry(r.api.group.clone())
+        .or_default()
+        .insert(r.api.plural.clone());
+}
+
+/// The name of every Role and ClusterRole (and its binding) that grants reads to the bridge
+/// running as `service_account` in `namespace`: `kube-event-bridge:<namespace>:<service-account>`.
+/// It names the bridge's own namespace so that two bridges with the same account name in
+/// different namespaces never share a ClusterRole, nor a Role in a namespace both watch.
+pub fn role_name(service_account: &str, namespace: &str) -> String {
+    format!("kube-event-bridge:{namespace}:{service_account}")
+}
+
+/// The name of the Role (and binding) for leader election: [`role_name`] plus `:leader-election`.
+pub fn lease_role_name(service_account: &str, namespace: &str) -> String {
+    format!("{}:leader-election", role_name(service_account, namespace))
+}
+
+/// Renders the RBAC objects the bridge needs when it runs as `service_account` in `namespace`,
+/// reading `resources` (resolved through discovery), as multi-document YAML: a commented
+/// header, then the ClusterRole and ClusterRoleBinding (only if some resource is watched in
+/// every namespace or is cluster-scoped), a Role and RoleBinding per namespace with fixed-
+/// namespace resources, and the leader-election Role and RoleBinding in `namespace`.
+///
+/// The ServiceAccount itself is not rendered (a Helm chart or `kubectl create serviceaccount`
+/// owns it). The output is deterministic: objects and rules are sorted.
+pub fn render(resources: &[ResolvedResource], service_account: &str, namespace: &str) -> String {
+    let perms = permissions(resources);
+    let name = role_name(service_account, namespace);
+    let subject = Subject {
+        kind: "ServiceAccount".into(),
+        name: service_account.into(),
+        namespace: Some(namespace.into()),
+        api_group: None,
+    };
+    let mut docs = Vec::new();
+    if !perms.cluster.is_empty() {
+        docs.push(yaml(&ClusterRole {
+            metadata: meta(&name, None),
+            rules: Some(rules(&perms.cluster)),
+            aggregation_rule: None,
+        }));
+        docs.push(yaml(&ClusterRoleBinding {
+            metadata: meta(&name, None),
+            role_ref: role_ref("ClusterRole", &name),
+            subjects: Some(vec![subject.clone()]),
+        }));
+    }
+    for (ns, grants) in &perms.namespaced {
+        docs.push(yaml(&Role {
+            metadata: meta(&name, Some(ns)),
+            rules: Some(rules(grants)),
+        }));
+        docs.push(yaml(&RoleBinding {
+            metadata: meta(&name, Some(ns)),
+            role_ref: role_ref("Role", &name),
+            subjects: Some(vec![subject.clone()]),
+        }));
+    }
+    let lease = lease_role_name(service_account, namespace);
+    docs.push(yaml(&Role {
+        metadata: meta(&lease, Some(namespace)),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![LEASE_GROUP.into()]),
+            resources: Some(vec!["leases".into()]),
+            verbs: LEASE_VERBS.iter().map(|v| v.to_string()).collect(),
+            ..PolicyRule::default()
+        }]),
+    }));
+    docs.push(yaml(&RoleBinding {
+        metadata: meta(&lease, Some(namespace)),
+        role_ref: role_ref("Role", &lease),
+        subjects: Some(vec![subject]),
+    }));
+    let mut out = format!(
+        "# RBAC for kube-event-bridge running as system:serviceaccount:{namespace}:{service_account}:\n\
+         # {} on the configured resources, {} on leases in {namespace}.\n",
+        WATCH_VERBS.join(", "),
+        LEASE_VERBS.join(", "),
+    );
+    for doc in docs {
+        out.push_str("---\n");
+        out.push_str(&doc);
+    }
+    out
+}
+
+/// One rule per API group, its plurals sorted, the watch verbs.
+fn rules(grants: &Grants) -> Vec<PolicyRule> {
+    grants
+        .iter()
+        .map(|(group, plurals)| PolicyRule {
+            api_groups: Some(vec![group.clone()]),
+            resources: Some(plurals.iter().cloned().collect()),
+            verbs: WATCH_VERBS.iter().map(|v| v.to_string()).collect(),
+            ..PolicyRule::default()
+        })
+        .collect()
+}
+
+fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: namespace.map(Into::into),
+        labels: Some(
+            [
+                ("app.kubernetes.io/name", "kube-event-bridge"),
+                ("app.kubernetes.io/component", "rbac"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ),
+        ..ObjectMeta::default()
+    }
+}
+
+fn role_ref(kind: &str, name: &str) -> RoleRef {
+    RoleRef {
+        api_group: "rbac.authorization.k8s.io".into(),
+        kind: kind.into(),
+        name: name.into(),
+    }
+}
+
+fn yaml(object: &impl Serialize) -> String {
+    // Plain structs of strings, vectors and maps: serialization cannot fail.
+    serde_yaml::to_string(object).expect("RBAC objects serialize to YAML")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ConfigFile;
+    use kube::core::{ApiResource, GroupVersionKind};
+    use serde::Deserialize;
+
+    /// Resolves a config's resources by hand: `(kind, plural, namespaced)` per entry, in order.
+    fn resolved(yaml: &str, api: &[(&str, &str, bool)]) -> Vec<ResolvedResource> {
+        let cfg = ConfigFile::parse(yaml).unwrap().validate().unwrap();
+        assert_eq!(cfg.resources.len(), api.len());
+        cfg.resources
+            .into_iter()
+            .zip(api)
+            .map(|(r, (kind, plural, namespaced))| ResolvedResource {
+                api: ApiResource::from_gvk_with_plural(
+                    &GroupVersionKind::gvk(&r.group, &r.version, kind),
+                    plural,
+                ),
+                config: r,
+                namespaced: *namespaced,
+            })
+            .collect()
+    }
+
+    fn grants(entries: &[(&str, &[&str])]) -> Grants {
+        entries
+            .iter()
+            .map(|(g, ps)| (g.to_string(), ps.iter().map(|p| p.to_string()).collect()))
+            .collect()
+    }
+
+    /// The documents of a rendering, as generic values.
+    fn docs(text: &str) -> Vec<serde_yaml::Value> {
+        serde_yaml::Deserializer::from_str(text)
+            .map(|d| serde_yaml::Value::deserialize(d).unwrap())
+            .filter(|v| !v.is_null())
+            .collect()
+    }
+
+    fn summary(doc: &serde_yaml::Value) -> String {
+        let ns = doc["metadata"]["namespace"].as_str().unwrap_or("-");
+        format!(
+            "{} {ns}/{}",
+            doc["kind"].as_str().unwrap(),
+            doc["metadata"]["name"].as_str().unwrap()
+        )
+    }
+
+    const STDOUT_EXAMPLE: &str = "cluster: dev\nresources:\n\
+        - {apiVersion: v1, resource: configmaps, namespaces: [demo]}\n\
+        - {apiVersion: v1, resource: Secret, namespaces: [demo]}\n\
+        - {apiVersion: v1, resource: namespaces}\n";
+
+    #[test]
+    fn kinds_are_granted_by_their_plural_and_split_by_scope() {
+        let rs = resolved(
+            STDOUT_EXAMPLE,
+            &[
+                ("ConfigMap", "configmaps", true),
+                ("Secret", "secrets", true),
+                ("Namespace", "namespaces", false),
+            ],
+        );
+        let p = permissions(&rs);
+        assert_eq!(p.cluster, grants(&[("", &["namespaces"])]));
+        assert_eq!(
+            p.namespaced,
+            [(
+                "demo".to_string(),
+                grants(&[("", &["configmaps", "secrets"])])
+            )]
+            .into()
+        );
+    }
+
+    #[test]
+    fn fixed_namespaces_only_render_roles_per_namespace_and_no_cluster_role() {
+        let rs = resolved(
+            "cluster: dev\nresources:\n\
+             - {apiVersion: apps/v1, resource: Deployment, namespaces: [b, a]}\n\
+             - {apiVersion: v1, resource: configmaps, namespaces: [a]}\n\
+             - {apiVersion: stable.example.com/v1, resource: CronTab, namespaces: [a]}\n",
+            &[
+                ("Deployment", "deployments", true),
+                ("ConfigMap", "configmaps", true),
+                ("CronTab", "crontabs", true),
+            ],
+        );
+        let text = render(&rs, "bridge", "ops");
+        let d = docs(&text);
+        let kinds: Vec<String> = d.iter().map(summary).collect();
+        assert_eq!(
+            kinds,
+            [
+                "Role a/kube-event-bridge:ops:bridge",
+                "RoleBinding a/kube-event-bridge:ops:bridge",
+                "Role b/kube-event-bridge:ops:bridge",
+                "RoleBinding b/kube-event-bridge:ops:bridge",
+                "Role ops/kube-event-bridge:ops:bridge:leader-election",
+                "RoleBinding ops/kube-event-bridge:ops:bridge:leader-election",
+            ]
+        );
+        let rules_a: serde_yaml::Value = serde_yaml::from_str(
+            "- {apiGroups: [''], resources: [configmaps], verbs: [get, list, watch]}\n\
+             - {apiGroups: [apps], resources: [deployments], verbs: [get, list, watch]}\n\
+             - {apiGroups: [stable.example.com], resources: [crontabs], verbs: [get, list, watch]}\n",
+        )
+        .unwrap();
+        assert_eq!(d[0]["rules"], rules_a, "{text}");
+        let rules_b: serde_yaml::Value = serde_yaml::from_str(
+            "- {apiGroups: [apps], resources: [deployments], verbs: [get, list, watch]}\n",
+        )
+        .unwrap();
+        assert_eq!(d[2]["rules"], rules_b, "{text}");
+        for binding in [&d[1], &d[3]] {
+            assert_eq!(binding["roleRef"]["kind"], "Role");
+            assert_eq!(binding["roleRef"]["name"], "kube-event-bridge:ops:bridge");
+            assert_eq!(binding["subjects"][0]["kind"], "ServiceAccount");
+            assert_eq!(binding["subjects"][0]["name"], "bridge");
+            assert_eq!(binding["subjects"][0]["namespace"], "ops");
+        }
+    }
+
+    #[test]
+    fn all_namespaces_and_cluster_scoped_resources_need_the_cluster_role() {
+        let rs = resolved(
+            "cluster: dev\nresources:\n\
+             - {apiVersion: v1, resource: pods}\n\
+             - {apiVersion: rbac.authorization.k8s.io/v1, resource: ClusterRole}\n\
+             - {apiVersion: v1, resource: Secret, namespaces: [vault]}\n",
+            &[
+                ("Pod", "pods", true),
+                ("ClusterRole", "clusterroles", false),
+                ("Secret", "secrets", true),
+            ],
+        );
+        let d = docs(&render(&rs, "keb", "keb-system"));
+        let kinds: Vec<String> = d.iter().map(summary).collect();
+        assert_eq!(
+            kinds,
+            [
+                "ClusterRole -/kube-event-bridge:keb-system:keb",
+                "ClusterRoleBinding -/kube-event-bridge:keb-system:keb",
+                "Role vault/kube-event-bridge:keb-system:keb",
+                "RoleBinding vault/kube-event-bridge:keb-system:keb",
+                "Role keb-system/kube-event-bridge:keb-system:keb:leader-election",
+                "RoleBinding keb-system/kube-event-bridge:keb-system:keb:leader-election",
+            ]
+        );
+        let cluster_rules: serde_yaml::Value = serde_yaml::from_str(
+            "- {apiGroups: [''], resources: [pods], verbs: [get, list, watch]}\n\
+             - {apiGroups: [rbac.authorization.k8s.io], resources: [clusterroles], verbs: [get, list, watch]}\n",
+        )
+        .unwrap();
+        assert_eq!(d[0]["rules"], cluster_rules);
+        assert_eq!(d[1]["roleRef"]["kind"], "ClusterRole");
+        // The Secret stays readable in its one namespace only.
+        assert_eq!(d[2]["rules"][0]["resources"][0], "secrets");
+    }
+
+    #[test]
+    fn a_namespace_grant_covered_by_the_cluster_role_is_not_repeated() {
+        let rs = resolved(
+            "cluster: dev\nresources:\n\
+             - {apiVersion: v1, resource: configmaps, namespaces: [a], labelSelector: x=1}\n\
+             - {apiVersion: v1, resource: configmaps, labelSelector: x=2}\n",
+            &[
+                ("ConfigMap", "configmaps", true),
+                ("ConfigMap", "configmaps", true),
+            ],
+        );
+        let p = permissions(&rs);
+        assert_eq!(p.cluster, grants(&[("", &["configmaps"])]));
+        assert!(p.namespaced.is_empty(), "{p:?}");
+    }
+
+    #[test]
+    fn leases_are_granted_in_the_bridge_namespace_only() {
+        let rs = resolved(
+            "cluster: dev\nresources: [{apiVersion: v1, resource: configmaps}]\n",
+            &[("ConfigMap", "configmaps", true)],
+        );
+        let text = render(&rs, "sa", "home");
+        assert!(
+            text.starts_with(
+                "# RBAC for kube-event-bridge running as system:serviceaccount:home:sa"
+            )
+        );
+        let d = docs(&text);
+        let lease = d
+            .iter()
+            .find(|x| x["kind"] == "Role")
+            .expect("leader-election Role");
+        assert_eq!(lease["metadata"]["namespace"], "home");
+        let expected: serde_yaml::Value = serde_yaml::from_str(
+            "- {apiGroups: [coordination.k8s.io], resources: [leases], verbs: [get, create, update]}\n",
+        )
+        .unwrap();
+        assert_eq!(lease["rules"], expected);
+        for doc in &d {
+            assert_eq!(
+                doc["metadata"]["labels"]["app.kubernetes.io/name"],
+                "kube-event-bridge"
+            );
+            let api_version = doc["apiVersion"].as_str().unwrap();
+            assert_eq!(api_version, "rbac.authorization.k8s.io/v1");
+        }
+    }
+
+    #[test]
+    fn rendering_is_deterministic() {
+        let api = [
+            ("ConfigMap", "configmaps", true),
+            ("Secret", "secrets", true),
+            ("Namespace", "namespaces", false),
+        ];
+        let a = render(&resolved(STDOUT_EXAMPLE, &api), "x", "y");
+        let b = render(&resolved(STDOUT_EXAMPLE, &api), "x", "y");
+        assert_eq!(a, b);
+    }
+}
