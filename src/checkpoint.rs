@@ -123,6 +123,7 @@ struct Meta {
 
 /// Where one watch's checkpoints live.
 #[derive(Debug)]
+#[expect(clippy::large_enum_variant, reason = "one value per watch")]
 pub enum Store {
     /// Kafka: compacted topic, in the events' transaction.
     Kafka(KafkaStore),

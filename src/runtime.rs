@@ -238,6 +238,7 @@ impl Bridge {
 }
 
 /// What the checkpoint stores of all watches share.
+#[expect(clippy::large_enum_variant, reason = "one value per process")]
 enum Stores {
     /// Per-watch transactional producers writing to this topic.
     Kafka { topic: String },

@@ -69,10 +69,6 @@ impl Error {
 /// What a watch sends down the pipeline, in order. The pipeline owns the known-object index and
 /// classifies what the watch saw, so the index always matches what was sent.
 #[derive(Debug)]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "moved once through the channel; boxing would allocate per event"
-)]
 pub enum Item {
     /// An event of the live watch.
     Event(ChangeKind, DynamicObject, SystemTime),
