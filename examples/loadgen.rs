@@ -28,7 +28,6 @@ async fn main() -> anyhow::Result<()> {
         .map(|i| {
             let api = api.clone();
             let payload = payload.clone();
-            let run = run;
             async move {
                 let name = format!("cm-{i:06}");
                 if verb == "create" {
