@@ -3,6 +3,8 @@
 
 mod behaviour;
 mod bridge;
+mod checkpoint;
 mod components;
+mod deploy;
 mod harness;
 mod support;

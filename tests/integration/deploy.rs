@@ -1,0 +1,1429 @@
+//! The deployment artefacts against the real API server: the plain manifests under
+//! `deploy/manifests` pass a server-side dry run; their RBAC, and the RBAC rendered by
+//! `kube_event_bridge::rbac`, grant the service account exactly the configured reads (proved with
+//! `kubectl auth can-i --as=system:serviceaccount:...`); the Helm chart renders every documented
+//! values file, lints, agrees with `src/rbac.rs` and matches the committed manifests; the
+//! Dockerfile and docker-compose.yml are checked structurally (no Docker engine runs here).
+//!
+//! kubectl comes from `KEB_KUBECTL`, helm from `KEB_HELM` (both set by `scripts/testenv`) or
+//! `helm` on PATH. Without them the tests that need them say so and stop, except in CI
+//! (`CI` set), where a missing tool fails the test.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kube_event_bridge::config::{ConfigFile, Sink};
+use kube_event_bridge::discovery::{self, ResolvedResource};
+use kube_event_bridge::rbac::{self, Grants, Permissions};
+use serde::Deserialize;
+use serde_yaml::Value;
+
+use crate::support::{self, create_crd, kube_client, unique_name, unique_namespace, wait_until};
+
+/// The release name and namespace `deploy/render.sh` renders the plain manifests with.
+const RENDER_RELEASE: &str = "kube-event-bridge";
+const RENDER_NAMESPACE: &str = "kube-event-bridge";
+/// The documented values files, besides the chart's own values.yaml.
+const CI_VALUES: [&str; 2] = [
+    "ci/kafka-values.yaml",
+    "ci/nats-leader-election-values.yaml",
+];
+/// How long RBAC changes may take to reach the API server's authorizer.
+const RBAC_SETTLE: Duration = Duration::from_secs(30);
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn chart() -> PathBuf {
+    repo().join("deploy/helm/kube-event-bridge")
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+}
+
+// ------------------------------------------------------------------ tools
+
+/// A tool the test needs is missing: fails in CI, else says so and lets the test stop.
+fn missing_tool(what: &str, how: &str) -> Option<String> {
+    let message = format!("{what} is not available ({how})");
+    if std::env::var_os("CI").is_some() {
+        panic!("{message}: CI must provide it (scripts/testenv up builds it)");
+    }
+    eprintln!("SKIPPED: {message}; run scripts/testenv up and load its env file");
+    None
+}
+
+fn kubectl() -> Option<String> {
+    match support::env().kubectl {
+        Some(k) if Path::new(&k).is_file() => Some(k),
+        Some(k) => missing_tool("kubectl", &format!("KEB_KUBECTL={k} does not exist")),
+        None => missing_tool("kubectl", "KEB_KUBECTL is not set"),
+    }
+}
+
+fn helm() -> Option<String> {
+    if let Some(h) = std::env::var("KEB_HELM")
+        .ok()
+        .filter(|h| !h.trim().is_empty())
+    {
+        return if Path::new(&h).is_file() {
+            Some(h)
+        } else {
+            missing_tool(
+                "helm",
+                &format!("KEB_HELM={h} does not exist: run scripts/testenv build"),
+            )
+        };
+    }
+    on_path("helm").or_else(|| missing_tool("helm", "KEB_HELM is not set and no helm on PATH"))
+}
+
+fn on_path(name: &str) -> Option<String> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+        .map(|p| p.display().to_string())
+}
+
+/// The result of a command that ran to completion.
+struct Output {
+    success: bool,
+    stdout: String,
+    stderr: String,
+}
+
+async fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Output {
+    use tokio::io::AsyncWriteExt;
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
+    let mut input = child.stdin.take().expect("stdin");
+    input
+        .write_all(stdin.unwrap_or("").as_bytes())
+        .await
+        .expect("write stdin");
+    drop(input);
+    let out = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("{program} {args:?} did not finish within 120 s"))
+        .expect("wait for command");
+    Output {
+        success: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Runs a command that must succeed and returns its standard output.
+async fn ok(program: &str, args: &[&str], stdin: Option<&str>) -> String {
+    let out = run(program, args, stdin).await;
+    assert!(
+        out.success,
+        "{program} {} failed:\n{}\n{}",
+        args.join(" "),
+        out.stderr,
+        out.stdout
+    );
+    out.stdout
+}
+
+/// `kubectl --kubeconfig $KUBECONFIG ARGS` that must succeed.
+async fn kube(kubectl: &str, args: &[&str], stdin: Option<&str>) -> String {
+    let kubeconfig = support::env().kubeconfig;
+    let mut all = vec!["--kubeconfig", kubeconfig.as_str()];
+    all.extend_from_slice(args);
+    ok(kubectl, &all, stdin).await
+}
+
+// ------------------------------------------------------------------ YAML documents
+
+fn documents(text: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("invalid YAML: {e}\n{text}")))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn to_yaml(docs: &[Value]) -> String {
+    docs.iter()
+        .map(|d| format!("---\n{}", serde_yaml::to_string(d).expect("YAML")))
+        .collect()
+}
+
+fn kind(doc: &Value) -> &str {
+    doc["kind"].as_str().unwrap_or("")
+}
+
+fn name(doc: &Value) -> &str {
+    doc["metadata"]["name"].as_str().unwrap_or("")
+}
+
+fn str_of(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => serde_yaml::to_string(other)
+            .expect("YAML")
+            .trim()
+            .to_string(),
+    }
+}
+
+/// Moves rendered manifests from `from` (the namespace they were rendered for) to `to`: every
+/// object's namespace, every subject's namespace, and the names that carry the namespace
+/// (`kube-event-bridge:<namespace>:<service account>` roles and bindings).
+fn move_namespace(docs: &mut [Value], from: &str, to: &str) {
+    let old_prefix = format!("kube-event-bridge:{from}:");
+    let new_prefix = format!("kube-event-bridge:{to}:");
+    let rename = |v: &mut Value| {
+        if let Some(s) = v.as_str()
+            && let Some(rest) = s.strip_prefix(&old_prefix)
+        {
+            *v = Value::String(format!("{new_prefix}{rest}"));
+        }
+    };
+    for doc in docs {
+        if let Some(meta) = doc.get_mut("metadata") {
+            if meta.get("namespace").and_then(Value::as_str) == Some(from) {
+                meta["namespace"] = Value::String(to.into());
+            }
+            if let Some(n) = meta.get_mut("name") {
+                rename(n);
+            }
+        }
+        if let Some(n) = doc.get_mut("roleRef").and_then(|r| r.get_mut("name")) {
+            rename(n);
+        }
+        if let Some(subjects) = doc.get_mut("subjects").and_then(Value::as_sequence_mut) {
+            for s in subjects {
+                if s.get("namespace").and_then(Value::as_str) == Some(from) {
+                    s["namespace"] = Value::String(to.into());
+                }
+            }
+        }
+    }
+}
+
+/// The bridge configuration a chart rendering puts into its ConfigMap, validated by the
+/// bridge's own rules.
+fn chart_config(docs: &[Value]) -> kube_event_bridge::config::Config {
+    let cm = docs
+        .iter()
+        .find(|d| kind(d) == "ConfigMap")
+        .expect("a ConfigMap");
+    let text = cm["data"]["config.yaml"]
+        .as_str()
+        .expect("data.config.yaml");
+    ConfigFile::parse(text)
+        .and_then(ConfigFile::validate)
+        .unwrap_or_else(|e| panic!("the chart's config is not valid for the bridge: {e}\n{text}"))
+}
+
+/// The watch grants of rendered RBAC objects named `role_name`, as [`Permissions`]; every rule
+/// must carry exactly the watch verbs. Leader-election objects are left out.
+fn rendered_permissions(docs: &[Value], role_name: &str) -> Permissions {
+    let mut out = Permissions::default();
+    for doc in docs {
+        let target = match kind(doc) {
+            "ClusterRole" => &mut out.cluster,
+            "Role" if name(doc) == role_name => {
+                let ns = doc["metadata"]["namespace"]
+                    .as_str()
+                    .expect("Role namespace");
+                out.namespaced.entry(ns.to_string()).or_default()
+            }
+            _ => continue,
+        };
+        assert_eq!(name(doc), role_name, "{}", to_yaml(&[doc.clone()]));
+        for rule in doc["rules"].as_sequence().expect("rules") {
+            let verbs: Vec<String> = rule["verbs"]
+                .as_sequence()
+                .expect("verbs")
+                .iter()
+                .map(str_of)
+                .collect();
+            assert_eq!(verbs, rbac::WATCH_VERBS, "{}", to_yaml(&[doc.clone()]));
+            for group in rule["apiGroups"].as_sequence().expect("apiGroups") {
+                let plurals = target.entry(str_of(group)).or_default();
+                for r in rule["resources"].as_sequence().expect("resources") {
+                    plurals.insert(str_of(r));
+                }
+            }
+        }
+    }
+    out
+}
+
+// ------------------------------------------------------------------ can-i
+
+/// Where a `kubectl auth can-i` question applies.
+#[derive(Debug, Clone, Copy)]
+enum Scope<'a> {
+    /// In one namespace.
+    In(&'a str),
+    /// In every namespace (`--all-namespaces`), or a cluster-scoped resource.
+    Everywhere,
+}
+
+/// One question and the answer the RBAC must give.
+#[derive(Debug, Clone)]
+struct Check<'a> {
+    verb: &'a str,
+    resource: String,
+    scope: Scope<'a>,
+    allowed: bool,
+}
+
+fn check<'a>(verb: &'a str, resource: &str, scope: Scope<'a>, allowed: bool) -> Check<'a> {
+    Check {
+        verb,
+        resource: resource.to_string(),
+        scope,
+        allowed,
+    }
+}
+
+/// Every watch verb on `resource` in `scope`, allowed or not.
+fn reads<'a>(resource: &str, scope: Scope<'a>, allowed: bool) -> Vec<Check<'a>> {
+    rbac::WATCH_VERBS
+        .iter()
+        .map(|v| check(v, resource, scope, allowed))
+        .collect()
+}
+
+/// What writes must be refused on a resource the bridge reads.
+fn no_writes<'a>(resource: &str, scope: Scope<'a>) -> Vec<Check<'a>> {
+    ["create", "update", "patch", "delete", "deletecollection"]
+        .iter()
+        .map(|v| check(v, resource, scope, false))
+        .collect()
+}
+
+async fn can_i(kubectl: &str, user: &str, c: &Check<'_>) -> bool {
+    let kubeconfig = support::env().kubeconfig;
+    let as_user = format!("--as={user}");
+    let mut args = vec![
+        "--kubeconfig",
+        kubeconfig.as_str(),
+        "auth",
+        "can-i",
+        c.verb,
+        c.resource.as_str(),
+        as_user.as_str(),
+    ];
+    match c.scope {
+        Scope::In(ns) => args.extend(["--namespace", ns]),
+        Scope::Everywhere => args.push("--all-namespaces"),
+    }
+    let out = run(kubectl, &args, None).await;
+    match out.stdout.lines().next().map(str::trim) {
+        Some("yes") => true,
+        Some("no") => false,
+        _ => panic!(
+            "kubectl {} answered neither yes nor no:\n{}\n{}",
+            args.join(" "),
+            out.stdout,
+            out.stderr
+        ),
+    }
+}
+
+/// Waits until every allowed check is allowed (RBAC reaches the authorizer through informers),
+/// then asserts every check's answer.
+async fn assert_can_i(kubectl: &str, user: &str, checks: &[Check<'_>]) {
+    wait_until(
+        &format!("{user} is granted what its RBAC grants"),
+        RBAC_SETTLE,
+        || async {
+            for c in checks.iter().filter(|c| c.allowed) {
+                if !can_i(kubectl, user, c).await {
+                    return None;
+                }
+            }
+            Some(())
+        },
+    )
+    .await;
+    let mut wrong = Vec::new();
+    for c in checks {
+        let answer = can_i(kubectl, user, c).await;
+        if answer != c.allowed {
+            wrong.push(format!(
+                "{} {} in {:?}: {} (expected {})",
+                c.verb,
+                c.resource,
+                c.scope,
+                if answer { "allowed" } else { "denied" },
+                if c.allowed { "allowed" } else { "denied" }
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{user}:\n  {}", wrong.join("\n  "));
+}
+
+/// Rules every authenticated user has (system:basic-user and system:discovery): never the bridge's.
+const BASIC_USER_RESOURCES: [&str; 3] = [
+    "selfsubjectaccessreviews.authorization.k8s.io",
+    "selfsubjectrulesreviews.authorization.k8s.io",
+    "selfsubjectreviews.authentication.k8s.io",
+];
+
+/// `kubectl auth can-i --list` in `namespace`: resource → verbs, without the rules every
+/// authenticated user has and without non-resource URLs.
+async fn listed_rules(kubectl: &str, user: &str, namespace: &str) -> BTreeMap<String, String> {
+    let as_user = format!("--as={user}");
+    let out = kube(
+        kubectl,
+        &[
+            "auth",
+            "can-i",
+            "--list",
+            "--namespace",
+            namespace,
+            &as_user,
+        ],
+        None,
+    )
+    .await;
+    let mut rules = BTreeMap::new();
+    for line in out.lines().skip(1) {
+        let resource = line.split_whitespace().next().unwrap_or("");
+        if resource.is_empty() || resource.starts_with('[') {
+            continue; // a non-resource URL
+        }
+        if BASIC_USER_RESOURCES.contains(&resource) {
+            continue;
+        }
+        let verbs = line
+            .rsplit_once('[')
+            .map(|(_, v)| v.trim_end().trim_end_matches(']').to_string())
+            .unwrap_or_default();
+        rules.insert(resource.to_string(), verbs);
+    }
+    rules
+}
+
+/// Waits until `can-i --list` in `namespace` shows exactly `expected` (resource → verbs).
+async fn assert_listed(kubectl: &str, user: &str, namespace: &str, expected: &[(&str, &str)]) {
+    let expected: BTreeMap<String, String> = expected
+        .iter()
+        .map(|(r, v)| (r.to_string(), v.to_string()))
+        .collect();
+    let mut last = BTreeMap::new();
+    let settled = tokio::time::timeout(RBAC_SETTLE, async {
+        loop {
+            last = listed_rules(kubectl, user, namespace).await;
+            if last == expected {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(
+        settled.is_ok(),
+        "{user} in {namespace}: can-i --list shows {last:#?}, expected exactly {expected:#?}"
+    );
+}
+
+async fn create_service_account(kubectl: &str, namespace: &str, name: &str) {
+    kube(
+        kubectl,
+        &["create", "serviceaccount", name, "--namespace", namespace],
+        None,
+    )
+    .await;
+}
+
+/// Deletes the cluster-scoped objects a test created (namespaced ones stay in its namespaces).
+async fn delete_cluster_objects(kubectl: &str, name: &str) {
+    let kubeconfig = support::env().kubeconfig;
+    let _ = run(
+        kubectl,
+        &[
+            "--kubeconfig",
+            &kubeconfig,
+            "delete",
+            "clusterrole,clusterrolebinding",
+            name,
+            "--ignore-not-found",
+        ],
+        None,
+    )
+    .await;
+}
+
+fn sa_user(namespace: &str, sa: &str) -> String {
+    format!("system:serviceaccount:{namespace}:{sa}")
+}
+
+// ------------------------------------------------------------------ (a) plain manifests
+
+fn plain_manifests() -> Vec<Value> {
+    let path = repo().join("deploy/manifests/kube-event-bridge.yaml");
+    let docs = documents(&read(&path));
+    assert!(!docs.is_empty(), "{} is empty", path.display());
+    docs
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn plain_manifests_pass_a_server_side_dry_run() {
+    let Some(kubectl) = kubectl() else { return };
+    let client = kube_client().await;
+    let namespace = unique_namespace(&client, "deploy-dry-run").await;
+    let mut docs = plain_manifests();
+    move_namespace(&mut docs, RENDER_NAMESPACE, &namespace);
+    let kinds: BTreeSet<&str> = docs.iter().map(kind).collect();
+    for k in [
+        "ServiceAccount",
+        "ConfigMap",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+    ] {
+        assert!(
+            kinds.contains(k),
+            "no {k} in the plain manifests: {kinds:?}"
+        );
+    }
+    let out = kube(
+        &kubectl,
+        &["apply", "--dry-run=server", "--output=name", "-f", "-"],
+        Some(&to_yaml(&docs)),
+    )
+    .await;
+    assert_eq!(
+        out.lines().count(),
+        docs.len(),
+        "every object passes the dry run:\n{out}"
+    );
+
+    // The Deployment as the brief asks: hardened, probed, bounded.
+    let deployment = docs.iter().find(|d| kind(d) == "Deployment").unwrap();
+    let spec = &deployment["spec"]["template"]["spec"];
+    assert_eq!(deployment["spec"]["replicas"], 1);
+    assert_eq!(deployment["spec"]["strategy"]["type"], "Recreate");
+    assert_eq!(spec["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        spec["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    let container = &spec["containers"][0];
+    let sc = &container["securityContext"];
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["capabilities"]["drop"][0], "ALL");
+    assert_eq!(container["ports"][0]["containerPort"], 8080);
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/livez");
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    for key in ["requests", "limits"] {
+        for res in ["cpu", "memory"] {
+            assert!(
+                !container["resources"][key][res].is_null(),
+                "resources.{key}.{res}"
+            );
+        }
+    }
+    assert_eq!(
+        spec["serviceAccountName"],
+        docs.iter().find(|d| kind(d) == "ServiceAccount").unwrap()["metadata"]["name"]
+    );
+    chart_config(&docs);
+}
+
+// ------------------------------------------------------------------ (b) their RBAC, for real
+
+#[tokio::test(flavor = "multi_thread")]
+async fn plain_manifests_grant_exactly_the_configured_reads() {
+    let Some(kubectl) = kubectl() else { return };
+    let client = kube_client().await;
+    let namespace = unique_namespace(&client, "deploy-rbac").await;
+    let other = unique_namespace(&client, "deploy-rbac-other").await;
+    let mut docs = plain_manifests();
+    move_namespace(&mut docs, RENDER_NAMESPACE, &namespace);
+    let rbac_docs: Vec<Value> = docs
+        .iter()
+        .filter(|d| {
+            matches!(
+                kind(d),
+                "ServiceAccount" | "ClusterRole" | "ClusterRoleBinding" | "Role" | "RoleBinding"
+            )
+        })
+        .cloned()
+        .collect();
+    kube(&kubectl, &["apply", "-f", "-"], Some(&to_yaml(&rbac_docs))).await;
+
+    // The default values watch configmaps in every namespace and the cluster's Namespaces.
+    let config = chart_config(&docs);
+    let watched: BTreeSet<&str> = config
+        .resources
+        .iter()
+        .map(|r| r.resource.as_str())
+        .collect();
+    assert_eq!(watched, BTreeSet::from(["configmaps", "Namespace"]));
+    let sa = docs.iter().find(|d| kind(d) == "ServiceAccount").unwrap();
+    let user = sa_user(&namespace, name(sa));
+    let mut checks = Vec::new();
+    for scope in [Scope::In(&namespace), Scope::In(&other), Scope::Everywhere] {
+        checks.extend(reads("configmaps", scope, true));
+        checks.extend(no_writes("configmaps", scope));
+        checks.extend(reads("secrets", scope, false));
+        checks.extend(reads("pods", scope, false));
+        checks.extend(reads("deployments.apps", scope, false));
+        checks.extend(reads("leases.coordination.k8s.io", scope, false));
+        checks.extend(reads("roles.rbac.authorization.k8s.io", scope, false));
+    }
+    checks.extend(reads("namespaces", Scope::Everywhere, true));
+    checks.extend(no_writes("namespaces", Scope::Everywhere));
+    checks.extend(reads("nodes", Scope::Everywhere, false));
+    checks.extend(reads(
+        "clusterroles.rbac.authorization.k8s.io",
+        Scope::Everywhere,
+        false,
+    ));
+    checks.push(check(
+        "impersonate",
+        "serviceaccounts",
+        Scope::In(&namespace),
+        false,
+    ));
+    assert_can_i(&kubectl, &user, &checks).await;
+    assert_listed(
+        &kubectl,
+        &user,
+        &other,
+        &[
+            ("configmaps", "get list watch"),
+            ("namespaces", "get list watch"),
+        ],
+    )
+    .await;
+    delete_cluster_objects(&kubectl, &rbac::role_name(name(sa), &namespace)).await;
+}
+
+// ------------------------------------------------------------------ (c) the Helm chart
+
+/// `helm template` of the chart with `values` (chart defaults when `None`).
+async fn helm_template(helm: &str, release: &str, namespace: &str, values: Option<&str>) -> String {
+    let chart = chart();
+    let chart = chart.to_str().unwrap();
+    let mut args = vec!["template", release, chart, "--namespace", namespace];
+    let values_path;
+    if let Some(v) = values {
+        values_path = chart_path(v);
+        args.extend(["--values", values_path.as_str()]);
+    }
+    ok(helm, &args, None).await
+}
+
+fn chart_path(relative: &str) -> String {
+    chart().join(relative).display().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn helm_lint_passes_for_every_documented_values_file() {
+    let Some(helm) = helm() else { return };
+    let chart = chart().display().to_string();
+    ok(&helm, &["lint", "--strict", &chart], None).await;
+    for values in CI_VALUES {
+        ok(
+            &helm,
+            &["lint", "--strict", &chart, "--values", &chart_path(values)],
+            None,
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn plain_manifests_are_the_chart_rendered_with_default_values() {
+    let Some(helm) = helm() else { return };
+    let rendered = helm_template(&helm, RENDER_RELEASE, RENDER_NAMESPACE, None).await;
+    let committed = read(&repo().join("deploy/manifests/kube-event-bridge.yaml"));
+    assert!(
+        committed.starts_with("# Generated by deploy/render.sh"),
+        "deploy/manifests/kube-event-bridge.yaml lost its header"
+    );
+    assert!(
+        committed.ends_with(&rendered),
+        "deploy/manifests/kube-event-bridge.yaml is stale: run deploy/render.sh\n--- helm template:\n{rendered}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn helm_renders_every_documented_values_file_with_the_rbac_src_rbac_computes() {
+    let Some(helm) = helm() else { return };
+    let kubectl = kubectl();
+    let client = kube_client().await;
+    // ci/nats-leader-election-values.yaml watches the demo's CronTab custom resource.
+    create_crd(
+        &client,
+        "stable.example.com",
+        "CronTab",
+        "crontabs",
+        "Namespaced",
+    )
+    .await;
+    let namespace = unique_namespace(&client, "deploy-helm").await;
+    let release = "keb";
+    for values in [None, Some(CI_VALUES[0]), Some(CI_VALUES[1])] {
+        let what = values.unwrap_or("values.yaml");
+        let docs = documents(&helm_template(&helm, release, &namespace, values).await);
+        let config = chart_config(&docs);
+        let leader_election = values == Some(CI_VALUES[1]);
+
+        // The chart's RBAC is what src/rbac.rs computes from the same config through discovery.
+        let resolved = discovery::resolve(&client, &config.resources)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let sa = docs
+            .iter()
+            .find(|d| kind(d) == "ServiceAccount")
+            .map(|d| name(d).to_string())
+            .unwrap();
+        let role = rbac::role_name(&sa, &namespace);
+        assert_eq!(
+            rendered_permissions(&docs, &role),
+            rbac::permissions(&resolved),
+            "{what}: chart RBAC differs from src/rbac.rs"
+        );
+        let lease_role = rbac::lease_role_name(&sa, &namespace);
+        let lease = docs
+            .iter()
+            .find(|d| kind(d) == "Role" && name(d) == lease_role);
+        assert_eq!(
+            lease.is_some(),
+            leader_election,
+            "{what}: leader-election Role"
+        );
+        if let Some(lease) = lease {
+            assert_eq!(
+                lease["metadata"]["namespace"].as_str(),
+                Some(namespace.as_str())
+            );
+            assert_eq!(lease["rules"][0]["apiGroups"][0], rbac::LEASE_GROUP);
+            assert_eq!(lease["rules"][0]["resources"][0], "leases");
+            let verbs: Vec<String> = lease["rules"][0]["verbs"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .map(str_of)
+                .collect();
+            assert_eq!(verbs, rbac::LEASE_VERBS);
+        }
+
+        let deployment = docs.iter().find(|d| kind(d) == "Deployment").unwrap();
+        let replicas = if leader_election { 2 } else { 1 };
+        assert_eq!(deployment["spec"]["replicas"], replicas, "{what}");
+        let pdb = docs
+            .iter()
+            .find(|d| kind(d) == "PodDisruptionBudget")
+            .unwrap();
+        assert_eq!(
+            !pdb["spec"]["minAvailable"].is_null(),
+            leader_election,
+            "{what}"
+        );
+
+        // Broker credentials are files from Secrets, never values in the ConfigMap.
+        let spec = &deployment["spec"]["template"]["spec"];
+        let secret_mounts: BTreeMap<String, String> = spec["containers"][0]["volumeMounts"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .filter(|m| {
+                spec["volumes"]
+                    .as_sequence()
+                    .unwrap()
+                    .iter()
+                    .any(|v| v["name"] == m["name"] && !v["secret"]["secretName"].is_null())
+            })
+            .map(|m| (str_of(&m["name"]), str_of(&m["mountPath"])))
+            .collect();
+        let credential_files: Vec<String> = match &config.sink {
+            Sink::Nats { config, .. } => {
+                let c = &config.credentials;
+                [
+                    &c.creds_file,
+                    &c.tls_ca_file,
+                    &c.password_file,
+                    &c.token_file,
+                ]
+                .into_iter()
+                .flatten()
+                .map(|p| p.display().to_string())
+                .collect()
+            }
+            Sink::Kafka { config, .. } => config
+                .properties
+                .iter()
+                .filter(|(k, _)| k.ends_with(".location"))
+                .map(|(_, v)| v.clone())
+                .collect(),
+            Sink::Stdout => Vec::new(),
+        };
+        for file in &credential_files {
+            assert!(
+                secret_mounts
+                    .values()
+                    .any(|m| file.starts_with(&format!("{m}/"))),
+                "{what}: {file} is not in a mounted Secret ({secret_mounts:?})"
+            );
+        }
+        assert_eq!(
+            credential_files.is_empty(),
+            secret_mounts.is_empty(),
+            "{what}: {credential_files:?} {secret_mounts:?}"
+        );
+
+        // The API server accepts every object (the ServiceMonitor CRD is not installed here).
+        if let Some(kubectl) = &kubectl {
+            let mut objects: Vec<Value> = docs
+                .iter()
+                .filter(|d| kind(d) != "ServiceMonitor")
+                .cloned()
+                .collect();
+            let extra: BTreeSet<String> = objects
+                .iter()
+                .filter_map(|d| d["metadata"]["namespace"].as_str())
+                .filter(|ns| *ns != namespace)
+                .map(String::from)
+                .collect();
+            // Values files name fixed namespaces (team-a): stand them in by fresh ones.
+            for ns in extra {
+                let fresh = unique_namespace(&client, &ns).await;
+                for d in &mut objects {
+                    if d["metadata"]["namespace"].as_str() == Some(ns.as_str()) {
+                        d["metadata"]["namespace"] = Value::String(fresh.clone());
+                    }
+                }
+            }
+            kube(
+                kubectl,
+                &["apply", "--dry-run=server", "-f", "-"],
+                Some(&to_yaml(&objects)),
+            )
+            .await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn helm_refuses_inline_secrets_unmounted_credential_files_and_two_sinks() {
+    let Some(helm) = helm() else { return };
+    let chart = chart().display().to_string();
+    let kafka = chart_path(CI_VALUES[0]);
+    let nats = chart_path(CI_VALUES[1]);
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &[
+                "--values",
+                &kafka,
+                "--set",
+                "config.sink.kafka.properties.sasl\\.password=x",
+            ],
+            "would write a secret into the ConfigMap",
+        ),
+        (
+            &["--values", &nats, "--set", "secretMounts=null"],
+            "is not under any secretMounts[].mountPath",
+        ),
+        (
+            &["--values", &kafka, "--set-json", "config.sink.stdout={}"],
+            "set exactly one sink",
+        ),
+        (
+            &["--set", "config.resources[0].lables=x"],
+            "additional properties 'lables' not allowed",
+        ),
+    ];
+    for (extra, message) in cases {
+        let mut args = vec!["template", "keb", chart.as_str()];
+        args.extend_from_slice(extra);
+        let out = run(&helm, &args, None).await;
+        assert!(!out.success, "helm {args:?} rendered:\n{}", out.stdout);
+        assert!(
+            out.stderr.contains(message),
+            "helm {args:?}: {}",
+            out.stderr
+        );
+    }
+}
+
+#[test]
+fn chart_values_schema_embeds_the_config_schema_and_versions_match() {
+    let config: serde_json::Value =
+        serde_json::from_str(&read(&repo().join("schemas/config.schema.json"))).unwrap();
+    let values: serde_json::Value =
+        serde_json::from_str(&read(&chart().join("values.schema.json"))).unwrap();
+    let defs = values["$defs"].as_object().expect("$defs");
+    let mut root = config.as_object().unwrap().clone();
+    let config_defs = root.remove("$defs").unwrap();
+    root.remove("$schema");
+    assert_eq!(values["properties"]["config"]["$ref"], "#/$defs/ConfigFile");
+    assert_eq!(
+        defs["ConfigFile"],
+        serde_json::Value::Object(root),
+        "values.schema.json is stale: run deploy/render.sh"
+    );
+    for (k, v) in config_defs.as_object().unwrap() {
+        assert_eq!(&defs[k], v, "$defs.{k} is stale: run deploy/render.sh");
+    }
+
+    let chart_yaml: Value = serde_yaml::from_str(&read(&chart().join("Chart.yaml"))).unwrap();
+    assert_eq!(
+        chart_yaml["appVersion"].as_str(),
+        Some(env!("CARGO_PKG_VERSION")),
+        "Chart.yaml appVersion must be the crate's version"
+    );
+}
+
+// ------------------------------------------------------------------ (d) Dockerfile, compose
+
+/// The Dockerfile's instructions, continuation lines joined, comments dropped.
+fn dockerfile() -> Vec<(String, String)> {
+    let text = read(&repo().join("Dockerfile"));
+    let mut out = Vec::new();
+    let mut current = String::new();
+    for line in text.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with('#') || (trimmed.is_empty() && current.is_empty()) {
+            continue;
+        }
+        match trimmed.strip_suffix('\\') {
+            Some(part) => {
+                current.push_str(part);
+                current.push(' ');
+            }
+            None => {
+                current.push_str(trimmed);
+                let (op, args) = current.split_once(' ').unwrap_or((&current, ""));
+                out.push((op.to_ascii_uppercase(), args.trim().to_string()));
+                current.clear();
+            }
+        }
+    }
+    out
+}
+
+/// Debian packages providing each shared library the release binary links, beyond the base image.
+const RUNTIME_LIBRARIES: [(&str, &str); 8] = [
+    ("libssl.so", "libssl3"),
+    ("libcrypto.so", "libssl3"),
+    ("libz.so", "zlib1g"),
+    ("libgcc_s.so", "libgcc-s1"),
+    ("libc.so", "libc6"),
+    ("libm.so", "libc6"),
+    ("ld-linux", "libc6"),
+    ("linux-vdso.so", "kernel"),
+];
+/// Packages every debian:*-slim image has.
+const DEBIAN_BASE: [&str; 3] = ["libc6", "libgcc-s1", "kernel"];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dockerfile_builds_in_rust_and_runs_the_binary_alone_as_non_root() {
+    let ins = dockerfile();
+    let froms: Vec<usize> = (0..ins.len()).filter(|&i| ins[i].0 == "FROM").collect();
+    assert!(froms.len() >= 2, "a multi-stage build: {ins:?}");
+    let builder = &ins[froms[0]].1;
+    assert!(
+        builder.starts_with("rust:") && builder.ends_with("AS builder"),
+        "builder stage: {builder}"
+    );
+    let runtime: Vec<&(String, String)> = ins[*froms.last().unwrap()..].iter().collect();
+    let base = &runtime[0].1;
+    assert!(
+        base.starts_with("debian:") && base.contains("-slim"),
+        "runtime base: {base}"
+    );
+    // Only the binary comes from the builder.
+    let copies: Vec<&str> = runtime
+        .iter()
+        .filter(|(op, _)| op == "COPY")
+        .map(|(_, a)| a.as_str())
+        .collect();
+    assert_eq!(
+        copies,
+        ["--from=builder /usr/local/bin/kube-event-bridge /usr/local/bin/kube-event-bridge"]
+    );
+    let user = runtime
+        .iter()
+        .rev()
+        .find(|(op, _)| op == "USER")
+        .map(|(_, a)| a.clone())
+        .expect("a USER in the runtime stage");
+    let uid: u32 = user
+        .split(':')
+        .next()
+        .unwrap()
+        .parse()
+        .expect("a numeric USER");
+    assert_ne!(uid, 0, "USER must not be root");
+    let chart_values: Value = serde_yaml::from_str(&read(&chart().join("values.yaml"))).unwrap();
+    assert_eq!(
+        chart_values["podSecurityContext"]["runAsUser"].as_u64(),
+        Some(u64::from(uid)),
+        "the chart runs the image's user"
+    );
+    let entrypoint = &runtime.iter().find(|(op, _)| op == "ENTRYPOINT").unwrap().1;
+    assert_eq!(entrypoint, "[\"/usr/local/bin/kube-event-bridge\"]");
+    let builds: Vec<&str> = ins
+        .iter()
+        .filter(|(op, a)| op == "RUN" && a.contains("cargo build"))
+        .map(|(_, a)| a.as_str())
+        .collect();
+    assert!(
+        builds.len() == 1 && builds[0].contains("--locked") && builds[0].contains("--release"),
+        "{builds:?}"
+    );
+
+    // The runtime stage installs a package for every library the binary links.
+    let installed: BTreeSet<&str> = runtime
+        .iter()
+        .filter(|(op, a)| op == "RUN" && a.contains("apt-get install"))
+        .flat_map(|(_, a)| a.split_whitespace())
+        .collect();
+    assert!(installed.contains("ca-certificates"), "{installed:?}");
+    let ldd = run("ldd", &[env!("CARGO_BIN_EXE_kube-event-bridge")], None).await;
+    assert!(ldd.success, "ldd: {}", ldd.stderr);
+    for line in ldd.stdout.lines() {
+        let lib = line.split_whitespace().next().unwrap_or("");
+        let lib = lib.rsplit('/').next().unwrap();
+        let package = RUNTIME_LIBRARIES
+            .iter()
+            .find(|(prefix, _)| lib.starts_with(prefix))
+            .map(|(_, p)| *p)
+            .unwrap_or_else(|| {
+                panic!("the binary links {lib}: add its package to the Dockerfile's runtime stage and to RUNTIME_LIBRARIES")
+            });
+        assert!(
+            DEBIAN_BASE.contains(&package) || installed.contains(package),
+            "the binary links {lib} from {package}, which the runtime stage does not install"
+        );
+    }
+
+    // The build context is an allow-list holding every target Cargo.toml declares.
+    let ignore = read(&repo().join(".dockerignore"));
+    let patterns: Vec<&str> = ignore
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    assert_eq!(patterns.first(), Some(&"*"), "{patterns:?}");
+    for needed in ["!Cargo.toml", "!Cargo.lock", "!src", "!tests", "!benches"] {
+        assert!(
+            patterns.contains(&needed),
+            "{needed} missing from .dockerignore"
+        );
+    }
+    for (_, args) in ins
+        .iter()
+        .filter(|(op, a)| op == "COPY" && !a.starts_with("--from"))
+    {
+        let sources: Vec<&str> = args.split_whitespace().collect();
+        for source in &sources[..sources.len() - 1] {
+            assert!(
+                patterns.contains(&format!("!{source}").as_str()),
+                "COPY {source} is not in the build context"
+            );
+        }
+    }
+
+    if let Some(hadolint) = on_path("hadolint") {
+        let path = repo().join("Dockerfile").display().to_string();
+        let out = run(&hadolint, &[&path], None).await;
+        assert!(out.success, "hadolint:\n{}{}", out.stdout, out.stderr);
+    }
+}
+
+#[test]
+fn docker_compose_runs_kafka_kraft_nats_jetstream_and_the_bridge() {
+    let compose: Value = serde_yaml::from_str(&read(&repo().join("docker-compose.yml")))
+        .expect("docker-compose.yml parses");
+    let services = compose["services"].as_mapping().expect("services");
+    let names: BTreeSet<String> = services.keys().map(str_of).collect();
+    assert_eq!(
+        names,
+        BTreeSet::from(["bridge", "kafka", "nats"].map(String::from))
+    );
+
+    let kafka = &compose["services"]["kafka"];
+    assert!(str_of(&kafka["image"]).starts_with("apache/kafka:"));
+    let env = &kafka["environment"];
+    assert_eq!(
+        env["KAFKA_PROCESS_ROLES"], "broker,controller",
+        "KRaft, one combined node"
+    );
+    assert!(env.get("KAFKA_ZOOKEEPER_CONNECT").is_none());
+    assert_eq!(
+        env["KAFKA_ADVERTISED_LISTENERS"],
+        "PLAINTEXT://localhost:9092"
+    );
+    let kafka_ports: Vec<String> = kafka["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(str_of)
+        .collect();
+    assert!(
+        kafka_ports.iter().any(|p| p.ends_with(":9092:9092")),
+        "{kafka_ports:?}"
+    );
+
+    let nats = &compose["services"]["nats"];
+    assert!(str_of(&nats["image"]).starts_with("nats:"));
+    let command: Vec<String> = nats["command"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(str_of)
+        .collect();
+    assert!(
+        command.iter().any(|a| a == "--jetstream" || a == "-js"),
+        "JetStream enabled: {command:?}"
+    );
+    let nats_ports: Vec<String> = nats["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(str_of)
+        .collect();
+    assert!(
+        nats_ports.iter().any(|p| p.ends_with(":4222:4222")),
+        "{nats_ports:?}"
+    );
+
+    let volumes = compose["volumes"].as_mapping().expect("named volumes");
+    for service in [kafka, nats] {
+        assert!(!service["healthcheck"]["test"].is_null(), "a healthcheck");
+        for v in service["volumes"].as_sequence().unwrap() {
+            let source = str_of(v).split(':').next().unwrap().to_string();
+            assert!(
+                volumes.contains_key(source.as_str()),
+                "volume {source} is declared"
+            );
+        }
+    }
+
+    let bridge = &compose["services"]["bridge"];
+    assert_eq!(bridge["build"]["context"], ".");
+    assert!(
+        repo()
+            .join(str_of(&bridge["build"]["dockerfile"]))
+            .is_file()
+    );
+    assert_eq!(
+        bridge["network_mode"], "host",
+        "reaches a kubeconfig's 127.0.0.1 server"
+    );
+    for dep in ["kafka", "nats"] {
+        assert_eq!(bridge["depends_on"][dep]["condition"], "service_healthy");
+    }
+    let command: Vec<String> = bridge["command"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(str_of)
+        .collect();
+    let config_target = command
+        .iter()
+        .skip_while(|a| *a != "--config")
+        .nth(1)
+        .expect("run --config FILE")
+        .clone();
+    let kubeconfig_target = str_of(&bridge["environment"]["KUBECONFIG"]);
+    let mounts: Vec<(String, String, String)> = bridge["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            let v = str_of(v);
+            // "${VAR:-${HOME}/x}:/target:ro": split off the target and mode from the right.
+            let mut parts = v.rsplitn(3, ':');
+            let mode = parts.next().unwrap().to_string();
+            let target = parts.next().unwrap().to_string();
+            (parts.next().unwrap().to_string(), target, mode)
+        })
+        .collect();
+    let kubeconfig = mounts
+        .iter()
+        .find(|(_, t, _)| *t == kubeconfig_target)
+        .expect("the kubeconfig is mounted where KUBECONFIG points");
+    assert_eq!(kubeconfig.2, "ro");
+    assert!(kubeconfig.0.contains("/.kube/config"), "{kubeconfig:?}");
+    let config = mounts
+        .iter()
+        .find(|(_, t, _)| *t == config_target)
+        .expect("the config file is mounted");
+    assert_eq!(config.2, "ro");
+
+    // Each selectable bridge config exists, is valid, and points at the compose brokers.
+    for sink in ["kafka", "nats"] {
+        let source = config
+            .0
+            .replace("${KEB_SINK:-kafka}", sink)
+            .trim_start_matches("./")
+            .to_string();
+        let cfg = ConfigFile::parse(&read(&repo().join(&source)))
+            .and_then(ConfigFile::validate)
+            .unwrap_or_else(|e| panic!("{source}: {e}"));
+        match (&cfg.sink, sink) {
+            (Sink::Kafka { config, .. }, "kafka") => {
+                assert_eq!(config.bootstrap_servers, "localhost:9092")
+            }
+            (Sink::Nats { config, .. }, "nats") => {
+                assert_eq!(config.url, "nats://localhost:4222");
+                assert!(config.jetstream.is_some(), "JetStream");
+            }
+            (other, _) => panic!("{source}: sink {}", other.kind()),
+        }
+    }
+}
+
+// ------------------------------------------------------------------ (e) src/rbac.rs, for real
+
+/// Resolves `yaml`'s resources through discovery and applies `rbac::render` for `sa` in
+/// `home` (creating the service account first); returns the rendering.
+async fn apply_rendered_rbac(
+    kubectl: &str,
+    client: &kube::Client,
+    yaml: &str,
+    sa: &str,
+    home: &str,
+) -> (Vec<ResolvedResource>, String) {
+    let config = ConfigFile::parse(yaml)
+        .and_then(ConfigFile::validate)
+        .unwrap_or_else(|e| panic!("{e}\n{yaml}"));
+    let resolved = discovery::resolve(client, &config.resources)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let rendered = rbac::render(&resolved, sa, home);
+    create_service_account(kubectl, home, sa).await;
+    kube(kubectl, &["apply", "-f", "-"], Some(&rendered)).await;
+    (resolved, rendered)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rendered_rbac_with_fixed_namespaces_grants_reads_only_there() {
+    let Some(kubectl) = kubectl() else { return };
+    let client = kube_client().await;
+    let home = unique_namespace(&client, "rbac-fixed-home").await;
+    let a = unique_namespace(&client, "rbac-fixed-a").await;
+    let b = unique_namespace(&client, "rbac-fixed-b").await;
+    let elsewhere = unique_namespace(&client, "rbac-fixed-elsewhere").await;
+    // Kinds, not plurals: discovery resolves them and the rules name the plurals.
+    let yaml = format!(
+        "cluster: dev\nresources:\n\
+         - {{apiVersion: v1, resource: ConfigMap, namespaces: [{a}]}}\n\
+         - {{apiVersion: v1, resource: Secret, namespaces: [{a}]}}\n\
+         - {{apiVersion: apps/v1, resource: Deployment, namespaces: [{a}, {b}]}}\n"
+    );
+    let sa = "bridge";
+    let (_, rendered) = apply_rendered_rbac(&kubectl, &client, &yaml, sa, &home).await;
+    let docs = documents(&rendered);
+    assert!(
+        docs.iter().all(|d| !kind(d).starts_with("Cluster")),
+        "fixed namespaces need no cluster role:\n{rendered}"
+    );
+
+    let user = sa_user(&home, sa);
+    let (a, b, home_s, elsewhere_s) = (a.as_str(), b.as_str(), home.as_str(), elsewhere.as_str());
+    let mut checks = Vec::new();
+    checks.extend(reads("configmaps", Scope::In(a), true));
+    checks.extend(reads("secrets", Scope::In(a), true));
+    checks.extend(reads("deployments.apps", Scope::In(a), true));
+    checks.extend(reads("deployments.apps", Scope::In(b), true));
+    checks.extend(reads("configmaps", Scope::In(b), false));
+    checks.extend(reads("secrets", Scope::In(b), false));
+    for scope in [Scope::In(elsewhere_s), Scope::In(home_s), Scope::Everywhere] {
+        checks.extend(reads("configmaps", scope, false));
+        checks.extend(reads("secrets", scope, false));
+        checks.extend(reads("deployments.apps", scope, false));
+    }
+    for scope in [Scope::In(a), Scope::In(b)] {
+        checks.extend(no_writes("configmaps", scope));
+        checks.extend(no_writes("secrets", scope));
+        checks.extend(no_writes("deployments.apps", scope));
+        checks.extend(reads("pods", scope, false));
+        checks.extend(reads("leases.coordination.k8s.io", scope, false));
+    }
+    checks.extend(reads("namespaces", Scope::Everywhere, false));
+    // Leader election: get, create, update on Leases at home, nothing more.
+    for verb in rbac::LEASE_VERBS {
+        checks.push(check(
+            verb,
+            "leases.coordination.k8s.io",
+            Scope::In(home_s),
+            true,
+        ));
+    }
+    for verb in ["list", "watch", "delete", "patch"] {
+        checks.push(check(
+            verb,
+            "leases.coordination.k8s.io",
+            Scope::In(home_s),
+            false,
+        ));
+    }
+    checks.push(check(
+        "get",
+        "leases.coordination.k8s.io",
+        Scope::Everywhere,
+        false,
+    ));
+    assert_can_i(&kubectl, &user, &checks).await;
+
+    let read_verbs = "get list watch";
+    assert_listed(
+        &kubectl,
+        &user,
+        a,
+        &[
+            ("configmaps", read_verbs),
+            ("secrets", read_verbs),
+            ("deployments.apps", read_verbs),
+        ],
+    )
+    .await;
+    assert_listed(&kubectl, &user, b, &[("deployments.apps", read_verbs)]).await;
+    assert_listed(
+        &kubectl,
+        &user,
+        home_s,
+        &[("leases.coordination.k8s.io", "get create update")],
+    )
+    .await;
+    assert_listed(&kubectl, &user, elsewhere_s, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rendered_rbac_without_fixed_namespaces_uses_a_cluster_role_for_those_only() {
+    let Some(kubectl) = kubectl() else { return };
+    let client = kube_client().await;
+    let group = format!("{}.test.kube-event-bridge.dev", unique_name("rbac"));
+    create_crd(&client, &group, "Gadget", "gadgets", "Namespaced").await;
+    let home = unique_namespace(&client, "rbac-cluster-home").await;
+    let vault = unique_namespace(&client, "rbac-cluster-vault").await;
+    let other = unique_namespace(&client, "rbac-cluster-other").await;
+    let yaml = format!(
+        "cluster: dev\nresources:\n\
+         - {{apiVersion: v1, resource: ConfigMap}}\n\
+         - {{apiVersion: v1, resource: namespaces}}\n\
+         - {{apiVersion: {group}/v1, resource: Gadget}}\n\
+         - {{apiVersion: v1, resource: Secret, namespaces: [{vault}]}}\n"
+    );
+    let sa = "bridge";
+    let (resolved, rendered) = apply_rendered_rbac(&kubectl, &client, &yaml, sa, &home).await;
+    assert!(
+        resolved.iter().any(|r| r.api.plural == "gadgets"),
+        "{resolved:?}"
+    );
+    let kinds: Vec<String> = documents(&rendered)
+        .iter()
+        .map(|d| {
+            format!(
+                "{} {}",
+                kind(d),
+                d["metadata"]["namespace"].as_str().unwrap_or("-")
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "ClusterRole -".to_string(),
+            "ClusterRoleBinding -".into(),
+            format!("Role {vault}"),
+            format!("RoleBinding {vault}"),
+            format!("Role {home}"),
+            format!("RoleBinding {home}"),
+        ],
+        "{rendered}"
+    );
+
+    let user = sa_user(&home, sa);
+    let gadgets = format!("gadgets.{group}");
+    let mut checks = Vec::new();
+    for scope in [
+        Scope::In(home.as_str()),
+        Scope::In(vault.as_str()),
+        Scope::In(other.as_str()),
+        Scope::Everywhere,
+    ] {
+        checks.extend(reads("configmaps", scope, true));
+        checks.extend(reads(&gadgets, scope, true));
+        checks.extend(no_writes("configmaps", scope));
+        checks.extend(no_writes(&gadgets, scope));
+        checks.extend(reads("pods", scope, false));
+        checks.extend(reads("serviceaccounts", scope, false));
+    }
+    checks.extend(reads("namespaces", Scope::Everywhere, true));
+    checks.extend(no_writes("namespaces", Scope::Everywhere));
+    // The Secret stays readable in its one namespace, not through the cluster role.
+    checks.extend(reads("secrets", Scope::In(vault.as_str()), true));
+    checks.extend(no_writes("secrets", Scope::In(vault.as_str())));
+    for scope in [
+        Scope::In(home.as_str()),
+        Scope::In(other.as_str()),
+        Scope::Everywhere,
+    ] {
+        checks.extend(reads("secrets", scope, false));
+    }
+    assert_can_i(&kubectl, &user, &checks).await;
+
+    let read_verbs = "get list watch";
+    let cluster_wide = [
+        ("configmaps", read_verbs),
+        ("namespaces", read_verbs),
+        (gadgets.as_str(), read_verbs),
+    ];
+    assert_listed(&kubectl, &user, &other, &cluster_wide).await;
+    let mut in_vault = cluster_wide.to_vec();
+    in_vault.push(("secrets", read_verbs));
+    assert_listed(&kubectl, &user, &vault, &in_vault).await;
+    delete_cluster_objects(&kubectl, &rbac::role_name(sa, &home)).await;
+}
+
+#[test]
+fn permissions_of_hand_resolved_resources_match_grants() {
+    // A pure check that the test's own RBAC reading agrees with src/rbac.rs on a rendering.
+    use kube::core::{ApiResource, GroupVersionKind};
+    let config = ConfigFile::parse(
+        "cluster: dev\nresources:\n- {apiVersion: v1, resource: ConfigMap, namespaces: [a]}\n- {apiVersion: v1, resource: namespaces}\n",
+    )
+    .and_then(ConfigFile::validate)
+    .unwrap();
+    let resolved: Vec<ResolvedResource> = config
+        .resources
+        .into_iter()
+        .zip([
+            ("ConfigMap", "configmaps", true),
+            ("Namespace", "namespaces", false),
+        ])
+        .map(|(r, (k, p, namespaced))| ResolvedResource {
+            api: ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", k), p),
+            config: r,
+            namespaced,
+        })
+        .collect();
+    let docs = documents(&rbac::render(&resolved, "sa", "ns"));
+    let grants =
+        |g: &str, p: &str| -> Grants { [(g.to_string(), BTreeSet::from([p.to_string()]))].into() };
+    assert_eq!(
+        rendered_permissions(&docs, &rbac::role_name("sa", "ns")),
+        Permissions {
+            cluster: grants("", "namespaces"),
+            namespaced: [("a".to_string(), grants("", "configmaps"))].into(),
+        }
+    );
+}
