@@ -3,6 +3,7 @@
 //! components, so they live in their own test binary (cargo runs binaries one after another) and
 //! take a global lock so they never overlap each other.
 
+mod crash;
 #[path = "../integration/harness.rs"]
 mod harness;
 #[path = "../integration/support.rs"]
@@ -266,4 +267,30 @@ async fn gone_after_apiserver_restart_is_repaired_by_relist_and_diff() {
         "log:\n{}",
         bridge.log_text()
     );
+}
+
+/// Runs per sink: `KEB_CRASH_OBJECTS` objects (default 200) and `KEB_CRASH_KILLS` SIGKILLs
+/// (default 20); `scripts/faults-full` runs a longer series.
+fn crash_params() -> (usize, usize) {
+    let get = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    (get("KEB_CRASH_OBJECTS", 200), get("KEB_CRASH_KILLS", 20))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_sigkill_loop_loses_nothing() {
+    let _guard = EXCLUSIVE.lock().await;
+    let (objects, kills) = crash_params();
+    crash::crash_loop(SinkKind::Kafka, objects, kills).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_sigkill_loop_loses_nothing() {
+    let _guard = EXCLUSIVE.lock().await;
+    let (objects, kills) = crash_params();
+    crash::crash_loop(SinkKind::Nats, objects, kills).await;
 }

@@ -1,0 +1,242 @@
+//! The bridge killed with SIGKILL at random points many times while a workload of creates,
+//! updates and deletes runs; a consumer (read committed for Kafka) deduplicating by event id must
+//! see every change exactly once, in order per object.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cloudevents::AttributesReader;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::harness::{Bridge, Reader, Received, SinkKind, sink_yaml};
+use crate::support::{kube_client, unique_name, unique_namespace};
+
+/// What the workload did: every resourceVersion the API server returned per object name, and
+/// whether the object was finally deleted.
+#[derive(Debug, Default)]
+struct Ledger {
+    writes: BTreeMap<String, Vec<u64>>,
+    deleted: BTreeSet<String>,
+}
+
+/// Creates `objects` ConfigMaps, updates each a few times and deletes a third, in random order,
+/// until done.
+async fn workload(client: kube::Client, ns: String, objects: usize, ledger: Arc<Mutex<Ledger>>) {
+    let cms: Api<ConfigMap> = Api::namespaced(client, &ns);
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::from_os_rng();
+    let mut alive: Vec<String> = Vec::new();
+    let mut created = 0;
+    let mut ops = 0;
+    while created < objects || !alive.is_empty() {
+        let roll: f64 = rng.random();
+        if created < objects && (alive.is_empty() || roll < 0.4) {
+            let name = format!("o{created:04}");
+            let cm: ConfigMap =
+                serde_json::from_value(json!({"metadata": {"name": name}, "data": {"v": "0"}}))
+                    .unwrap();
+            let made = cms.create(&PostParams::default(), &cm).await.unwrap();
+            ledger
+                .lock()
+                .unwrap()
+                .writes
+                .entry(name.clone())
+                .or_default()
+                .push(rv(&made));
+            alive.push(name);
+            created += 1;
+        } else {
+            let i = rng.random_range(0..alive.len());
+            let name = alive[i].clone();
+            if roll < 0.85 || created < objects && roll < 0.9 {
+                let patched = cms
+                    .patch(
+                        &name,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"data": {"v": ops.to_string()}})),
+                    )
+                    .await
+                    .unwrap();
+                ledger
+                    .lock()
+                    .unwrap()
+                    .writes
+                    .entry(name)
+                    .or_default()
+                    .push(rv(&patched));
+            } else if rng.random_bool(0.33) {
+                cms.delete(&name, &DeleteParams::default()).await.unwrap();
+                ledger.lock().unwrap().deleted.insert(name);
+                alive.swap_remove(i);
+            } else {
+                // Retire it alive: it keeps its last state.
+                alive.swap_remove(i);
+            }
+        }
+        ops += 1;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(2..12))).await;
+    }
+}
+
+fn rv(cm: &ConfigMap) -> u64 {
+    cm.metadata
+        .resource_version
+        .as_deref()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// The figures of one run.
+struct Report {
+    expected: usize,
+    delivered: usize,
+    duplicates: usize,
+    gaps: usize,
+}
+
+fn verify(events: &[Received], ledger: &Ledger) -> Report {
+    let mut by_id = BTreeSet::new();
+    let mut duplicates = 0;
+    let mut per_object: BTreeMap<String, Vec<&Received>> = BTreeMap::new();
+    let mut ids_of: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    for r in events {
+        ids_of
+            .entry((r.ext("uid"), r.ext("resourceversion")))
+            .or_default()
+            .insert(r.event.id().to_string());
+        if !by_id.insert(r.event.id().to_string()) {
+            duplicates += 1;
+            continue;
+        }
+        per_object.entry(r.ext("name")).or_default().push(r);
+    }
+    for ((uid, rv), ids) in &ids_of {
+        assert_eq!(
+            ids.len(),
+            1,
+            "({uid}, {rv}) appears under several ids: {ids:?}"
+        );
+    }
+    let mut gaps = 0;
+    let mut expected = 0;
+    for (name, writes) in &ledger.writes {
+        let seen = per_object.get(name).cloned().unwrap_or_default();
+        let rvs: Vec<u64> = seen.iter().map(|r| r.rv()).collect();
+        assert!(
+            rvs.windows(2).all(|w| w[0] < w[1]),
+            "{name}: resourceVersions go backwards: {rvs:?}"
+        );
+        for w in writes {
+            expected += 1;
+            if !rvs.contains(w) {
+                gaps += 1;
+                eprintln!("gap: {name} rv {w} never arrived (saw {rvs:?})");
+            }
+        }
+        let last = seen
+            .last()
+            .unwrap_or_else(|| panic!("{name}: no event at all"));
+        if ledger.deleted.contains(name) {
+            expected += 1;
+            assert_eq!(
+                last.change(),
+                "deleted",
+                "{name}: the last event must be its delete"
+            );
+        } else {
+            assert_eq!(
+                Some(&last.rv()),
+                writes.last(),
+                "{name}: the last event must match the final state"
+            );
+        }
+    }
+    Report {
+        expected,
+        delivered: by_id.len(),
+        duplicates,
+        gaps,
+    }
+}
+
+/// Runs the workload while the bridge is killed `kills` times, then checks what a consumer saw.
+pub async fn crash_loop(sink: SinkKind, objects: usize, kills: usize) {
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, "crash").await;
+    let cluster = unique_name("c");
+    let config = format!(
+        "cluster: {cluster}\ncheckpoint: {{intervalMs: 200}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n{}",
+        sink_yaml(sink, &cluster)
+    );
+    let topics = vec![format!("k8s.{cluster}.core.configmaps")];
+    let mut bridge = Bridge::start(&config);
+    bridge.wait_synced(1).await;
+    let ledger = Arc::new(Mutex::new(Ledger::default()));
+    let work = tokio::spawn(workload(
+        client.clone(),
+        ns.clone(),
+        objects,
+        ledger.clone(),
+    ));
+    let started = Instant::now();
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::from_os_rng();
+    for _ in 0..kills {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(150..900))).await;
+        bridge.signal("KILL");
+        bridge
+            .wait_exit(Duration::from_secs(10))
+            .await
+            .expect("killed");
+        bridge = Bridge::start(&config);
+    }
+    work.await.unwrap();
+    let workload_secs = started.elapsed().as_secs_f64();
+    let mut reader = Reader::for_sink(sink, &cluster, &topics, &bridge).await;
+    let ledger = Arc::try_unwrap(ledger).unwrap().into_inner().unwrap();
+    let last_rvs: BTreeMap<String, u64> = ledger
+        .writes
+        .iter()
+        .map(|(n, w)| (n.clone(), *w.last().unwrap()))
+        .collect();
+    let events = reader
+        .read_until(Duration::from_secs(120), |got| {
+            let mut latest: BTreeMap<String, (u64, String)> = BTreeMap::new();
+            for r in got {
+                let e = latest.entry(r.ext("name")).or_insert((0, String::new()));
+                if r.rv() >= e.0 {
+                    *e = (r.rv(), r.change().to_string());
+                }
+            }
+            last_rvs.iter().all(|(name, rv)| {
+                latest.get(name).is_some_and(|(seen, change)| {
+                    if ledger.deleted.contains(name) {
+                        change == "deleted"
+                    } else {
+                        seen >= rv
+                    }
+                })
+            })
+        })
+        .await;
+    let mut all = events;
+    all.extend(reader.drain(Duration::from_secs(3)).await);
+    let report = verify(&all, &ledger);
+    eprintln!(
+        "crash loop {sink:?}: {kills} SIGKILLs over {workload_secs:.0}s, {} objects: events expected {}, delivered {}, duplicates before dedup {}, gaps {}",
+        ledger.writes.len(),
+        report.expected,
+        report.delivered,
+        report.duplicates,
+        report.gaps
+    );
+    assert_eq!(
+        report.gaps, 0,
+        "every change must arrive when outages stay inside the watch history"
+    );
+    drop(bridge);
+}
