@@ -29,7 +29,7 @@ schema = {
     "required": ["config"],
     "properties": {
         "config": {"$ref": "#/$defs/ConfigFile"},
-        "leaderElection": {"type": "object", "properties": {"enabled": {"type": "boolean"}, "leaseName": string}},
+        "checkpointVolume": {"type": "object"},
         "logFormat": {"enum": ["text", "json"]},
         "rbac": {"type": "object", "properties": {
             "create": {"type": "boolean"},

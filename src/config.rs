@@ -67,6 +67,51 @@ pub struct ConfigFile {
     /// `origin=snapshot`) or `none` (only changes from now on).
     #[serde(default)]
     pub initial_snapshot: SnapshotPolicy,
+    /// Run several replicas, one publishing at a time, through a Lease.
+    #[serde(default)]
+    pub leader_election: LeaderElectionConfig,
+}
+
+/// Leader election settings.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LeaderElectionConfig {
+    /// Elect a leader among replicas; default false (a single replica publishes at once).
+    #[serde(default)]
+    pub enabled: bool,
+    /// The Lease name; default `kube-event-bridge-{cluster}`.
+    pub lease_name: Option<String>,
+    /// The Lease namespace; default `$POD_NAMESPACE`, else `default`.
+    pub namespace: Option<String>,
+    /// This replica's identity; default `$POD_NAME`, else the host name, with the process id.
+    pub identity: Option<String>,
+    /// How long a lease stays valid without renewal (client-go's default).
+    #[serde(default = "default_lease_duration_secs")]
+    pub lease_duration_secs: u64,
+    /// How often the leader renews and followers retry (client-go's default).
+    #[serde(default = "default_retry_period_secs")]
+    pub retry_period_secs: u64,
+}
+
+impl Default for LeaderElectionConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            lease_name: None,
+            namespace: None,
+            identity: None,
+            lease_duration_secs: default_lease_duration_secs(),
+            retry_period_secs: default_retry_period_secs(),
+        }
+    }
+}
+
+const fn default_lease_duration_secs() -> u64 {
+    15
+}
+
+const fn default_retry_period_secs() -> u64 {
+    2
 }
 
 /// Checkpoint settings.
@@ -360,6 +405,8 @@ pub struct Config {
     pub checkpoint: CheckpointConfig,
     /// First-start snapshot.
     pub initial_snapshot: SnapshotPolicy,
+    /// Leader election.
+    pub leader_election: LeaderElectionConfig,
 }
 
 /// A validated resource entry.
@@ -485,6 +532,15 @@ impl ConfigFile {
         if d.max_in_flight == 0 {
             errors.push("delivery.maxInFlight: must be at least 1".into());
         }
+        let le = &self.leader_election;
+        if le.enabled
+            && (le.retry_period_secs == 0 || le.lease_duration_secs <= le.retry_period_secs)
+        {
+            errors.push("leaderElection: leaseDurationSecs must be greater than retryPeriodSecs, and both at least 1".into());
+        }
+        if le.enabled && !self.checkpoint.enabled {
+            errors.push("leaderElection.enabled: a new leader resumes from the checkpoint; enable checkpoints".into());
+        }
         let c = &self.checkpoint;
         if c.interval_ms == 0 {
             errors.push("checkpoint.intervalMs: must be at least 1".into());
@@ -509,6 +565,7 @@ impl ConfigFile {
                 delivery: self.delivery,
                 checkpoint: self.checkpoint,
                 initial_snapshot: self.initial_snapshot,
+                leader_election: self.leader_election,
             }),
             _ => Err(Error::Invalid(errors)),
         }

@@ -11,6 +11,7 @@ pub mod config;
 pub mod discovery;
 pub mod encode;
 pub mod known;
+pub mod leader;
 pub mod pipeline;
 pub mod rbac;
 pub mod runtime;

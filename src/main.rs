@@ -153,12 +153,20 @@ fn chain(e: &dyn std::error::Error) -> String {
 async fn run(path: &std::path::Path) -> Result<(), String> {
     let config = load(path)?;
     let grace = Duration::from_secs(config.delivery.shutdown_grace_secs);
-    let mut bridge = runtime::Bridge::start(config)
+    let leadership = runtime::elect(&config).await.map_err(|e| chain(&e))?;
+    let mut bridge = runtime::Bridge::start(config, leadership.clone())
         .await
         .map_err(|e| chain(&e))?;
+    let lost = async {
+        match &leadership {
+            Some(l) => l.lost().await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
         () = shutdown_signal() => {}
         failure = bridge.failure() => return Err(failure),
+        () = lost => return Err("leadership lost: exiting so that a restart waits as a follower".into()),
     }
     // A second signal exits at once.
     tokio::spawn(async {

@@ -26,6 +26,7 @@ use crate::checkpoint::{self, Checkpoint, Store};
 use crate::config::SnapshotPolicy;
 use crate::encode::{self, ResourceInfo};
 use crate::known::{KnownObjects, Seen};
+use crate::leader::Leadership;
 use crate::sink::{AnySink, Delivered, Outcome};
 use crate::watch::{Backoff, Item};
 
@@ -84,6 +85,8 @@ pub struct Pipeline {
     pub snapshot: SnapshotPolicy,
     /// How often a busy watch checkpoints.
     pub checkpoint_interval: Duration,
+    /// Held leadership, when replicas elect a leader: nothing is published without it.
+    pub leadership: Option<Leadership>,
 }
 
 /// What classifying one item produced.
@@ -136,6 +139,14 @@ impl Pipeline {
         let mut uids: HashMap<String, u32> = HashMap::new();
         let gate = !self.sink.ordered_in_flight();
         loop {
+            if let Some(l) = &self.leadership
+                && !l.is_valid()
+            {
+                error!("leadership lost: stopping this watch");
+                return Err(checkpoint::Error::Fenced {
+                    watch: self.info.source.clone(),
+                });
+            }
             let pending = st.position != st.committed && st.listing.is_none();
             let due = pending && st.last_commit.elapsed() >= self.checkpoint_interval;
             if in_flight.is_empty() {

@@ -16,6 +16,7 @@ use crate::checkpoint::{self, FileStore, KafkaStore, NatsStore, Store, WatchKey}
 use crate::config::{self as cfg, Config, KubernetesConfig};
 use crate::discovery::{self, ResolvedResource};
 use crate::encode::ResourceInfo;
+use crate::leader::{self, Leadership};
 use crate::pipeline::{Pipeline, Status};
 use crate::sink::kafka::KafkaSink;
 use crate::sink::{self, AnySink};
@@ -45,6 +46,9 @@ pub enum Error {
     /// The sink could not be connected.
     #[error(transparent)]
     Sink(#[from] sink::Error),
+    /// Leader election failed.
+    #[error(transparent)]
+    Leader(#[from] leader::Error),
     /// A checkpoint could not be loaded, or the checkpoint store prepared.
     #[error(transparent)]
     Checkpoint(#[from] checkpoint::Error),
@@ -83,6 +87,36 @@ pub async fn client(k: &KubernetesConfig) -> Result<Client> {
     Client::try_from(config).map_err(Error::Client)
 }
 
+/// Waits for leadership when the configuration asks for leader election.
+pub async fn elect(config: &Config) -> Result<Option<Leadership>> {
+    let le = &config.leader_election;
+    if !le.enabled {
+        return Ok(None);
+    }
+    let client = client(&config.kubernetes).await?;
+    let host = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "kube-event-bridge".into());
+    let settings = leader::Settings {
+        namespace: le
+            .namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .unwrap_or_else(|| "default".into()),
+        name: le
+            .lease_name
+            .clone()
+            .unwrap_or_else(|| format!("kube-event-bridge-{}", config.cluster)),
+        identity: le
+            .identity
+            .clone()
+            .unwrap_or_else(|| format!("{host}-{}", std::process::id())),
+        lease_duration: Duration::from_secs(le.lease_duration_secs),
+        retry_period: Duration::from_secs(le.retry_period_secs),
+    };
+    Ok(Some(leader::acquire(client, settings).await?))
+}
+
 /// One watch: its label for logs and its pipeline's status.
 #[derive(Debug, Clone)]
 pub struct WatchHandle {
@@ -111,7 +145,7 @@ const WATCH_TIMEOUT_SECS: u32 = 290;
 impl Bridge {
     /// Resolves every resource, connects the sink, loads each watch's checkpoint and starts one
     /// watch and one pipeline per resource and namespace scope.
-    pub async fn start(config: Config) -> Result<Self> {
+    pub async fn start(config: Config, leadership: Option<Leadership>) -> Result<Self> {
         let client = client(&config.kubernetes).await?;
         let resources = discovery::resolve(&client, &config.resources).await?;
         for r in &resources {
@@ -168,6 +202,7 @@ impl Bridge {
                     resume,
                     snapshot: config.initial_snapshot,
                     checkpoint_interval: Duration::from_millis(config.checkpoint.interval_ms),
+                    leadership: leadership.clone(),
                 };
                 tasks.spawn(pipeline.run(rx).instrument(span));
                 watches.push(WatchHandle {

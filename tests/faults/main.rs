@@ -294,3 +294,15 @@ async fn nats_sigkill_loop_loses_nothing() {
     let (objects, kills) = crash_params();
     crash::crash_loop(SinkKind::Nats, objects, kills).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_failover_between_replicas() {
+    let _guard = EXCLUSIVE.lock().await;
+    crash::failover(SinkKind::Kafka, 250).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_failover_between_replicas() {
+    let _guard = EXCLUSIVE.lock().await;
+    crash::failover(SinkKind::Nats, 250).await;
+}

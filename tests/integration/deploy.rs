@@ -242,7 +242,12 @@ fn rendered_permissions(docs: &[Value], role_name: &str) -> Permissions {
             }
             _ => continue,
         };
-        assert_eq!(name(doc), role_name, "{}", to_yaml(&[doc.clone()]));
+        assert_eq!(
+            name(doc),
+            role_name,
+            "{}",
+            to_yaml(std::slice::from_ref(doc))
+        );
         for rule in doc["rules"].as_sequence().expect("rules") {
             let verbs: Vec<String> = rule["verbs"]
                 .as_sequence()
@@ -250,7 +255,12 @@ fn rendered_permissions(docs: &[Value], role_name: &str) -> Permissions {
                 .iter()
                 .map(str_of)
                 .collect();
-            assert_eq!(verbs, rbac::WATCH_VERBS, "{}", to_yaml(&[doc.clone()]));
+            assert_eq!(
+                verbs,
+                rbac::WATCH_VERBS,
+                "{}",
+                to_yaml(std::slice::from_ref(doc))
+            );
             for group in rule["apiGroups"].as_sequence().expect("apiGroups") {
                 let plurals = target.entry(str_of(group)).or_default();
                 for r in rule["resources"].as_sequence().expect("resources") {

@@ -52,8 +52,11 @@ kube-event-bridge:<release namespace>:<service account>.
 {{- printf "kube-event-bridge:%s:%s" .Release.Namespace (include "kube-event-bridge.serviceAccountName" .) }}
 {{- end }}
 
-{{- define "kube-event-bridge.leaseName" -}}
-{{- default (include "kube-event-bridge.fullname" .) .Values.leaderElection.leaseName }}
+{{/*
+"true" when the bridge's config enables leader election, else "".
+*/}}
+{{- define "kube-event-bridge.leaderElection" -}}
+{{- if dig "leaderElection" "enabled" false .Values.config }}true{{ end }}
 {{- end }}
 
 {{/*

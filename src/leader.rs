@@ -1,0 +1,205 @@
+//! Leader election over a `coordination.k8s.io/v1` Lease, so several replicas can run and one
+//! publishes. The Lease alone is not fencing: a deposed leader that still runs is stopped by the
+//! broker (Kafka transactional id, NATS KV revision), and, before that, by its own view of the
+//! lease: it publishes nothing once its last successful renewal is older than the lease duration
+//! (monotonic time keeps running while a process is stopped, so a SIGSTOP'd leader notices).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::Client;
+use kube::api::{Api, ObjectMeta, PostParams};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// Errors of leader election.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The Lease API failed in a way that is not a lost race.
+    #[error("lease {namespace}/{name}")]
+    Api {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// The cause.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// Leader election settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Lease namespace.
+    pub namespace: String,
+    /// Lease name.
+    pub name: String,
+    /// This replica's identity.
+    pub identity: String,
+    /// How long a lease stays valid without renewal.
+    pub lease_duration: Duration,
+    /// How often the leader renews and followers retry.
+    pub retry_period: Duration,
+}
+
+/// Held leadership: cancelled when lost; `is_valid` answers from local time alone.
+#[derive(Debug, Clone)]
+pub struct Leadership {
+    lost: CancellationToken,
+    epoch: Instant,
+    valid_until_ms: Arc<AtomicU64>,
+}
+
+impl Leadership {
+    /// Resolves when leadership is lost.
+    pub async fn lost(&self) {
+        self.lost.cancelled().await;
+    }
+
+    /// Whether this replica may still act as leader: its last renewal is recent enough.
+    pub fn is_valid(&self) -> bool {
+        !self.lost.is_cancelled()
+            && (self.epoch.elapsed().as_millis() as u64)
+                < self.valid_until_ms.load(Ordering::Relaxed)
+    }
+
+    fn renewed(&self, lease_duration: Duration, at: Instant) {
+        // A safety margin of a fifth of the lease: stop publishing before anyone may take over.
+        let until = at.duration_since(self.epoch) + lease_duration.mul_f32(0.8);
+        self.valid_until_ms
+            .store(until.as_millis() as u64, Ordering::Relaxed);
+    }
+}
+
+fn now() -> MicroTime {
+    MicroTime(k8s_openapi::jiff::Timestamp::now())
+}
+
+/// Waits until this replica holds the lease, then keeps renewing it in the background.
+pub async fn acquire(client: Client, s: Settings) -> Result<Leadership, Error> {
+    let api: Api<Lease> = Api::namespaced(client, &s.namespace);
+    let err = |source| Error::Api {
+        namespace: s.namespace.clone(),
+        name: s.name.clone(),
+        source,
+    };
+    let leadership = Leadership {
+        lost: CancellationToken::new(),
+        epoch: Instant::now(),
+        valid_until_ms: Arc::new(AtomicU64::new(0)),
+    };
+    // The holder's lease is judged expired by how long its resourceVersion has not changed, as
+    // observed here: no clock comparison with other nodes.
+    let mut observed: Option<(String, Instant)> = None;
+    info!(lease = %s.name, namespace = %s.namespace, identity = %s.identity, "waiting for leadership");
+    loop {
+        let attempt = Instant::now();
+        match api.get_opt(&s.name).await.map_err(err)? {
+            None => {
+                let lease = lease_for(&s, None, 0);
+                match api.create(&PostParams::default(), &lease).await {
+                    Ok(_) => break,
+                    Err(kube::Error::Api(e)) if e.code == 409 => {}
+                    Err(e) => return Err(err(e)),
+                }
+            }
+            Some(current) => {
+                let spec = current.spec.clone().unwrap_or_default();
+                let rv = current
+                    .metadata
+                    .resource_version
+                    .clone()
+                    .unwrap_or_default();
+                let holder = spec.holder_identity.clone().unwrap_or_default();
+                let changed = observed.as_ref().is_none_or(|(seen, _)| *seen != rv);
+                if changed {
+                    observed = Some((rv.clone(), Instant::now()));
+                }
+                let held_for = observed
+                    .as_ref()
+                    .map(|(_, at)| at.elapsed())
+                    .unwrap_or_default();
+                let duration =
+                    Duration::from_secs(spec.lease_duration_seconds.unwrap_or(15).max(1) as u64);
+                if holder.is_empty() || holder == s.identity || held_for >= duration {
+                    let transitions =
+                        spec.lease_transitions.unwrap_or(0) + i32::from(holder != s.identity);
+                    let lease = lease_for(&s, Some(rv), transitions);
+                    match api.replace(&s.name, &PostParams::default(), &lease).await {
+                        Ok(_) => break,
+                        Err(kube::Error::Api(e)) if e.code == 409 => {}
+                        Err(e) => return Err(err(e)),
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(s.retry_period).await;
+        let _ = attempt;
+    }
+    leadership.renewed(s.lease_duration, Instant::now());
+    info!(lease = %s.name, identity = %s.identity, "leadership acquired");
+    tokio::spawn(renew(api, s, leadership.clone()));
+    Ok(leadership)
+}
+
+fn lease_for(s: &Settings, resource_version: Option<String>, transitions: i32) -> Lease {
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(s.name.clone()),
+            namespace: Some(s.namespace.clone()),
+            resource_version,
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(s.identity.clone()),
+            lease_duration_seconds: Some(s.lease_duration.as_secs() as i32),
+            acquire_time: Some(now()),
+            renew_time: Some(now()),
+            lease_transitions: Some(transitions),
+            ..Default::default()
+        }),
+    }
+}
+
+/// Renews every retry period; leadership is lost when the lease is held by someone else or when
+/// renewals have failed for longer than the lease is valid.
+async fn renew(api: Api<Lease>, s: Settings, leadership: Leadership) {
+    loop {
+        tokio::time::sleep(s.retry_period).await;
+        if !leadership.is_valid() {
+            warn!(lease = %s.name, "lease not renewed in time: leadership lost");
+            break;
+        }
+        let at = Instant::now();
+        let current = match api.get_opt(&s.name).await {
+            Ok(Some(l)) => l,
+            Ok(None) => {
+                warn!(lease = %s.name, "lease deleted: leadership lost");
+                break;
+            }
+            Err(e) => {
+                warn!(error = %e, "lease renewal failed, retrying");
+                continue;
+            }
+        };
+        let mut spec = current.spec.clone().unwrap_or_default();
+        if spec.holder_identity.as_deref() != Some(&s.identity) {
+            warn!(lease = %s.name, holder = spec.holder_identity.as_deref().unwrap_or(""), "lease taken over: leadership lost");
+            break;
+        }
+        spec.renew_time = Some(now());
+        let lease = Lease {
+            metadata: current.metadata.clone(),
+            spec: Some(spec),
+        };
+        match api.replace(&s.name, &PostParams::default(), &lease).await {
+            Ok(_) => leadership.renewed(s.lease_duration, at),
+            Err(e) => warn!(error = %e, "lease renewal failed, retrying"),
+        }
+    }
+    leadership.lost.cancel();
+}
