@@ -292,7 +292,7 @@ pub async fn failover(sink: SinkKind, objects: usize) {
     let t0 = Instant::now();
     which_logs(&[&b], "leadership acquired", Duration::from_secs(30)).await;
     let takeover_after_kill = t0.elapsed();
-    let mut a = Bridge::start(&config);
+    let a = Bridge::start(&config);
 
     // Pause the new leader past its lease: the other replica takes over; the paused one, resumed,
     // must stop publishing and exit.
