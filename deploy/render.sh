@@ -37,7 +37,6 @@ schema = {
         "secretMounts": {"type": "array", "items": {
             "type": "object", "additionalProperties": False, "required": ["name", "secretName", "mountPath"],
             "properties": {"name": string, "secretName": string, "mountPath": {"type": "string", "pattern": "^/"}}}},
-        "admin": {"type": "object", "properties": {"port": {"type": "integer", "minimum": 1, "maximum": 65535}}},
     },
     "$defs": {"ConfigFile": config, **defs},
 }

@@ -70,6 +70,30 @@ pub struct ConfigFile {
     /// Run several replicas, one publishing at a time, through a Lease.
     #[serde(default)]
     pub leader_election: LeaderElectionConfig,
+    /// The admin server (`/livez`, `/readyz`, `/metrics`).
+    #[serde(default)]
+    pub admin: AdminConfig,
+}
+
+/// Admin server settings.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct AdminConfig {
+    /// `host:port` to listen on; default `0.0.0.0:8080` (in a pod, probes and Prometheus reach it).
+    #[serde(default = "default_admin_address")]
+    pub address: String,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            address: default_admin_address(),
+        }
+    }
+}
+
+fn default_admin_address() -> String {
+    "0.0.0.0:8080".into()
 }
 
 /// Leader election settings.
@@ -407,6 +431,8 @@ pub struct Config {
     pub initial_snapshot: SnapshotPolicy,
     /// Leader election.
     pub leader_election: LeaderElectionConfig,
+    /// Admin server.
+    pub admin: AdminConfig,
 }
 
 /// A validated resource entry.
@@ -532,6 +558,12 @@ impl ConfigFile {
         if d.max_in_flight == 0 {
             errors.push("delivery.maxInFlight: must be at least 1".into());
         }
+        if self.admin.address.parse::<std::net::SocketAddr>().is_err() {
+            errors.push(format!(
+                "admin.address: {:?} is not host:port with an IP address",
+                self.admin.address
+            ));
+        }
         let le = &self.leader_election;
         if le.enabled
             && (le.retry_period_secs == 0 || le.lease_duration_secs <= le.retry_period_secs)
@@ -566,6 +598,7 @@ impl ConfigFile {
                 checkpoint: self.checkpoint,
                 initial_snapshot: self.initial_snapshot,
                 leader_election: self.leader_election,
+                admin: self.admin,
             }),
             _ => Err(Error::Invalid(errors)),
         }

@@ -5,6 +5,7 @@
 //! [`watch`] (list, watch, bookmarks, relist and diff) → [`change`] → [`encode`] (CloudEvent) →
 //! [`sink`] (publish, await the broker's acknowledgement) → [`pipeline`] (ordered acknowledgement).
 
+pub mod admin;
 pub mod change;
 pub mod checkpoint;
 pub mod config;

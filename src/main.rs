@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use kube_event_bridge::config::{Config, ConfigFile, Sink};
 use kube_event_bridge::discovery::{self, ResolvedResource};
 use kube_event_bridge::template::Values;
-use kube_event_bridge::{runtime, schema, tail};
+use kube_event_bridge::{admin, runtime, schema, tail};
 use tracing::{error, info};
 
 #[derive(Parser)]
@@ -153,10 +153,21 @@ fn chain(e: &dyn std::error::Error) -> String {
 async fn run(path: &std::path::Path) -> Result<(), String> {
     let config = load(path)?;
     let grace = Duration::from_secs(config.delivery.shutdown_grace_secs);
+    let admin = admin::State::new(config.sink.kind());
+    admin::serve(&config.admin.address, admin.clone())
+        .await
+        .map_err(|e| chain(&e))?;
+    if config.leader_election.enabled {
+        admin.set_role(admin::Role::Follower);
+    }
     let leadership = runtime::elect(&config).await.map_err(|e| chain(&e))?;
+    if leadership.is_some() {
+        admin.set_role(admin::Role::Leader);
+    }
     let mut bridge = runtime::Bridge::start(config, leadership.clone())
         .await
         .map_err(|e| chain(&e))?;
+    admin.set_watches(bridge.watches().to_vec());
     let lost = async {
         match &leadership {
             Some(l) => l.lost().await,
@@ -174,6 +185,7 @@ async fn run(path: &std::path::Path) -> Result<(), String> {
         error!("second signal: exiting without draining");
         std::process::exit(130);
     });
+    admin.shutting_down();
     if bridge.shutdown(grace).await {
         info!("shutdown complete");
         Ok(())

@@ -30,37 +30,94 @@ use crate::leader::Leadership;
 use crate::sink::{AnySink, Delivered, Outcome};
 use crate::watch::{Backoff, Item};
 
-/// Counters and position of one pipeline, readable from other tasks.
+/// Upper bounds (seconds) of the publish latency histogram: observed to acknowledged.
+pub const LATENCY_BUCKETS: [f64; 10] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0];
+
+/// Counters and position of one watch, read by the admin server.
 #[derive(Debug, Default)]
 pub struct Status {
-    /// Events the broker acknowledged.
-    pub published: AtomicU64,
-    /// Events the broker refused for good.
-    pub rejected: AtomicU64,
+    /// Changes classified for publishing, by kind (added, modified, deleted).
+    pub observed: [AtomicU64; 3],
+    /// Events the broker acknowledged, by kind.
+    pub published: [AtomicU64; 3],
+    /// Events the broker refused for good, by reason.
+    pub rejected: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
     /// Changes dropped by the event-type filter.
     pub filtered: AtomicU64,
     /// Changes that could not be encoded.
     pub encode_failed: AtomicU64,
     /// Publish attempts that were retried.
     pub retried: AtomicU64,
+    /// Repaired events (found by a relist after lost history).
+    pub repaired: AtomicU64,
+    /// Watch restarts by reason (`gone`, `forbidden`, `not_found`, `request`, `status`).
+    pub restarts: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
+    /// Lists by reason (`initial`, `gone`).
+    pub relists: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
     /// Checkpoints saved.
     pub checkpoints: AtomicU64,
+    /// Events queued or awaiting acknowledgement.
+    pub queue_depth: AtomicU64,
+    /// Publish latency histogram: cumulative counts per [`LATENCY_BUCKETS`] bound.
+    pub latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
+    /// Sum of publish latencies, in microseconds.
+    pub latency_sum_micros: AtomicU64,
+    /// Number of latency observations.
+    pub latency_count: AtomicU64,
+    /// The resourceVersion the watch has reached (numeric form; 0 if not numeric).
+    pub position: AtomicU64,
     /// Whether the initial list (or the resume) has been published and acknowledged.
     pub synced: AtomicBool,
-    checkpointed: std::sync::Mutex<Option<String>>,
+    checkpointed: std::sync::Mutex<Option<(String, std::time::Instant)>>,
+}
+
+/// Adds one to a counter keyed by a closed-set reason.
+pub fn count(
+    map: &std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
+    reason: &'static str,
+) {
+    *map.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(reason)
+        .or_default() += 1;
+}
+
+fn kind_index(kind: ChangeKind) -> usize {
+    match kind {
+        ChangeKind::Added => 0,
+        ChangeKind::Modified => 1,
+        ChangeKind::Deleted => 2,
+    }
 }
 
 impl Status {
-    /// The resourceVersion of the last saved checkpoint.
-    pub fn checkpoint_resource_version(&self) -> Option<String> {
+    /// The resourceVersion of the last saved checkpoint and when it was saved.
+    pub fn checkpoint(&self) -> Option<(String, std::time::Instant)> {
         self.checkpointed
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
     }
 
+    /// The resourceVersion of the last saved checkpoint.
+    pub fn checkpoint_resource_version(&self) -> Option<String> {
+        self.checkpoint().map(|(rv, _)| rv)
+    }
+
     fn set_checkpointed(&self, rv: &str) {
-        *self.checkpointed.lock().unwrap_or_else(|e| e.into_inner()) = Some(rv.to_string());
+        *self.checkpointed.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((rv.to_string(), std::time::Instant::now()));
+    }
+
+    fn observe_latency(&self, seconds: f64) {
+        for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {
+            if seconds <= *bound {
+                self.latency_buckets[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.latency_sum_micros
+            .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
+        self.latency_count.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -147,6 +204,9 @@ impl Pipeline {
                     watch: self.info.source.clone(),
                 });
             }
+            self.status
+                .queue_depth
+                .store((in_flight.len() + rx.len()) as u64, Ordering::Relaxed);
             let pending = st.position != st.committed && st.listing.is_none();
             let due = pending && st.last_commit.elapsed() >= self.checkpoint_interval;
             if in_flight.is_empty() {
@@ -169,6 +229,7 @@ impl Pipeline {
                     let Some(item) = item else { break };
                     let step = self.classify(item, &mut st);
                     if let Some(rv) = step.position {
+                        self.status.position.store(rv.parse().unwrap_or(0), Ordering::Relaxed);
                         st.position = Some(rv);
                     }
                     for change in step.change.into_iter().chain(step.deletes) {
@@ -194,6 +255,10 @@ impl Pipeline {
         uids: &mut HashMap<String, u32>,
         gate: bool,
     ) {
+        self.status.observed[kind_index(change.kind)].fetch_add(1, Ordering::Relaxed);
+        if change.origin == Origin::Repaired {
+            self.status.repaired.fetch_add(1, Ordering::Relaxed);
+        }
         if !self.events.contains(&change.kind) {
             self.status.filtered.fetch_add(1, Ordering::Relaxed);
             return;
@@ -256,6 +321,10 @@ impl Pipeline {
                 } else {
                     Origin::Snapshot
                 };
+                count(
+                    &self.status.relists,
+                    if st.listed_once { "gone" } else { "initial" },
+                );
                 let publish =
                     origin == Origin::Repaired || self.snapshot == SnapshotPolicy::Initial;
                 st.known.begin_relist();
@@ -368,10 +437,12 @@ impl Pipeline {
         let Delivered { event, outcome } = self.retry_until_settled(delivered).await;
         match outcome {
             Outcome::Acked => {
-                self.status.published.fetch_add(1, Ordering::Relaxed);
+                self.status.published[kind_index(event.kind)].fetch_add(1, Ordering::Relaxed);
+                self.status
+                    .observe_latency(event.received.elapsed().as_secs_f64());
             }
             Outcome::Rejected { reason, error } => {
-                self.status.rejected.fetch_add(1, Ordering::Relaxed);
+                count(&self.status.rejected, reason);
                 error!(object = %event.reference(), id = %event.id, bytes = event.data.len(), reason, error = %error, "broker refused event for good, skipped");
             }
             Outcome::Retry { .. } => unreachable!("retry_until_settled settles"),

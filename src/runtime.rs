@@ -185,9 +185,10 @@ impl Bridge {
                 let start_rv = resume.as_ref().map(|c| c.resource_version.clone());
                 let target = target(&client, r, namespace.as_deref());
                 let stop = stop_watches.clone();
+                let watch_status = status.clone();
                 tasks.spawn(
                     async move {
-                        watch::run(target, start_rv, tx, stop).await;
+                        watch::run(target, start_rv, tx, stop, watch_status).await;
                         Ok(())
                     }
                     .instrument(span.clone()),

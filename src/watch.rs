@@ -14,7 +14,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use std::sync::Arc;
+
 use crate::change::ChangeKind;
+use crate::pipeline::{Status, count};
 
 /// Why a watch could not go on; each is logged and retried with backoff, never fatal.
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +111,7 @@ pub async fn run(
     mut resource_version: Option<String>,
     tx: mpsc::Sender<Item>,
     shutdown: CancellationToken,
+    status: Arc<Status>,
 ) {
     let mut backoff = Backoff::default();
     loop {
@@ -127,10 +131,12 @@ pub async fn run(
             Ok(()) => backoff.reset(),
             Err(Error::Closed) => return,
             Err(Error::Gone(rv)) => {
+                count(&status.restarts, "gone");
                 info!(rv = %rv, "watch history lost, relisting");
                 resource_version = None;
             }
             Err(error) => {
+                count(&status.restarts, error.reason());
                 let delay = backoff.next_delay();
                 warn!(
                     error = %error,

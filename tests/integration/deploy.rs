@@ -829,12 +829,12 @@ async fn helm_renders_every_documented_values_file_with_the_rbac_src_rbac_comput
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn helm_refuses_inline_secrets_unmounted_credential_files_and_two_sinks() {
+async fn helm_refuses_inline_secrets_unmounted_files_two_sinks_bad_keys_loopback_admin() {
     let Some(helm) = helm() else { return };
     let chart = chart().display().to_string();
     let kafka = chart_path(CI_VALUES[0]);
     let nats = chart_path(CI_VALUES[1]);
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (
             &[
                 "--values",
@@ -855,6 +855,14 @@ async fn helm_refuses_inline_secrets_unmounted_credential_files_and_two_sinks() 
         (
             &["--set", "config.resources[0].lables=x"],
             "additional properties 'lables' not allowed",
+        ),
+        (
+            &[
+                "--skip-schema-validation",
+                "--set",
+                "config.admin.address=127.0.0.1:8080",
+            ],
+            "is a loopback address",
         ),
     ];
     for (extra, message) in cases {
@@ -1402,6 +1410,24 @@ async fn rendered_rbac_without_fixed_namespaces_uses_a_cluster_role_for_those_on
     in_vault.push(("secrets", read_verbs));
     assert_listed(&kubectl, &user, &vault, &in_vault).await;
     delete_cluster_objects(&kubectl, &rbac::role_name(sa, &home)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn docs_show_the_rbac_rendered_for_the_stdout_example() {
+    let client = kube_client().await;
+    let config = ConfigFile::load(&repo().join("examples/stdout.yaml"))
+        .and_then(ConfigFile::validate)
+        .unwrap();
+    let resolved = discovery::resolve(&client, &config.resources)
+        .await
+        .unwrap();
+    let rendered = rbac::render(&resolved, "kube-event-bridge", "kube-event-bridge");
+    let docs = read(&repo().join("docs/deploy.md"));
+    assert!(
+        docs.contains(&rendered),
+        "docs/deploy.md must show `kube-event-bridge rbac --config examples/stdout.yaml \\
+         --service-account kube-event-bridge --namespace kube-event-bridge`:\n{rendered}"
+    );
 }
 
 #[test]

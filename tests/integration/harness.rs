@@ -71,6 +71,12 @@ pub struct Bridge {
 impl Bridge {
     /// Writes `config` to a file and starts `kube-event-bridge run` on it, logging JSON.
     pub fn start(config: &str) -> Bridge {
+        let mut config = config.to_string();
+        if !config.contains("\nadmin:") {
+            // Tests bind only to loopback, on a free port (read back with `admin_address`).
+            config.push_str("admin: {address: \"127.0.0.1:0\"}\n");
+        }
+        let config = config.as_str();
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("bridge.yaml");
         std::fs::write(&path, config).expect("write config");
@@ -95,6 +101,24 @@ impl Bridge {
     /// The directory holding its files (config, log, stdout).
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// The admin server's address, once it is listening.
+    pub async fn admin_address(&self) -> String {
+        crate::support::wait_until(
+            "the admin server listens",
+            Duration::from_secs(30),
+            || async {
+                self.log_text()
+                    .lines()
+                    .find(|l| l.contains("\"message\":\"admin server listening\""))
+                    .and_then(|l| {
+                        let v: serde_json::Value = serde_json::from_str(l).ok()?;
+                        v["address"].as_str().map(str::to_string)
+                    })
+            },
+        )
+        .await
     }
 
     /// The log so far.

@@ -60,6 +60,13 @@ kube-event-bridge:<release namespace>:<service account>.
 {{- end }}
 
 {{/*
+The port of the bridge's admin server (config.admin.address, default 0.0.0.0:8080).
+*/}}
+{{- define "kube-event-bridge.adminPort" -}}
+{{- dig "admin" "address" "0.0.0.0:8080" .Values.config | splitList ":" | last }}
+{{- end }}
+
+{{/*
 The plural resource name of one config entry's `resource`: as written when it starts with a
 lowercase letter (a plural), else (a kind) from rbac.plurals or guessed: lowercase, then "es"
 after s/x/z/ch/sh, "ies" for a consonant + y, else "s" ("endpoints" stays).
@@ -149,8 +156,8 @@ Rules granting get, list, watch on a {API group: [plurals]} map.
 
 {{/*
 Fails on a configuration the chart must not deploy: more than one sink (Helm merges the sink
-maps of several values files), a secret written inline in Kafka properties, or a credential
-file outside every secretMounts path.
+maps of several values files), an admin server on loopback (unreachable for probes), a secret
+written inline in Kafka properties, or a credential file outside every secretMounts path.
 */}}
 {{- define "kube-event-bridge.checkConfig" -}}
 {{- $sink := .Values.config.sink | default dict -}}
@@ -162,6 +169,10 @@ file outside every secretMounts path.
 {{- end -}}
 {{- if gt (len $sinks) 1 -}}
 {{- fail (printf "config.sink has %s: set exactly one sink (Helm merges the sink maps of all values files; set the others to null)" (join ", " $sinks)) -}}
+{{- end -}}
+{{- $admin := dig "admin" "address" "0.0.0.0:8080" .Values.config -}}
+{{- if regexMatch "^(127\\.|localhost:|\\[::1\\]:)" $admin -}}
+{{- fail (printf "config.admin.address %s is a loopback address: the kubelet probes the pod's IP (use 0.0.0.0:PORT)" $admin) -}}
 {{- end -}}
 {{- $files := list -}}
 {{- with $sink.nats -}}
