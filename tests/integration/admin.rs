@@ -157,7 +157,7 @@ async fn admin_endpoints_and_metrics() {
         5.0
     );
     assert!(
-        !body.contains(&format!("name=\"m1\"")),
+        !body.contains("name=\"m1\""),
         "object names never become labels"
     );
 }
