@@ -73,6 +73,44 @@ pub struct ConfigFile {
     /// The admin server (`/livez`, `/readyz`, `/metrics`).
     #[serde(default)]
     pub admin: AdminConfig,
+    /// Periodic heartbeat events per watch, so consumers can tell a quiet resource from a
+    /// stalled bridge.
+    #[serde(default)]
+    pub heartbeat: HeartbeatConfig,
+}
+
+/// Heartbeat settings.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HeartbeatConfig {
+    /// Publish heartbeats; default false.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Seconds between two heartbeats of one watch.
+    #[serde(default = "default_heartbeat_interval_secs")]
+    pub interval_secs: u64,
+    /// Kafka topic or NATS subject (core publish) for heartbeats; `{cluster}` is replaced.
+    #[serde(default = "default_heartbeat_destination")]
+    pub destination: String,
+}
+
+impl Default for HeartbeatConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            interval_secs: default_heartbeat_interval_secs(),
+            destination: default_heartbeat_destination(),
+        }
+    }
+}
+
+/// Often enough for a one-minute staleness alert.
+const fn default_heartbeat_interval_secs() -> u64 {
+    30
+}
+
+fn default_heartbeat_destination() -> String {
+    "k8s.{cluster}.heartbeats".into()
 }
 
 /// Admin server settings.
@@ -433,6 +471,8 @@ pub struct Config {
     pub leader_election: LeaderElectionConfig,
     /// Admin server.
     pub admin: AdminConfig,
+    /// Heartbeats.
+    pub heartbeat: HeartbeatConfig,
 }
 
 /// A validated resource entry.
@@ -564,6 +604,9 @@ impl ConfigFile {
                 self.admin.address
             ));
         }
+        if self.heartbeat.enabled && self.heartbeat.interval_secs == 0 {
+            errors.push("heartbeat.intervalSecs: must be at least 1".into());
+        }
         let le = &self.leader_election;
         if le.enabled
             && (le.retry_period_secs == 0 || le.lease_duration_secs <= le.retry_period_secs)
@@ -599,6 +642,7 @@ impl ConfigFile {
                 initial_snapshot: self.initial_snapshot,
                 leader_election: self.leader_election,
                 admin: self.admin,
+                heartbeat: self.heartbeat,
             }),
             _ => Err(Error::Invalid(errors)),
         }

@@ -144,6 +144,19 @@ pub struct Pipeline {
     pub checkpoint_interval: Duration,
     /// Held leadership, when replicas elect a leader: nothing is published without it.
     pub leadership: Option<Leadership>,
+    /// Periodic heartbeats, if enabled.
+    pub heartbeat: Option<Heartbeat>,
+}
+
+/// Heartbeat settings of one watch.
+#[derive(Debug, Clone)]
+pub struct Heartbeat {
+    /// Time between two heartbeats.
+    pub interval: Duration,
+    /// Topic or subject.
+    pub destination: String,
+    /// The watch's key (message key, id prefix).
+    pub watch: crate::checkpoint::WatchKey,
 }
 
 /// What classifying one item produced.
@@ -166,6 +179,7 @@ struct State {
     committed: Option<String>,
     sync_pending: bool,
     last_commit: Instant,
+    next_heartbeat: Instant,
 }
 
 impl Pipeline {
@@ -182,6 +196,7 @@ impl Pipeline {
             listing: None,
             sync_pending: false,
             last_commit: Instant::now(),
+            next_heartbeat: Instant::now(),
         };
         if let Some(rv) = &st.committed {
             info!(rv = %rv, objects = st.known.len(), "resuming from checkpoint");
@@ -220,11 +235,26 @@ impl Pipeline {
                     continue;
                 }
             }
+            if let Some(hb) = self.heartbeat.clone()
+                && in_flight.is_empty()
+                && st.listing.is_none()
+                && st.position.is_some()
+                && Instant::now() >= st.next_heartbeat
+            {
+                st.next_heartbeat = Instant::now() + hb.interval;
+                self.heartbeat(&hb, &mut st).await?;
+            }
+            let heartbeat_wake = self
+                .heartbeat
+                .as_ref()
+                .filter(|_| st.position.is_some())
+                .map(|_| st.next_heartbeat);
             let wake = st.last_commit + self.checkpoint_interval;
             tokio::select! {
                 biased;
                 Some(done) = in_flight.next(), if !in_flight.is_empty() => self.complete(done, &mut uids).await,
                 () = tokio::time::sleep_until(wake), if pending && in_flight.is_empty() => {}
+                () = tokio::time::sleep_until(heartbeat_wake.unwrap_or(wake)), if heartbeat_wake.is_some() && in_flight.is_empty() => {}
                 item = rx.recv(), if in_flight.len() < self.max_in_flight && !due => {
                     let Some(item) = item else { break };
                     let step = self.classify(item, &mut st);
@@ -403,6 +433,64 @@ impl Pipeline {
                 observed,
             })
             .collect()
+    }
+
+    /// Publishes a heartbeat with the checkpoint's resourceVersion and the lag, then commits (a
+    /// Kafka heartbeat becomes visible with the transaction it was sent in).
+    async fn heartbeat(&mut self, hb: &Heartbeat, st: &mut State) -> Result<(), checkpoint::Error> {
+        let position = st.position.clone().unwrap_or_default();
+        self.commit(st).await?;
+        let Some(committed) = st.committed.clone() else {
+            return Ok(());
+        };
+        let lag = position
+            .parse::<u64>()
+            .ok()
+            .zip(committed.parse::<u64>().ok())
+            .map(|(p, c)| p.saturating_sub(c));
+        let now = time::OffsetDateTime::now_utc();
+        let time = now
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default();
+        let event = serde_json::json!({
+            "specversion": "1.0",
+            "id": format!("{}:{}:{}", hb.watch.id, committed, now.unix_timestamp()),
+            "source": self.info.source,
+            "type": "io.kubeeventbridge.heartbeat",
+            "time": time,
+            "subject": hb.watch.description,
+            "cluster": &*self.info.cluster,
+            "resource": self.info.resource,
+            "datacontenttype": "application/json",
+            "data": {
+                "watch": hb.watch.description,
+                "checkpointResourceVersion": committed,
+                "positionResourceVersion": position,
+                "lagResourceVersions": lag,
+                "queueDepth": self.status.queue_depth.load(Ordering::Relaxed),
+            },
+        });
+        let payload = serde_json::to_vec(&event).expect("heartbeat serializes");
+        if let Err(e) = self
+            .sink
+            .send_raw(&hb.destination, &hb.watch.id, payload)
+            .await
+        {
+            warn!(error = %e, "heartbeat not published");
+            return Ok(());
+        }
+        if matches!(self.sink.as_ref(), AnySink::Kafka(_)) && self.store.durable() {
+            // The heartbeat sits in the open transaction: commit it now.
+            self.store
+                .save(&committed, &mut st.known)
+                .await
+                .map_err(|e| {
+                    error!(error = %e, "checkpoint transaction failed");
+                    e
+                })?;
+            self.status.checkpoints.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     async fn commit(&mut self, st: &mut State) -> Result<(), checkpoint::Error> {

@@ -204,6 +204,17 @@ impl Bridge {
                     snapshot: config.initial_snapshot,
                     checkpoint_interval: Duration::from_millis(config.checkpoint.interval_ms),
                     leadership: leadership.clone(),
+                    heartbeat: config
+                        .heartbeat
+                        .enabled
+                        .then(|| crate::pipeline::Heartbeat {
+                            interval: Duration::from_secs(config.heartbeat.interval_secs),
+                            destination: config
+                                .heartbeat
+                                .destination
+                                .replace("{cluster}", &config.cluster),
+                            watch: key.clone(),
+                        }),
                 };
                 tasks.spawn(pipeline.run(rx).instrument(span));
                 watches.push(WatchHandle {

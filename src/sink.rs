@@ -140,6 +140,28 @@ impl AnySink {
         }
     }
 
+    /// Publishes one out-of-band message (a heartbeat) to `destination` and waits for it to be
+    /// handed over (Kafka: acknowledged within the open transaction; NATS: core publish, flushed).
+    pub async fn send_raw(
+        &self,
+        destination: &str,
+        key: &str,
+        payload: Vec<u8>,
+    ) -> Result<(), String> {
+        match self {
+            AnySink::Kafka(s) => s.send_raw(destination, key, &payload).await,
+            AnySink::Nats(s) => s.send_raw(destination, payload).await,
+            AnySink::Stdout(_) => {
+                use std::io::Write;
+                let mut out = std::io::stdout().lock();
+                out.write_all(&payload)
+                    .and_then(|()| out.write_all(b"\n"))
+                    .and_then(|()| out.flush())
+                    .map_err(|e| e.to_string())
+            }
+        }
+    }
+
     /// Whether two events of one object may be awaiting acknowledgement at once without risking
     /// their order. Kafka's idempotent producer keeps order within a partition across its own
     /// retries; a JetStream publish that is retried could land after a later one.

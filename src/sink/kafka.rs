@@ -326,6 +326,27 @@ impl KafkaSink {
         })
     }
 
+    /// Sends one structured CloudEvent to `topic` and waits for its acknowledgement.
+    pub async fn send_raw(&self, topic: &str, key: &str, payload: &[u8]) -> Result<(), String> {
+        let headers = OwnedHeaders::new_with_capacity(1).insert(Header {
+            key: "content-type",
+            value: Some(STRUCTURED_CONTENT_TYPE),
+        });
+        let record = FutureRecord::to(topic)
+            .key(key)
+            .payload(payload)
+            .headers(headers);
+        let delivery = self
+            .producer
+            .send_result(record)
+            .map_err(|(e, _)| e.to_string())?;
+        match delivery.await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err((e, _))) => Err(e.to_string()),
+            Err(_) => Err("delivery canceled".into()),
+        }
+    }
+
     /// Flushes the producer's queue.
     pub async fn flush(&self, timeout: Duration) {
         let producer = self.producer.clone();

@@ -205,6 +205,17 @@ impl NatsSink {
         }
     }
 
+    /// Publishes one structured CloudEvent on core NATS and flushes.
+    pub async fn send_raw(&self, subject: &str, payload: Vec<u8>) -> Result<(), String> {
+        let mut headers = HeaderMap::new();
+        headers.insert("Content-Type", STRUCTURED_CONTENT_TYPE);
+        self.client
+            .publish_with_headers(subject.to_string(), headers, payload.into())
+            .await
+            .map_err(|e| e.to_string())?;
+        self.client.flush().await.map_err(|e| e.to_string())
+    }
+
     /// Flushes the client's buffer.
     pub async fn flush(&self, timeout: Duration) {
         if tokio::time::timeout(timeout, self.client.flush())

@@ -157,3 +157,44 @@ async fn snapshot_policy_none_publishes_only_changes() {
         "the existing object is known, so its change is a modify"
     );
 }
+
+/// Heartbeats: a quiet watch keeps publishing its checkpoint's resourceVersion and lag on the
+/// heartbeat topic, visible to a `read_committed` consumer.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_heartbeats_report_the_checkpoint() {
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, "heartbeat").await;
+    let cluster = unique_name("c");
+    let config = format!(
+        "cluster: {cluster}\nheartbeat: {{enabled: true, intervalSecs: 1}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n{}",
+        sink_yaml(SinkKind::Kafka, &cluster)
+    );
+    let topic = format!("k8s.{cluster}.heartbeats");
+    crate::support::create_topic(&topic, 1).await;
+    let mut bridge = Bridge::start(&config);
+    bridge.wait_synced(1).await;
+    let consumer = crate::support::kafka_consumer(&unique_name("hb"));
+    use rdkafka::Message;
+    use rdkafka::consumer::Consumer;
+    consumer.subscribe(&[topic.as_str()]).unwrap();
+    let mut beats = Vec::new();
+    while beats.len() < 3 {
+        let m = tokio::time::timeout(Duration::from_secs(30), consumer.recv())
+            .await
+            .expect("a heartbeat within 30 s")
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(m.payload().unwrap()).unwrap();
+        beats.push(v);
+    }
+    for b in &beats {
+        assert_eq!(b["type"], "io.kubeeventbridge.heartbeat");
+        assert_eq!(b["cluster"], cluster.as_str());
+        assert!(
+            b["data"]["checkpointResourceVersion"]
+                .as_str()
+                .is_some_and(|rv| !rv.is_empty()),
+            "{b}"
+        );
+        assert_eq!(b["data"]["lagResourceVersions"], 0, "{b}");
+    }
+}
