@@ -160,6 +160,38 @@ impl Store {
         }
     }
 
+    /// Deletes the checkpoint, so the next start lists and publishes a fresh snapshot. A running
+    /// instance that owns the watch is fenced by this (Kafka: a newer transactional producer;
+    /// NATS: the meta revision changes) and exits, to be restarted.
+    pub async fn reset(&mut self) -> Result<()> {
+        match self {
+            Store::Kafka(s) => {
+                let mut records: Vec<(String, Option<Vec<u8>>)> = (0..BUCKETS)
+                    .map(|b| (format!("{}/b/{b}", s.key.id), None))
+                    .collect();
+                records.push((format!("{}/meta", s.key.id), None));
+                s.sink
+                    .commit_tombstones(&s.topic, records)
+                    .await
+                    .map_err(|e| Error::Store {
+                        store: "kafka",
+                        message: e.to_string(),
+                    })
+            }
+            Store::Nats(s) => {
+                s.kv.purge(format!("{}.meta", s.key.id))
+                    .await
+                    .map_err(NatsStore::err)
+            }
+            Store::File(s) => match tokio::fs::remove_file(&s.path).await {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(FileStore::err(e)),
+            },
+            Store::Memory => Ok(()),
+        }
+    }
+
     /// Whether checkpoints survive a restart.
     pub fn durable(&self) -> bool {
         !matches!(self, Store::Memory)

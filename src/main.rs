@@ -66,6 +66,19 @@ enum Command {
         #[arg(long)]
         idle_timeout_secs: Option<u64>,
     },
+    /// Force a fresh snapshot of one resource: delete its watches' checkpoints. A running bridge
+    /// owning them is fenced and exits; its next start lists and publishes every object again.
+    Snapshot {
+        /// The configuration file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// The resource as `apiVersion/plural`: `v1/configmaps`, `apps/v1/deployments`.
+        #[arg(long)]
+        resource: String,
+        /// Only the watch of this namespace.
+        #[arg(long)]
+        namespace: Option<String>,
+    },
     /// Write the JSON Schemas of the configuration and of the events into a directory.
     Schema {
         /// Output directory.
@@ -126,6 +139,27 @@ async fn main() -> ExitCode {
                 Err(e) => Err(e),
             }
         }
+        Command::Snapshot {
+            config,
+            resource,
+            namespace,
+        } => match load(&config) {
+            Ok(cfg) => {
+                match runtime::reset_checkpoints(&cfg, &resource, namespace.as_deref()).await {
+                    Ok(reset) if reset.is_empty() => Err(format!(
+                        "--resource {resource}: no configured watch matches (use apiVersion/plural, e.g. v1/configmaps)"
+                    )),
+                    Ok(reset) => {
+                        for w in reset {
+                            println!("checkpoint reset: {w}");
+                        }
+                        Ok(())
+                    }
+                    Err(e) => Err(chain(&e)),
+                }
+            }
+            Err(e) => Err(e),
+        },
         Command::Schema { dir } => schema::write_all(&dir)
             .map_err(|e| format!("cannot write schemas to {}: {e}", dir.display())),
     };

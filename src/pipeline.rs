@@ -252,7 +252,7 @@ impl Pipeline {
             let wake = st.last_commit + self.checkpoint_interval;
             tokio::select! {
                 biased;
-                Some(done) = in_flight.next(), if !in_flight.is_empty() => self.complete(done, &mut uids).await,
+                Some(done) = in_flight.next(), if !in_flight.is_empty() => self.complete(done, &mut uids).await?,
                 () = tokio::time::sleep_until(wake), if pending && in_flight.is_empty() => {}
                 () = tokio::time::sleep_until(heartbeat_wake.unwrap_or(wake)), if heartbeat_wake.is_some() && in_flight.is_empty() => {}
                 item = rx.recv(), if in_flight.len() < self.max_in_flight && !due => {
@@ -263,13 +263,13 @@ impl Pipeline {
                         st.position = Some(rv);
                     }
                     for change in step.change.into_iter().chain(step.deletes) {
-                        self.publish(change, &mut in_flight, &mut uids, gate).await;
+                        self.publish(change, &mut in_flight, &mut uids, gate).await?;
                     }
                 }
             }
         }
         while let Some(done) = in_flight.next().await {
-            self.complete(done, &mut uids).await;
+            self.complete(done, &mut uids).await?;
         }
         if st.position != st.committed && st.listing.is_none() {
             self.commit(&mut st).await?;
@@ -284,33 +284,34 @@ impl Pipeline {
         in_flight: &mut InFlight,
         uids: &mut HashMap<String, u32>,
         gate: bool,
-    ) {
+    ) -> Result<(), checkpoint::Error> {
         self.status.observed[kind_index(change.kind)].fetch_add(1, Ordering::Relaxed);
         if change.origin == Origin::Repaired {
             self.status.repaired.fetch_add(1, Ordering::Relaxed);
         }
         if !self.events.contains(&change.kind) {
             self.status.filtered.fetch_add(1, Ordering::Relaxed);
-            return;
+            return Ok(());
         }
         let event = match encode::encode(&self.info, change) {
             Ok(e) => e,
             Err(error) => {
                 self.status.encode_failed.fetch_add(1, Ordering::Relaxed);
                 error!(error = %error, "cannot encode change, skipped");
-                return;
+                return Ok(());
             }
         };
         if gate {
             while uids.contains_key(&event.uid) {
                 match in_flight.next().await {
-                    Some(done) => self.complete(done, uids).await,
+                    Some(done) => self.complete(done, uids).await?,
                     None => break,
                 }
             }
             *uids.entry(event.uid.clone()).or_default() += 1;
         }
         in_flight.push_back(self.sink.send(event).await);
+        Ok(())
     }
 
     /// Classifies one item against the index (which it updates) and says what to publish.
@@ -521,7 +522,11 @@ impl Pipeline {
         Ok(())
     }
 
-    async fn complete(&self, delivered: Delivered, uids: &mut HashMap<String, u32>) {
+    async fn complete(
+        &self,
+        delivered: Delivered,
+        uids: &mut HashMap<String, u32>,
+    ) -> Result<(), checkpoint::Error> {
         let Delivered { event, outcome } = self.retry_until_settled(delivered).await;
         match outcome {
             Outcome::Acked => {
@@ -533,6 +538,12 @@ impl Pipeline {
                 count(&self.status.rejected, reason);
                 error!(object = %event.reference(), id = %event.id, bytes = event.data.len(), reason, error = %error, "broker refused event for good, skipped");
             }
+            Outcome::Fatal { error } => {
+                error!(error = %error, "producer fenced or broken: stopping this watch");
+                return Err(checkpoint::Error::Fenced {
+                    watch: self.info.source.clone(),
+                });
+            }
             Outcome::Retry { .. } => unreachable!("retry_until_settled settles"),
         }
         if let Some(n) = uids.get_mut(&event.uid) {
@@ -541,6 +552,7 @@ impl Pipeline {
                 uids.remove(&event.uid);
             }
         }
+        Ok(())
     }
 
     /// Sends an event again until the broker stores or refuses it. The id is unchanged, so a

@@ -87,6 +87,41 @@ pub async fn client(k: &KubernetesConfig) -> Result<Client> {
     Client::try_from(config).map_err(Error::Client)
 }
 
+/// Deletes the checkpoints of the watches of `resource` (`v1/configmaps`, `apps/v1/deployments`),
+/// optionally only the one of `namespace`, so that the next start publishes a fresh snapshot.
+/// Returns the watches reset.
+pub async fn reset_checkpoints(
+    config: &Config,
+    resource: &str,
+    namespace: Option<&str>,
+) -> Result<Vec<String>> {
+    let client = client(&config.kubernetes).await?;
+    let resources = discovery::resolve(&client, &config.resources).await?;
+    let shared = Arc::new(AnySink::connect(&config.cluster, &config.sink, &resources).await?);
+    let stores = Stores::prepare(config, &shared).await?;
+    let mut reset = Vec::new();
+    for r in resources.iter().filter(|r| r.label() == resource) {
+        for scope in r
+            .scopes()
+            .into_iter()
+            .filter(|s| namespace.is_none() || s.as_deref() == namespace)
+        {
+            let key = WatchKey::new(
+                &config.cluster,
+                &r.api.api_version,
+                &r.api.plural,
+                scope.as_deref(),
+                r.config.label_selector.as_deref(),
+                r.config.field_selector.as_deref(),
+            );
+            let (_, mut store) = stores.for_watch(config, &shared, &key).await?;
+            store.reset().await?;
+            reset.push(key.description);
+        }
+    }
+    Ok(reset)
+}
+
 /// Waits for leadership when the configuration asks for leader election.
 pub async fn elect(config: &Config) -> Result<Option<Leadership>> {
     let le = &config.leader_election;

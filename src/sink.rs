@@ -67,6 +67,11 @@ pub enum Outcome {
         /// The broker's message.
         error: String,
     },
+    /// The producer can never publish again (fenced by a newer instance): the watch must stop.
+    Fatal {
+        /// The broker's message.
+        error: String,
+    },
     /// Not stored this time; sending again is safe (the id deduplicates).
     Retry {
         /// The broker's message.

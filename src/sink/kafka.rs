@@ -175,6 +175,38 @@ impl KafkaSink {
         .map_err(classify_commit)
     }
 
+    /// Writes tombstones (`None` values delete a key in a compacted topic) and commits.
+    pub async fn commit_tombstones(
+        &self,
+        topic: &str,
+        records: Vec<(String, Option<Vec<u8>>)>,
+    ) -> Result<(), CommitError> {
+        let mut deliveries = Vec::with_capacity(records.len());
+        for (key, value) in &records {
+            let mut record: FutureRecord<'_, String, Vec<u8>> = FutureRecord::to(topic).key(key);
+            if let Some(v) = value {
+                record = record.payload(v);
+            }
+            deliveries.push(
+                self.producer
+                    .send_result(record)
+                    .map_err(|(e, _)| classify_commit(e))?,
+            );
+        }
+        for d in deliveries {
+            match d.await {
+                Ok(Ok(_)) => {}
+                Ok(Err((e, _))) => return Err(classify_commit(e)),
+                Err(_) => return Err(CommitError::Kafka(KafkaError::Canceled)),
+            }
+        }
+        let p = self.producer.clone();
+        tokio::task::spawn_blocking(move || p.commit_transaction(TRANSACTION_TIMEOUT))
+            .await
+            .expect("commit task")
+            .map_err(classify_commit)
+    }
+
     /// Reads a compacted topic (partition 0) to its end with `read_committed` and returns the last
     /// value of every key starting with `prefix`.
     pub async fn read_compacted(
@@ -376,6 +408,14 @@ fn classify_commit(e: KafkaError) -> CommitError {
 /// Sorts broker errors into permanent rejections and retries.
 pub fn classify(error: &KafkaError) -> Outcome {
     use RDKafkaErrorCode as C;
+    if matches!(
+        error.rdkafka_error_code(),
+        Some(C::ProducerFenced | C::InvalidProducerEpoch | C::Fenced | C::Fatal)
+    ) {
+        return Outcome::Fatal {
+            error: error.to_string(),
+        };
+    }
     let reason = match error.rdkafka_error_code() {
         Some(C::MessageSizeTooLarge | C::InvalidMessageSize | C::MessageBatchTooLarge) => {
             "too_large"

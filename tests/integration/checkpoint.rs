@@ -198,3 +198,64 @@ async fn kafka_heartbeats_report_the_checkpoint() {
         assert_eq!(b["data"]["lagResourceVersions"], 0, "{b}");
     }
 }
+
+/// `kube-event-bridge snapshot` deletes a watch's checkpoint: the running instance is fenced and
+/// exits, and the next start lists and publishes every object again as a snapshot.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_forced_snapshot_fences_and_republishes() {
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, "forcesnap").await;
+    let cluster = unique_name("c");
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    for name in ["one", "two"] {
+        cms.create(&PostParams::default(), &cm(name)).await.unwrap();
+    }
+    let config = format!(
+        "cluster: {cluster}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n{}",
+        sink_yaml(SinkKind::Kafka, &cluster)
+    );
+    let mut first = Bridge::start(&config);
+    first.wait_synced(1).await;
+    let path = first.dir().join("bridge.yaml");
+    let (status, stdout, stderr) = crate::harness::run_cli(&[
+        "snapshot",
+        "--config",
+        path.to_str().unwrap(),
+        "--resource",
+        "v1/configmaps",
+    ]);
+    assert!(status.success(), "{stderr}");
+    assert!(stdout.contains("checkpoint reset"), "{stdout}");
+    cms.patch(
+        "one",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"v": "1"}})),
+    )
+    .await
+    .unwrap();
+    let exit = first
+        .wait_exit(Duration::from_secs(60))
+        .await
+        .expect("the fenced instance exits");
+    assert!(!exit.success());
+
+    let mut second = Bridge::start(&config);
+    second.wait_synced(1).await;
+    assert_eq!(second.count_log("listed"), 1, "no checkpoint: a fresh list");
+    let mut reader = Reader::kafka(&[format!("k8s.{cluster}.core.configmaps")]).await;
+    let events = reader
+        .read_until(Duration::from_secs(60), |got| {
+            got.iter().filter(|r| r.ext("origin") == "snapshot").count() >= 4
+        })
+        .await;
+    let snap: BTreeSet<String> = events
+        .iter()
+        .filter(|r| r.ext("origin") == "snapshot")
+        .map(|r| r.event.id().to_string())
+        .collect();
+    assert!(
+        snap.len() >= 3,
+        "one, two (first start) and the patched one (second start): {}",
+        summary(&events)
+    );
+}
