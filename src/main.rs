@@ -79,6 +79,19 @@ enum Command {
         #[arg(long)]
         namespace: Option<String>,
     },
+    /// Print the RBAC objects (Roles or ClusterRole, bindings, Lease access) the configuration
+    /// needs, resolved through discovery: get, list and watch on exactly the configured resources.
+    Rbac {
+        /// The configuration file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// The bridge's ServiceAccount.
+        #[arg(long, default_value = "kube-event-bridge")]
+        service_account: String,
+        /// The namespace the bridge runs in.
+        #[arg(long, default_value = "kube-event-bridge")]
+        namespace: String,
+    },
     /// Write the JSON Schemas of the configuration and of the events into a directory.
     Schema {
         /// Output directory.
@@ -160,6 +173,14 @@ async fn main() -> ExitCode {
             }
             Err(e) => Err(e),
         },
+        Command::Rbac {
+            config,
+            service_account,
+            namespace,
+        } => match load(&config) {
+            Ok(cfg) => rbac(&cfg, &service_account, &namespace).await,
+            Err(e) => Err(e),
+        },
         Command::Schema { dir } => schema::write_all(&dir)
             .map_err(|e| format!("cannot write schemas to {}: {e}", dir.display())),
     };
@@ -236,6 +257,20 @@ async fn shutdown_signal() {
         _ = term.recv() => info!(signal = "SIGTERM", "signal received"),
         _ = int.recv() => info!(signal = "SIGINT", "signal received"),
     }
+}
+
+async fn rbac(config: &Config, service_account: &str, namespace: &str) -> Result<(), String> {
+    let client = runtime::client(&config.kubernetes)
+        .await
+        .map_err(|e| chain(&e))?;
+    let resolved = discovery::resolve(&client, &config.resources)
+        .await
+        .map_err(|e| chain(&e))?;
+    print!(
+        "{}",
+        kube_event_bridge::rbac::render(&resolved, service_account, namespace)
+    );
+    Ok(())
 }
 
 async fn check_config(path: &std::path::Path, cluster: bool) -> Result<(), String> {

@@ -161,3 +161,38 @@ async fn admin_endpoints_and_metrics() {
         "object names never become labels"
     );
 }
+
+/// The alert rules and the dashboard only use documented metrics.
+#[test]
+fn monitoring_examples_use_documented_metrics() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/monitoring");
+    let rules = std::fs::read_to_string(root.join("prometheus-rules.yaml")).unwrap();
+    let dashboard = std::fs::read_to_string(root.join("grafana-dashboard.json")).unwrap();
+    let _: serde_json::Value = serde_json::from_str(&dashboard).expect("dashboard is JSON");
+    let parsed: serde_yaml::Value = serde_yaml::from_str(&rules).expect("rules are YAML");
+    assert!(
+        parsed["groups"][0]["rules"]
+            .as_sequence()
+            .is_some_and(|r| r.len() >= 5)
+    );
+    let docs = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/metrics.md"),
+    )
+    .unwrap();
+    for text in [&rules, &dashboard] {
+        for word in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if let Some(base) = word.strip_prefix("kube_event_bridge_") {
+                let base = base.trim_end_matches("_bucket");
+                let family = format!("kube_event_bridge_{base}");
+                assert!(
+                    METRICS.contains(&family.as_str()),
+                    "{family} is not a documented metric"
+                );
+                assert!(
+                    docs.contains(&family),
+                    "{family} missing from docs/metrics.md"
+                );
+            }
+        }
+    }
+}
