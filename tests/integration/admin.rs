@@ -118,12 +118,14 @@ async fn admin_endpoints_and_metrics() {
         Duration::from_secs(10),
         || async {
             let (_, body) = get(&address, "/metrics").await;
-            (sample(
+            // The delete is filtered, so no reader sees it: wait for its count too.
+            let published = sample(
                 &body,
                 "kube_event_bridge_events_published_total",
                 &[("change", "added")],
-            ) == 5.0)
-                .then_some(body)
+            );
+            let filtered = sample(&body, "kube_event_bridge_events_filtered_total", &[]);
+            (published == 5.0 && filtered == 1.0).then_some(body)
         },
     )
     .await;
