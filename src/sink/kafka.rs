@@ -149,30 +149,8 @@ impl KafkaSink {
             self.transactional,
             "commit_with needs a transactional producer"
         );
-        let mut deliveries = Vec::with_capacity(records.len());
-        for (key, value) in &records {
-            let record = FutureRecord::to(topic).key(key).payload(value);
-            deliveries.push(
-                self.producer
-                    .send_result(record)
-                    .map_err(|(e, _)| classify_commit(e))?,
-            );
-        }
-        for d in deliveries {
-            match d.await {
-                Ok(Ok(_)) => {}
-                Ok(Err((e, _))) => return Err(classify_commit(e)),
-                Err(_) => return Err(CommitError::Kafka(KafkaError::Canceled)),
-            }
-        }
-        let p = self.producer.clone();
-        tokio::task::spawn_blocking(move || {
-            p.commit_transaction(TRANSACTION_TIMEOUT)?;
-            p.begin_transaction()
-        })
-        .await
-        .expect("commit task")
-        .map_err(classify_commit)
+        let records = records.into_iter().map(|(k, v)| (k, Some(v))).collect();
+        self.write_and_commit(topic, records, true).await
     }
 
     /// Writes tombstones (`None` values delete a key in a compacted topic) and commits.
@@ -180,6 +158,17 @@ impl KafkaSink {
         &self,
         topic: &str,
         records: Vec<(String, Option<Vec<u8>>)>,
+    ) -> Result<(), CommitError> {
+        self.write_and_commit(topic, records, false).await
+    }
+
+    /// Sends `records` in the open transaction, waits for their acknowledgements, commits, and
+    /// opens the next transaction if `reopen`.
+    async fn write_and_commit(
+        &self,
+        topic: &str,
+        records: Vec<(String, Option<Vec<u8>>)>,
+        reopen: bool,
     ) -> Result<(), CommitError> {
         let mut deliveries = Vec::with_capacity(records.len());
         for (key, value) in &records {
@@ -201,10 +190,17 @@ impl KafkaSink {
             }
         }
         let p = self.producer.clone();
-        tokio::task::spawn_blocking(move || p.commit_transaction(TRANSACTION_TIMEOUT))
-            .await
-            .expect("commit task")
-            .map_err(classify_commit)
+        tokio::task::spawn_blocking(move || {
+            p.commit_transaction(TRANSACTION_TIMEOUT)?;
+            if reopen {
+                p.begin_transaction()
+            } else {
+                Ok(())
+            }
+        })
+        .await
+        .expect("commit task")
+        .map_err(classify_commit)
     }
 
     /// Reads a compacted topic (partition 0) to its end with `read_committed` and returns the last

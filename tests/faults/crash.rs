@@ -90,6 +90,39 @@ fn rv(cm: &ConfigMap) -> u64 {
         .unwrap()
 }
 
+/// Reads until every object's final state (its last write, or its delete) has arrived, plus
+/// whatever follows within a few seconds.
+async fn read_final_state(reader: &mut Reader, ledger: &Ledger) -> Vec<Received> {
+    let last_rvs: BTreeMap<String, u64> = ledger
+        .writes
+        .iter()
+        .map(|(n, w)| (n.clone(), *w.last().unwrap()))
+        .collect();
+    let events = reader
+        .read_until(Duration::from_secs(120), |got| {
+            let mut latest: BTreeMap<String, (u64, String)> = BTreeMap::new();
+            for r in got {
+                let e = latest.entry(r.ext("name")).or_insert((0, String::new()));
+                if r.rv() >= e.0 {
+                    *e = (r.rv(), r.change().to_string());
+                }
+            }
+            last_rvs.iter().all(|(name, rv)| {
+                latest.get(name).is_some_and(|(seen, change)| {
+                    if ledger.deleted.contains(name) {
+                        change == "deleted"
+                    } else {
+                        seen >= rv
+                    }
+                })
+            })
+        })
+        .await;
+    let mut all = events;
+    all.extend(reader.drain(Duration::from_secs(3)).await);
+    all
+}
+
 /// The figures of one run.
 struct Report {
     expected: usize,
@@ -198,33 +231,7 @@ pub async fn crash_loop(sink: SinkKind, objects: usize, kills: usize) {
     let workload_secs = started.elapsed().as_secs_f64();
     let mut reader = Reader::for_sink(sink, &cluster, &topics, &bridge).await;
     let ledger = Arc::try_unwrap(ledger).unwrap().into_inner().unwrap();
-    let last_rvs: BTreeMap<String, u64> = ledger
-        .writes
-        .iter()
-        .map(|(n, w)| (n.clone(), *w.last().unwrap()))
-        .collect();
-    let events = reader
-        .read_until(Duration::from_secs(120), |got| {
-            let mut latest: BTreeMap<String, (u64, String)> = BTreeMap::new();
-            for r in got {
-                let e = latest.entry(r.ext("name")).or_insert((0, String::new()));
-                if r.rv() >= e.0 {
-                    *e = (r.rv(), r.change().to_string());
-                }
-            }
-            last_rvs.iter().all(|(name, rv)| {
-                latest.get(name).is_some_and(|(seen, change)| {
-                    if ledger.deleted.contains(name) {
-                        change == "deleted"
-                    } else {
-                        seen >= rv
-                    }
-                })
-            })
-        })
-        .await;
-    let mut all = events;
-    all.extend(reader.drain(Duration::from_secs(3)).await);
+    let all = read_final_state(&mut reader, &ledger).await;
     let report = verify(&all, &ledger);
     eprintln!(
         "crash loop {sink:?}: {kills} SIGKILLs over {workload_secs:.0}s, {} objects: events expected {}, delivered {}, duplicates before dedup {}, gaps {}",
@@ -313,33 +320,7 @@ pub async fn failover(sink: SinkKind, objects: usize) {
     work.await.unwrap();
     let mut reader = Reader::for_sink(sink, &cluster, &topics, &a).await;
     let ledger = Arc::try_unwrap(ledger).unwrap().into_inner().unwrap();
-    let last_rvs: BTreeMap<String, u64> = ledger
-        .writes
-        .iter()
-        .map(|(n, w)| (n.clone(), *w.last().unwrap()))
-        .collect();
-    let events = reader
-        .read_until(Duration::from_secs(120), |got| {
-            let mut latest: BTreeMap<String, (u64, String)> = BTreeMap::new();
-            for r in got {
-                let e = latest.entry(r.ext("name")).or_insert((0, String::new()));
-                if r.rv() >= e.0 {
-                    *e = (r.rv(), r.change().to_string());
-                }
-            }
-            last_rvs.iter().all(|(name, rv)| {
-                latest.get(name).is_some_and(|(seen, change)| {
-                    if ledger.deleted.contains(name) {
-                        change == "deleted"
-                    } else {
-                        seen >= rv
-                    }
-                })
-            })
-        })
-        .await;
-    let mut all = events;
-    all.extend(reader.drain(Duration::from_secs(3)).await);
+    let all = read_final_state(&mut reader, &ledger).await;
     let report = verify(&all, &ledger);
     eprintln!(
         "failover {sink:?}: takeover {:.1}s after SIGKILL, {:.1}s after SIGSTOP; events expected {}, delivered {}, duplicates before dedup {}, gaps {}",
