@@ -333,4 +333,26 @@ mod tests {
         assert!(copy.get("uid-9").unwrap().namespace.is_none());
         assert!(copy.decode_bucket(0, "only three fields").is_err());
     }
+
+    #[test]
+    fn a_hundred_thousand_objects_fit_in_broker_sized_records() {
+        let mut k = KnownObjects::default();
+        for i in 0..100_000u32 {
+            let uid = format!("{:08x}-2fa1-11d2-883f-{:012x}", i, u64::from(i) * 7919);
+            k.observe(
+                &uid,
+                &format!("{}", 1_000_000 + i),
+                Some("team-platform-production"),
+                &format!("deployment-config-{i:06}"),
+            );
+        }
+        let largest = (0..BUCKETS)
+            .map(|b| k.encode_bucket(b).len())
+            .max()
+            .unwrap();
+        let total: usize = (0..BUCKETS).map(|b| k.encode_bucket(b).len()).sum();
+        // Kafka's default message.max.bytes and NATS's default max_payload are about 1 MB.
+        assert!(largest < 64 * 1024, "largest bucket record {largest} bytes");
+        assert!(total < 12 * 1024 * 1024, "whole index {total} bytes");
+    }
 }
