@@ -168,8 +168,7 @@ async fn nats_outage_loses_nothing() {
 /// Changes the bridge cannot see (its connection is held off), then an API server restart so its
 /// resourceVersion is gone (410): it relists, diffs against what it knew, and publishes exactly
 /// the differences, marked as repaired; unchanged objects produce nothing.
-#[tokio::test(flavor = "multi_thread")]
-async fn gone_after_apiserver_restart_is_repaired_by_relist_and_diff() {
+async fn gone_repair(sink: SinkKind) {
     let _guard = EXCLUSIVE.lock().await;
     let client = kube_client().await;
     let ns = unique_namespace(&client, "gone").await;
@@ -182,12 +181,15 @@ async fn gone_after_apiserver_restart_is_repaired_by_relist_and_diff() {
     let (_, upstream) = kubeconfig_via(0, dir.path());
     let proxy = Proxy::start(upstream).await;
     let (kubeconfig, _) = kubeconfig_via(proxy.port, dir.path());
+    let cluster = unique_name("c");
     let config = format!(
-        "cluster: dev\nkubernetes: {{kubeconfig: {}}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\nsink: {{stdout: {{}}}}\n",
-        kubeconfig.display()
+        "cluster: {cluster}\nkubernetes: {{kubeconfig: {}}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n{}",
+        kubeconfig.display(),
+        sink_yaml(sink, &cluster)
     );
     let mut bridge = Bridge::start(&config);
-    let mut reader = Reader::stdout(&bridge);
+    let topics = vec![format!("k8s.{cluster}.core.configmaps")];
+    let mut reader = Reader::for_sink(sink, &cluster, &topics, &bridge).await;
     bridge.wait_synced(1).await;
     let snapshot = reader
         .read_until(Duration::from_secs(30), |got| got.len() == 4)
@@ -223,6 +225,8 @@ async fn gone_after_apiserver_restart_is_repaired_by_relist_and_diff() {
     testenv("start", "kube-apiserver");
     proxy.pause(false);
 
+    // The broker stays up; only the API server restarts (for Kafka and NATS the checkpoint's
+    // resourceVersion is then gone, so the restarted watch relists against the saved index).
     let events = reader
         .read_until(Duration::from_secs(90), |got| got.len() >= 5)
         .await;
@@ -305,4 +309,19 @@ async fn kafka_failover_between_replicas() {
 async fn nats_failover_between_replicas() {
     let _guard = EXCLUSIVE.lock().await;
     crash::failover(SinkKind::Nats, 250).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stdout_gone_after_apiserver_restart_is_repaired() {
+    gone_repair(SinkKind::Stdout).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_gone_after_apiserver_restart_is_repaired() {
+    gone_repair(SinkKind::Kafka).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_gone_after_apiserver_restart_is_repaired() {
+    gone_repair(SinkKind::Nats).await;
 }
