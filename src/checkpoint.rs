@@ -13,7 +13,6 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_nats::jetstream::kv;
 use bytes::Bytes;
@@ -513,9 +512,6 @@ impl FileStore {
         .map_err(|e| Self::err(format!("{}: {e}", self.path.display())))
     }
 }
-
-/// How often a busy watch checkpoints at most; a quiet one checkpoints as soon as it is idle.
-pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(500);
 
 fn random_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};

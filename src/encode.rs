@@ -489,6 +489,15 @@ mod tests {
     }
 
     #[test]
+    fn types_share_the_documented_prefix() {
+        let i = info("", "v1", "ConfigMap", "configmaps", true);
+        for kind in [ChangeKind::Added, ChangeKind::Modified, ChangeKind::Deleted] {
+            let ev = encode(&i, change(kind, object(Some("ns"), json!({})))).unwrap();
+            assert_eq!(ev.event_type(), format!("{TYPE_PREFIX}{}", kind.as_str()));
+        }
+    }
+
+    #[test]
     fn sequence_pads_numbers_only() {
         assert_eq!(sequence("12"), "00000000000000000012");
         assert_eq!(sequence("abc"), "abc");
