@@ -15,7 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info};
 
-use crate::pipeline::LATENCY_BUCKETS;
+use crate::pipeline::{LATENCY_BUCKETS, Status};
 use crate::runtime::WatchHandle;
 
 /// Metric name prefix.
@@ -112,304 +112,221 @@ impl State {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        let mut out = String::new();
-        let mut family =
-            |name: &str, kind: &str, help: &str, samples: &mut dyn FnMut(&mut String)| {
-                let _ = writeln!(
-                    out,
-                    "# HELP {NAMESPACE}_{name} {help}\n# TYPE {NAMESPACE}_{name} {kind}"
-                );
-                samples(&mut out);
-            };
-        let labels = |w: &WatchHandle| {
-            format!(
-                "resource=\"{}\",namespace=\"{}\"",
-                w.resource,
-                w.namespace.as_deref().unwrap_or("*")
-            )
+        let mut m = Families {
+            out: String::new(),
+            watches: &watches,
         };
-        let kinds = ["added", "modified", "deleted"];
-        family("build_info", "gauge", "Build information.", &mut |o| {
-            let _ = writeln!(
-                o,
-                "{NAMESPACE}_build_info{{version=\"{}\",sink=\"{}\"}} 1",
+        m.header("build_info", "gauge", "Build information.");
+        m.line(
+            "build_info",
+            &format!(
+                "version=\"{}\",sink=\"{}\"",
                 env!("CARGO_PKG_VERSION"),
                 self.sink
-            );
-        });
-        family(
+            ),
+            1,
+        );
+        m.header(
             "ready",
             "gauge",
             "1 when every watch has synced and shutdown has not started.",
-            &mut |o| {
-                let _ = writeln!(o, "{NAMESPACE}_ready {}", u8::from(self.ready()));
-            },
         );
-        family(
+        m.line("ready", "", u8::from(self.ready()));
+        m.header(
             "leader",
             "gauge",
             "1 when this replica publishes (leader, or no leader election).",
-            &mut |o| {
-                let _ = writeln!(
-                    o,
-                    "{NAMESPACE}_leader {}",
-                    u8::from(self.role() != Role::Follower)
-                );
-            },
         );
-        family(
+        m.line("leader", "", u8::from(self.role() != Role::Follower));
+        let kinds = ["added", "modified", "deleted"];
+        m.per_label(
             "events_observed_total",
             "counter",
             "Changes classified for publishing, by resource and change.",
-            &mut |o| {
-                for w in &watches {
-                    for (i, k) in kinds.iter().enumerate() {
-                        let _ = writeln!(
-                            o,
-                            "{NAMESPACE}_events_observed_total{{{},change=\"{k}\"}} {}",
-                            labels(w),
-                            w.status.observed[i].load(Ordering::Relaxed)
-                        );
-                    }
-                }
-            },
+            "change",
+            &kinds,
+            |s, i, _| s.observed[i].load(Ordering::Relaxed),
         );
-        family(
+        m.per_label(
             "events_published_total",
             "counter",
             "Events acknowledged by the broker, by resource and change.",
-            &mut |o| {
-                for w in &watches {
-                    for (i, k) in kinds.iter().enumerate() {
-                        let _ = writeln!(
-                            o,
-                            "{NAMESPACE}_events_published_total{{{},change=\"{k}\"}} {}",
-                            labels(w),
-                            w.status.published[i].load(Ordering::Relaxed)
-                        );
-                    }
-                }
-            },
+            "change",
+            &kinds,
+            |s, i, _| s.published[i].load(Ordering::Relaxed),
         );
-        family(
+        m.per_watch(
             "events_filtered_total",
             "counter",
             "Changes dropped by the configured event-type filter.",
-            &mut |o| {
-                for w in &watches {
-                    let _ = writeln!(
-                        o,
-                        "{NAMESPACE}_events_filtered_total{{{}}} {}",
-                        labels(w),
-                        w.status.filtered.load(Ordering::Relaxed)
-                    );
-                }
-            },
+            |s| s.filtered.load(Ordering::Relaxed).to_string(),
         );
-        family(
+        m.per_watch(
             "events_repaired_total",
             "counter",
             "Events found by a relist after lost watch history.",
-            &mut |o| {
-                for w in &watches {
-                    let _ = writeln!(
-                        o,
-                        "{NAMESPACE}_events_repaired_total{{{}}} {}",
-                        labels(w),
-                        w.status.repaired.load(Ordering::Relaxed)
-                    );
-                }
-            },
+            |s| s.repaired.load(Ordering::Relaxed).to_string(),
         );
-        family(
+        m.per_label(
             "publish_failures_total",
             "counter",
             "Publish failures: reason retried (sent again) or a permanent refusal (too_large, not_authorized, invalid, encode).",
-            &mut |o| {
-                for w in &watches {
-                    let _ = writeln!(
-                        o,
-                        "{NAMESPACE}_publish_failures_total{{{},reason=\"retried\"}} {}",
-                        labels(w),
-                        w.status.retried.load(Ordering::Relaxed)
-                    );
-                    let _ = writeln!(
-                        o,
-                        "{NAMESPACE}_publish_failures_total{{{},reason=\"encode\"}} {}",
-                        labels(w),
-                        w.status.encode_failed.load(Ordering::Relaxed)
-                    );
-                    for reason in ["too_large", "not_authorized", "invalid"] {
-                        let n = w
-                            .status
-                            .rejected
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .get(reason)
-                            .copied()
-                            .unwrap_or(0);
-                        let _ = writeln!(
-                            o,
-                            "{NAMESPACE}_publish_failures_total{{{},reason=\"{reason}\"}} {n}",
-                            labels(w)
-                        );
-                    }
-                }
+            "reason",
+            &["retried", "encode", "too_large", "not_authorized", "invalid"],
+            |s, _, reason| match reason {
+                "retried" => s.retried.load(Ordering::Relaxed),
+                "encode" => s.encode_failed.load(Ordering::Relaxed),
+                other => by_reason(&s.rejected, other),
             },
         );
-        family(
+        m.header(
             "publish_latency_seconds",
             "histogram",
             "Time from a change being received to the broker's acknowledgement.",
-            &mut |o| {
-                for w in &watches {
-                    for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {
-                        let _ = writeln!(
-                            o,
-                            "{NAMESPACE}_publish_latency_seconds_bucket{{{},le=\"{bound}\"}} {}",
-                            labels(w),
-                            w.status.latency_buckets[i].load(Ordering::Relaxed)
-                        );
-                    }
-                    let count = w.status.latency_count.load(Ordering::Relaxed);
-                    let _ = writeln!(
-                        o,
-                        "{NAMESPACE}_publish_latency_seconds_bucket{{{},le=\"+Inf\"}} {count}",
-                        labels(w)
-                    );
-                    let _ = writeln!(
-                        o,
-                        "{NAMESPACE}_publish_latency_seconds_sum{{{}}} {}",
-                        labels(w),
-                        w.status.latency_sum_micros.load(Ordering::Relaxed) as f64 / 1e6
-                    );
-                    let _ = writeln!(
-                        o,
-                        "{NAMESPACE}_publish_latency_seconds_count{{{}}} {count}",
-                        labels(w)
-                    );
-                }
-            },
         );
-        family(
+        for w in &watches {
+            let l = labels(w);
+            for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {
+                m.line(
+                    "publish_latency_seconds_bucket",
+                    &format!("{l},le=\"{bound}\""),
+                    w.status.latency_buckets[i].load(Ordering::Relaxed),
+                );
+            }
+            let count = w.status.latency_count.load(Ordering::Relaxed);
+            m.line(
+                "publish_latency_seconds_bucket",
+                &format!("{l},le=\"+Inf\""),
+                count,
+            );
+            m.line(
+                "publish_latency_seconds_sum",
+                &l,
+                w.status.latency_sum_micros.load(Ordering::Relaxed) as f64 / 1e6,
+            );
+            m.line("publish_latency_seconds_count", &l, count);
+        }
+        m.per_watch(
             "queue_depth_events",
             "gauge",
             "Events queued or awaiting acknowledgement.",
-            &mut |o| {
-                for w in &watches {
-                    let _ = writeln!(
-                        o,
-                        "{NAMESPACE}_queue_depth_events{{{}}} {}",
-                        labels(w),
-                        w.status.queue_depth.load(Ordering::Relaxed)
-                    );
-                }
-            },
+            |s| s.queue_depth.load(Ordering::Relaxed).to_string(),
         );
-        family(
+        m.per_label(
             "watch_restarts_total",
             "counter",
             "Watch restarts by reason.",
-            &mut |o| {
-                for w in &watches {
-                    for reason in ["gone", "forbidden", "not_found", "request", "status"] {
-                        let n = w
-                            .status
-                            .restarts
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .get(reason)
-                            .copied()
-                            .unwrap_or(0);
-                        let _ = writeln!(
-                            o,
-                            "{NAMESPACE}_watch_restarts_total{{{},reason=\"{reason}\"}} {n}",
-                            labels(w)
-                        );
-                    }
-                }
-            },
+            "reason",
+            &["gone", "forbidden", "not_found", "request", "status"],
+            |s, _, r| by_reason(&s.restarts, r),
         );
-        family(
+        m.per_label(
             "relists_total",
             "counter",
             "LISTs by reason: initial (no checkpoint) or gone (410).",
-            &mut |o| {
-                for w in &watches {
-                    for reason in ["initial", "gone"] {
-                        let n = w
-                            .status
-                            .relists
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .get(reason)
-                            .copied()
-                            .unwrap_or(0);
-                        let _ = writeln!(
-                            o,
-                            "{NAMESPACE}_relists_total{{{},reason=\"{reason}\"}} {n}",
-                            labels(w)
-                        );
-                    }
-                }
-            },
+            "reason",
+            &["initial", "gone"],
+            |s, _, r| by_reason(&s.relists, r),
         );
-        family(
-            "checkpoints_total",
-            "counter",
-            "Checkpoints saved.",
-            &mut |o| {
-                for w in &watches {
-                    let _ = writeln!(
-                        o,
-                        "{NAMESPACE}_checkpoints_total{{{}}} {}",
-                        labels(w),
-                        w.status.checkpoints.load(Ordering::Relaxed)
-                    );
-                }
-            },
-        );
-        family(
+        m.per_watch("checkpoints_total", "counter", "Checkpoints saved.", |s| {
+            s.checkpoints.load(Ordering::Relaxed).to_string()
+        });
+        m.per_watch(
             "checkpoint_age_seconds",
             "gauge",
             "Time since the last checkpoint was saved (-1 before the first).",
-            &mut |o| {
-                for w in &watches {
-                    let age = w
-                        .status
-                        .checkpoint()
+            |s| {
+                format!(
+                    "{:.3}",
+                    s.checkpoint()
                         .map(|(_, at)| at.elapsed().as_secs_f64())
-                        .unwrap_or(-1.0);
-                    let _ = writeln!(
-                        o,
-                        "{NAMESPACE}_checkpoint_age_seconds{{{}}} {age:.3}",
-                        labels(w)
-                    );
-                }
+                        .unwrap_or(-1.0)
+                )
             },
         );
-        family(
+        m.per_watch(
             "checkpoint_lag_resource_versions",
             "gauge",
             "Watch position minus checkpointed resourceVersion (numeric resourceVersions).",
-            &mut |o| {
-                for w in &watches {
-                    let position = w.status.position.load(Ordering::Relaxed);
-                    let saved: u64 = w
-                        .status
-                        .checkpoint_resource_version()
-                        .and_then(|r| r.parse().ok())
-                        .unwrap_or(position);
-                    let _ = writeln!(
-                        o,
-                        "{NAMESPACE}_checkpoint_lag_resource_versions{{{}}} {}",
-                        labels(w),
-                        position.saturating_sub(saved)
-                    );
-                }
+            |s| {
+                let position = s.position.load(Ordering::Relaxed);
+                let saved: u64 = s
+                    .checkpoint_resource_version()
+                    .and_then(|r| r.parse().ok())
+                    .unwrap_or(position);
+                position.saturating_sub(saved).to_string()
             },
         );
-        out
+        m.out
+    }
+}
+
+/// The labels of one watch's samples.
+fn labels(w: &WatchHandle) -> String {
+    format!(
+        "resource=\"{}\",namespace=\"{}\"",
+        w.resource,
+        w.namespace.as_deref().unwrap_or("*")
+    )
+}
+
+/// A closed-set counter's value.
+fn by_reason(map: &Mutex<std::collections::BTreeMap<&'static str, u64>>, reason: &str) -> u64 {
+    map.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(reason)
+        .copied()
+        .unwrap_or(0)
+}
+
+/// Writes metric families in the Prometheus text format.
+struct Families<'a> {
+    out: String,
+    watches: &'a [WatchHandle],
+}
+
+impl Families<'_> {
+    fn header(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(
+            self.out,
+            "# HELP {NAMESPACE}_{name} {help}\n# TYPE {NAMESPACE}_{name} {kind}"
+        );
+    }
+
+    fn line(&mut self, name: &str, labels: &str, value: impl std::fmt::Display) {
+        let _ = if labels.is_empty() {
+            writeln!(self.out, "{NAMESPACE}_{name} {value}")
+        } else {
+            writeln!(self.out, "{NAMESPACE}_{name}{{{labels}}} {value}")
+        };
+    }
+
+    /// One sample per watch.
+    fn per_watch(&mut self, name: &str, kind: &str, help: &str, value: impl Fn(&Status) -> String) {
+        self.header(name, kind, help);
+        for w in self.watches {
+            let v = value(&w.status);
+            self.line(name, &labels(w), v);
+        }
+    }
+
+    /// One sample per watch and value of `label`.
+    fn per_label(
+        &mut self,
+        name: &str,
+        kind: &str,
+        help: &str,
+        label: &str,
+        values: &[&str],
+        value: impl Fn(&Status, usize, &str) -> u64,
+    ) {
+        self.header(name, kind, help);
+        for w in self.watches {
+            for (i, v) in values.iter().enumerate() {
+                let n = value(&w.status, i, v);
+                self.line(name, &format!("{},{label}=\"{v}\"", labels(w)), n);
+            }
+        }
     }
 }
 

@@ -49,6 +49,18 @@ impl ResolvedResource {
         }
     }
 
+    /// Template values for this resource (no particular object).
+    pub fn template_values<'a>(&'a self, cluster: &'a str) -> crate::template::Values<'a> {
+        crate::template::Values {
+            cluster,
+            group: &self.api.group,
+            version: &self.api.version,
+            resource: &self.api.plural,
+            namespace: None,
+            name: "",
+        }
+    }
+
     /// A label for logs and metrics: `apps/v1/deployments`, `v1/configmaps`.
     pub fn label(&self) -> String {
         format!("{}/{}", self.api.api_version, self.api.plural)

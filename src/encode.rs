@@ -131,6 +131,18 @@ pub struct Event {
 }
 
 impl Event {
+    /// Template values for this event's topic or subject.
+    pub fn template_values(&self) -> crate::template::Values<'_> {
+        crate::template::Values {
+            cluster: &self.info.cluster,
+            group: &self.info.group,
+            version: &self.info.version,
+            resource: &self.info.resource,
+            namespace: self.namespace.as_deref(),
+            name: &self.name,
+        }
+    }
+
     /// The CloudEvents `type`.
     pub fn event_type(&self) -> &'static str {
         match self.kind {

@@ -7,7 +7,6 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use kube_event_bridge::config::{Config, ConfigFile, Sink};
 use kube_event_bridge::discovery::{self, ResolvedResource};
-use kube_event_bridge::template::Values;
 use kube_event_bridge::{admin, runtime, schema, tail};
 use tracing::{error, info};
 
@@ -259,13 +258,18 @@ async fn shutdown_signal() {
     }
 }
 
-async fn rbac(config: &Config, service_account: &str, namespace: &str) -> Result<(), String> {
+/// Resolves the configured resources through discovery.
+async fn resolve(config: &Config) -> Result<Vec<ResolvedResource>, String> {
     let client = runtime::client(&config.kubernetes)
         .await
         .map_err(|e| chain(&e))?;
-    let resolved = discovery::resolve(&client, &config.resources)
+    discovery::resolve(&client, &config.resources)
         .await
-        .map_err(|e| chain(&e))?;
+        .map_err(|e| chain(&e))
+}
+
+async fn rbac(config: &Config, service_account: &str, namespace: &str) -> Result<(), String> {
+    let resolved = resolve(config).await?;
     print!(
         "{}",
         kube_event_bridge::rbac::render(&resolved, service_account, namespace)
@@ -284,12 +288,7 @@ async fn check_config(path: &std::path::Path, cluster: bool) -> Result<(), Strin
         );
         return Ok(());
     }
-    let client = runtime::client(&config.kubernetes)
-        .await
-        .map_err(|e| chain(&e))?;
-    let resolved = discovery::resolve(&client, &config.resources)
-        .await
-        .map_err(|e| chain(&e))?;
+    let resolved = resolve(&config).await?;
     println!(
         "{}: valid; plan for cluster {}:",
         path.display(),
@@ -312,14 +311,7 @@ fn plan_line(config: &Config, r: &ResolvedResource) -> String {
         None if r.namespaced => "*".into(),
         None => "-".into(),
     };
-    let values = Values {
-        cluster: &config.cluster,
-        group: &r.api.group,
-        version: &r.api.version,
-        resource: &r.api.plural,
-        namespace: None,
-        name: "{name}",
-    };
+    let values = r.template_values(&config.cluster);
     let destination = match &config.sink {
         Sink::Kafka { topic, .. } if topic.per_object() => {
             format!("kafka topic {topic} (per namespace)")

@@ -387,10 +387,8 @@ impl Stores {
                     unreachable!("kafka stores need a kafka sink")
                 };
                 let id = format!("kube-event-bridge.{}", key.id);
-                let producer = Arc::new(
-                    KafkaSink::new_transactional(&config.cluster, kafka, template.clone(), &id)
-                        .await?,
-                );
+                let producer =
+                    Arc::new(KafkaSink::new_transactional(kafka, template.clone(), &id).await?);
                 let store = Store::Kafka(KafkaStore {
                     key: key.clone(),
                     sink: producer.clone(),

@@ -117,7 +117,7 @@ impl AnySink {
     ) -> Result<Self> {
         Ok(match sink {
             config::Sink::Kafka { config, topic } => AnySink::Kafka(std::sync::Arc::new(
-                kafka::KafkaSink::new(cluster, config, topic.clone())?,
+                kafka::KafkaSink::new(config, topic.clone())?,
             )),
             config::Sink::Nats { config, subject } => AnySink::Nats(
                 nats::NatsSink::connect(cluster, config, subject.clone(), resources).await?,

@@ -218,7 +218,7 @@ pub async fn run(config: &Config, options: Options) -> Result<(), Error> {
                 .map_err(|e| Error::Nats(e.to_string()))?;
             let filters: Vec<String> = resources
                 .iter()
-                .map(|r| subject.subject_filter(&values(&config.cluster, r)))
+                .map(|r| subject.subject_filter(&r.template_values(&config.cluster)))
                 .collect();
             let mut subs = futures::stream::SelectAll::new();
             for f in filters {
@@ -239,17 +239,6 @@ pub async fn run(config: &Config, options: Options) -> Result<(), Error> {
     }
 }
 
-fn values<'a>(cluster: &'a str, r: &'a ResolvedResource) -> Values<'a> {
-    Values {
-        cluster,
-        group: &r.api.group,
-        version: &r.api.version,
-        resource: &r.api.plural,
-        namespace: None,
-        name: "",
-    }
-}
-
 /// A librdkafka subscription regex (`^...`) matching every topic the template yields for the
 /// resources.
 pub fn topic_pattern(topic: &Template, cluster: &str, resources: &[ResolvedResource]) -> String {
@@ -260,7 +249,7 @@ pub fn topic_pattern(topic: &Template, cluster: &str, resources: &[ResolvedResou
         .map(|r| {
             let rendered = topic.render_topic(&Values {
                 namespace: Some(NS),
-                ..values(cluster, r)
+                ..r.template_values(cluster)
             });
             rendered
                 .split(NS)

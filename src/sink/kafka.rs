@@ -1,7 +1,6 @@
 //! Kafka: one idempotent producer (`acks=all`), record key = partition key (the object's uid), so
 //! every change of an object lands in one partition, in order.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use std::collections::HashMap;
@@ -18,7 +17,7 @@ use tracing::warn;
 use super::{Delivered, Error, Outcome, Pending, Result, ready};
 use crate::config::{ContentMode, KafkaConfig};
 use crate::encode::{DATA_CONTENT_TYPE, Event, STRUCTURED_CONTENT_TYPE};
-use crate::template::{Template, Values};
+use crate::template::Template;
 
 /// Errors of committing a transaction.
 #[derive(Debug, thiserror::Error)]
@@ -41,7 +40,6 @@ pub struct KafkaSink {
     transactional: bool,
     topic: Template,
     mode: ContentMode,
-    cluster: Arc<str>,
 }
 
 impl std::fmt::Debug for KafkaSink {
@@ -92,7 +90,7 @@ pub fn consumer_config(config: &KafkaConfig) -> ClientConfig {
 
 impl KafkaSink {
     /// Creates the producer (connections are made lazily by librdkafka).
-    pub fn new(cluster: &str, config: &KafkaConfig, topic: Template) -> Result<Self> {
+    pub fn new(config: &KafkaConfig, topic: Template) -> Result<Self> {
         let producer = producer_config(config)
             .create()
             .map_err(Error::KafkaClient)?;
@@ -102,7 +100,6 @@ impl KafkaSink {
             transactional: false,
             topic,
             mode: config.content_mode,
-            cluster: cluster.into(),
         })
     }
 
@@ -110,7 +107,6 @@ impl KafkaSink {
     /// producer with the same id (a previous instance or a deposed leader), then a transaction
     /// is opened for the first events.
     pub async fn new_transactional(
-        cluster: &str,
         config: &KafkaConfig,
         topic: Template,
         transactional_id: &str,
@@ -134,7 +130,6 @@ impl KafkaSink {
             transactional: true,
             topic,
             mode: config.content_mode,
-            cluster: cluster.into(),
         })
     }
 
@@ -288,14 +283,7 @@ impl KafkaSink {
 
     /// The topic for `event`.
     pub fn topic_for(&self, event: &Event) -> String {
-        self.topic.render_topic(&Values {
-            cluster: &self.cluster,
-            group: &event.info.group,
-            version: &event.info.version,
-            resource: &event.info.resource,
-            namespace: event.namespace.as_deref(),
-            name: &event.name,
-        })
+        self.topic.render_topic(&event.template_values())
     }
 
     /// Enqueues `event`; waits while librdkafka's queue is full.

@@ -2,7 +2,6 @@
 //! id, so the server drops a duplicate within its window. Core NATS (no `jetstream` section) is
 //! fire-and-forget: at most once.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, context::PublishErrorKind, stream};
@@ -15,7 +14,7 @@ use super::{Delivered, Error, Outcome, Pending, Result, ready};
 use crate::config::{ContentMode, NatsConfig, NatsCredentials};
 use crate::discovery::ResolvedResource;
 use crate::encode::{DATA_CONTENT_TYPE, Event, STRUCTURED_CONTENT_TYPE};
-use crate::template::{Template, Values};
+use crate::template::Template;
 
 /// Characters percent-encoded in `ce-` header values (the NATS binding asks for percent-encoding;
 /// header values must not carry control characters or `%` unescaped).
@@ -28,7 +27,6 @@ pub struct NatsSink {
     jetstream: Option<jetstream::Context>,
     subject: Template,
     mode: ContentMode,
-    cluster: Arc<str>,
 }
 
 async fn read_secret(field: &'static str, path: &std::path::Path) -> Result<String> {
@@ -107,16 +105,7 @@ impl NatsSink {
                 ctx.set_timeout(Duration::from_secs(js.ack_timeout_secs));
                 let mut subjects: Vec<String> = resources
                     .iter()
-                    .map(|r| {
-                        subject.subject_filter(&Values {
-                            cluster,
-                            group: &r.api.group,
-                            version: &r.api.version,
-                            resource: &r.api.plural,
-                            namespace: None,
-                            name: "",
-                        })
-                    })
+                    .map(|r| subject.subject_filter(&r.template_values(cluster)))
                     .collect();
                 subjects.sort();
                 subjects.dedup();
@@ -136,7 +125,6 @@ impl NatsSink {
             jetstream,
             subject,
             mode: config.content_mode,
-            cluster: cluster.into(),
         })
     }
 
@@ -147,14 +135,7 @@ impl NatsSink {
 
     /// The subject for `event`.
     pub fn subject_for(&self, event: &Event) -> String {
-        self.subject.render_subject(&Values {
-            cluster: &self.cluster,
-            group: &event.info.group,
-            version: &event.info.version,
-            resource: &event.info.resource,
-            namespace: event.namespace.as_deref(),
-            name: &event.name,
-        })
+        self.subject.render_subject(&event.template_values())
     }
 
     /// Publishes `event`; for JetStream the returned future resolves on the stream's ack.
