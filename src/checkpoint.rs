@@ -61,6 +61,22 @@ pub struct WatchKey {
 }
 
 impl WatchKey {
+    /// The key of the watch of `r` in `namespace` (`None`: all namespaces or cluster scope).
+    pub fn for_scope(
+        cluster: &str,
+        r: &crate::discovery::ResolvedResource,
+        namespace: Option<&str>,
+    ) -> Self {
+        Self::new(
+            cluster,
+            &r.api.api_version,
+            &r.api.plural,
+            namespace,
+            r.config.label_selector.as_deref(),
+            r.config.field_selector.as_deref(),
+        )
+    }
+
     /// The key of one watch.
     pub fn new(
         cluster: &str,
@@ -248,12 +264,7 @@ impl KafkaStore {
                     .map_err(|e| corrupt(&self.key, e))?;
             }
         }
-        known.take_dirty();
-        check_count(&self.key, &meta, &known)?;
-        Ok(Some(Checkpoint {
-            resource_version: meta.resource_version,
-            known,
-        }))
+        loaded(&self.key, meta, known)
     }
 
     async fn save(&self, resource_version: &str, known: &mut KnownObjects) -> Result<()> {
@@ -282,7 +293,10 @@ impl KafkaStore {
     }
 }
 
-fn check_count(key: &WatchKey, meta: &Meta, known: &KnownObjects) -> Result<()> {
+/// Checks a loaded index against its meta record and wraps it as the loaded checkpoint (nothing
+/// dirty: it is what the store holds).
+fn loaded(key: &WatchKey, meta: Meta, mut known: KnownObjects) -> Result<Option<Checkpoint>> {
+    known.take_dirty();
     if meta.objects != known.len() {
         return Err(corrupt(
             key,
@@ -293,7 +307,10 @@ fn check_count(key: &WatchKey, meta: &Meta, known: &KnownObjects) -> Result<()> 
             ),
         ));
     }
-    Ok(())
+    Ok(Some(Checkpoint {
+        resource_version: meta.resource_version,
+        known,
+    }))
 }
 
 /// NATS checkpoints in a KV bucket: `{id}.meta` (compare-and-swap) and `{id}.b{bucket}.{generation}`.
@@ -355,14 +372,9 @@ impl NatsStore {
                 .decode_bucket(*b, &String::from_utf8_lossy(&text))
                 .map_err(|e| corrupt(&self.key, e))?;
         }
-        known.take_dirty();
-        check_count(&self.key, &meta, &known)?;
         self.revision = Some(entry.revision);
         self.buckets = meta.buckets.clone();
-        Ok(Some(Checkpoint {
-            resource_version: meta.resource_version,
-            known,
-        }))
+        loaded(&self.key, meta, known)
     }
 
     async fn save(&mut self, resource_version: &str, known: &mut KnownObjects) -> Result<()> {
@@ -480,12 +492,7 @@ impl FileStore {
                 .decode_bucket(b, &text)
                 .map_err(|e| corrupt(&self.key, e))?;
         }
-        known.take_dirty();
-        check_count(&self.key, &meta, &known)?;
-        Ok(Some(Checkpoint {
-            resource_version: meta.resource_version,
-            known,
-        }))
+        loaded(&self.key, meta, known)
     }
 
     async fn save(&self, resource_version: &str, known: &mut KnownObjects) -> Result<()> {

@@ -106,14 +106,7 @@ pub async fn reset_checkpoints(
             .into_iter()
             .filter(|s| namespace.is_none() || s.as_deref() == namespace)
         {
-            let key = WatchKey::new(
-                &config.cluster,
-                &r.api.api_version,
-                &r.api.plural,
-                scope.as_deref(),
-                r.config.label_selector.as_deref(),
-                r.config.field_selector.as_deref(),
-            );
+            let key = WatchKey::for_scope(&config.cluster, r, scope.as_deref());
             let (_, mut store) = stores.for_watch(config, &shared, &key).await?;
             store.reset().await?;
             reset.push(key.description);
@@ -201,14 +194,7 @@ impl Bridge {
         for r in &resources {
             let info = Arc::new(ResourceInfo::new(&config.cluster, r));
             for namespace in r.scopes() {
-                let key = WatchKey::new(
-                    &config.cluster,
-                    &r.api.api_version,
-                    &r.api.plural,
-                    namespace.as_deref(),
-                    r.config.label_selector.as_deref(),
-                    r.config.field_selector.as_deref(),
-                );
+                let key = WatchKey::for_scope(&config.cluster, r, namespace.as_deref());
                 let span = info_span!("watch", resource = %r.label(), namespace = namespace.as_deref().unwrap_or("*"));
                 let (sink, mut store) = stores
                     .for_watch(&config, &shared, &key)
