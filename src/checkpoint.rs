@@ -570,6 +570,7 @@ mod tests {
                 &format!("{i}"),
                 Some("ns"),
                 &format!("n{i}"),
+                0,
             );
         }
         store.save("777", &mut known).await.unwrap();

@@ -5,15 +5,20 @@
 //! (`resources[1].apiVersion: ...`). Resolving resources against a cluster happens later, in
 //! [`crate::discovery`].
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::change::ChangeKind;
 use crate::template::{Template, Token};
+
+mod resource;
+
+pub use resource::{
+    EventFormat, Exclude, ExcludeConfig, RecordKey, Resource, ResourceConfig, glob,
+};
 
 /// Errors of reading or validating a configuration.
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +82,36 @@ pub struct ConfigFile {
     /// stalled bridge.
     #[serde(default)]
     pub heartbeat: HeartbeatConfig,
+    /// The shape of events: `cloudevents` (default) or `knative` (like Knative
+    /// ApiServerSource's); a resource entry may override it.
+    #[serde(default)]
+    pub event_format: EventFormat,
+    /// Dynamic discovery: how often to refresh the list of served resources, which picks up
+    /// CRDs and namespaces the watches of CRDs and namespaces missed.
+    #[serde(default)]
+    pub discovery: DiscoveryConfig,
+}
+
+/// Dynamic discovery settings.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DiscoveryConfig {
+    /// Seconds between two full discovery refreshes (CRD changes are also seen within seconds
+    /// through a watch on CustomResourceDefinitions when an entry uses a wildcard).
+    #[serde(default = "default_discovery_refresh_secs")]
+    pub refresh_secs: u64,
+}
+
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        Self {
+            refresh_secs: default_discovery_refresh_secs(),
+        }
+    }
+}
+
+const fn default_discovery_refresh_secs() -> u64 {
+    60
 }
 
 /// Heartbeat settings.
@@ -243,32 +278,6 @@ pub struct KubernetesConfig {
     pub context: Option<String>,
 }
 
-/// One watched resource.
-#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct ResourceConfig {
-    /// `v1`, `apps/v1`, `stable.example.com/v1`: as in manifests.
-    pub api_version: String,
-    /// The plural resource name (`configmaps`); a kind name (`ConfigMap`) is resolved through discovery.
-    pub resource: String,
-    /// Namespaces to watch; omitted: all namespaces (or the cluster-scoped resource).
-    pub namespaces: Option<Vec<String>>,
-    /// A label selector, applied by the API server.
-    pub label_selector: Option<String>,
-    /// A field selector, applied by the API server.
-    pub field_selector: Option<String>,
-    /// Which changes to publish; default all three.
-    pub events: Option<Vec<ChangeKind>>,
-    /// Replace the values of a Secret's `data` and `stringData` by a marker (keys stay). Default true;
-    /// turning it off is logged as a warning at start.
-    #[serde(default = "default_true")]
-    pub redact_secret_data: bool,
-    /// Remove `metadata.managedFields` from published objects. Default true: they are large and
-    /// rarely useful downstream.
-    #[serde(default = "default_true")]
-    pub strip_managed_fields: bool,
-}
-
 /// The sink section: exactly one of its members.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -413,7 +422,7 @@ impl Default for DeliveryConfig {
     }
 }
 
-const fn default_true() -> bool {
+pub(crate) const fn default_true() -> bool {
     true
 }
 
@@ -473,42 +482,8 @@ pub struct Config {
     pub admin: AdminConfig,
     /// Heartbeats.
     pub heartbeat: HeartbeatConfig,
-}
-
-/// A validated resource entry.
-#[derive(Debug, Clone)]
-pub struct Resource {
-    /// Index in the file, for messages (`resources[2]`).
-    pub index: usize,
-    /// The API group (`""` for core).
-    pub group: String,
-    /// The version.
-    pub version: String,
-    /// Plural name or kind, as written.
-    pub resource: String,
-    /// Namespaces, or `None` for all.
-    pub namespaces: Option<Vec<String>>,
-    /// Label selector.
-    pub label_selector: Option<String>,
-    /// Field selector.
-    pub field_selector: Option<String>,
-    /// Which changes are published.
-    pub events: BTreeSet<ChangeKind>,
-    /// Redact Secret data.
-    pub redact_secret_data: bool,
-    /// Strip managedFields.
-    pub strip_managed_fields: bool,
-}
-
-impl Resource {
-    /// `apps/v1` or `v1`.
-    pub fn api_version(&self) -> String {
-        if self.group.is_empty() {
-            self.version.clone()
-        } else {
-            format!("{}/{}", self.group, self.version)
-        }
-    }
+    /// Discovery refresh.
+    pub discovery: DiscoveryConfig,
 }
 
 /// The validated sink.
@@ -587,10 +562,16 @@ impl ConfigFile {
             .resources
             .into_iter()
             .enumerate()
-            .filter_map(|(i, r)| validate_resource(i, r, &mut errors))
+            .filter_map(|(i, r)| resource::validate_resource(i, r, self.event_format, &mut errors))
             .collect();
-        check_overlaps(&resources, &mut errors);
+        resource::check_overlaps(&resources, &mut errors);
         let sink = validate_sink(self.sink, &mut errors);
+        if let Some(sink) = &sink {
+            resource::check_sink_fields(&resources, sink.kind(), &mut errors);
+        }
+        if self.discovery.refresh_secs == 0 {
+            errors.push("discovery.refreshSecs: must be at least 1".into());
+        }
         let d = &self.delivery;
         if d.queue_capacity == 0 {
             errors.push("delivery.queueCapacity: must be at least 1".into());
@@ -643,102 +624,9 @@ impl ConfigFile {
                 leader_election: self.leader_election,
                 admin: self.admin,
                 heartbeat: self.heartbeat,
+                discovery: self.discovery,
             }),
             _ => Err(Error::Invalid(errors)),
-        }
-    }
-}
-
-fn validate_resource(i: usize, r: ResourceConfig, errors: &mut Vec<String>) -> Option<Resource> {
-    let at = format!("resources[{i}]");
-    let before = errors.len();
-    let (group, version) = match r.api_version.rsplit_once('/') {
-        Some((g, v)) => (g.to_string(), v.to_string()),
-        None => (String::new(), r.api_version.clone()),
-    };
-    if (!group.is_empty() && !is_dns_subdomain(&group)) || !is_version(&version) {
-        errors.push(format!(
-            "{at}.apiVersion: {:?} is not of the form \"v1\" or \"group/version\"",
-            r.api_version
-        ));
-    }
-    if r.resource.is_empty() || !r.resource.chars().all(|c| c.is_ascii_alphanumeric()) {
-        errors.push(format!(
-            "{at}.resource: {:?} must be a plural resource name or a kind (letters and digits)",
-            r.resource
-        ));
-    }
-    if let Some(ns) = &r.namespaces {
-        if ns.is_empty() {
-            errors.push(format!(
-                "{at}.namespaces: an empty list watches nothing; omit it to watch all namespaces"
-            ));
-        }
-        let mut seen = BTreeSet::new();
-        for (j, n) in ns.iter().enumerate() {
-            if !is_dns_label(n) {
-                errors.push(format!(
-                    "{at}.namespaces[{j}]: {n:?} is not a valid namespace name"
-                ));
-            } else if !seen.insert(n) {
-                errors.push(format!("{at}.namespaces[{j}]: {n:?} is listed twice"));
-            }
-        }
-    }
-    for (field, sel) in [
-        ("labelSelector", &r.label_selector),
-        ("fieldSelector", &r.field_selector),
-    ] {
-        if let Some(s) = sel
-            && (s.trim().is_empty() || s.contains(['\n', '\r']))
-        {
-            errors.push(format!(
-                "{at}.{field}: {s:?} must be a non-empty single-line selector"
-            ));
-        }
-    }
-    let events: BTreeSet<_> = match r.events {
-        Some(list) if list.is_empty() => {
-            errors.push(format!(
-                "{at}.events: an empty list publishes nothing; omit it for all changes"
-            ));
-            BTreeSet::new()
-        }
-        Some(list) => list.into_iter().collect(),
-        None => [ChangeKind::Added, ChangeKind::Modified, ChangeKind::Deleted].into(),
-    };
-    (errors.len() == before).then_some(Resource {
-        index: i,
-        group,
-        version,
-        resource: r.resource,
-        namespaces: r.namespaces,
-        label_selector: r.label_selector,
-        field_selector: r.field_selector,
-        events,
-        redact_secret_data: r.redact_secret_data,
-        strip_managed_fields: r.strip_managed_fields,
-    })
-}
-
-/// Two entries for the same resource whose namespaces overlap would publish every change twice.
-fn check_overlaps(resources: &[Resource], errors: &mut Vec<String>) {
-    for (a_pos, a) in resources.iter().enumerate() {
-        for b in &resources[a_pos + 1..] {
-            let same = a.group == b.group
-                && a.resource.eq_ignore_ascii_case(&b.resource)
-                && a.label_selector == b.label_selector
-                && a.field_selector == b.field_selector;
-            let overlap = match (&a.namespaces, &b.namespaces) {
-                (Some(x), Some(y)) => x.iter().any(|n| y.contains(n)),
-                _ => true,
-            };
-            if same && overlap {
-                errors.push(format!(
-                    "resources[{}]: watches the same objects as resources[{}] ({}); merge the entries",
-                    b.index, a.index, a.resource
-                ));
-            }
         }
     }
 }
@@ -820,7 +708,7 @@ fn validate_sink(sink: SinkConfig, errors: &mut Vec<String>) -> Option<Sink> {
     Some(Sink::Stdout)
 }
 
-fn parse_template(
+pub(crate) fn parse_template(
     at: &str,
     text: &str,
     allow_name: bool,
@@ -841,7 +729,7 @@ fn parse_template(
     }
 }
 
-fn is_dns_label(s: &str) -> bool {
+pub(crate) fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
         && s.chars()
@@ -850,11 +738,11 @@ fn is_dns_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
-fn is_dns_subdomain(s: &str) -> bool {
+pub(crate) fn is_dns_subdomain(s: &str) -> bool {
     !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 
-fn is_version(v: &str) -> bool {
+pub(crate) fn is_version(v: &str) -> bool {
     let Some(rest) = v.strip_prefix('v') else {
         return false;
     };

@@ -1,11 +1,13 @@
 //! Resolves configured resources against the cluster's discovery API: the plural name, kind,
 //! scope and verbs of each, so that an unknown or unwatchable resource fails at start-up with a
-//! message that names it.
+//! message that names it; wildcard entries expand to every matching served resource (at its
+//! preferred version), minus their exclusions. [`select`] is pure, so the supervisor can run it
+//! again whenever CRDs change.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use kube::Client;
-use kube::discovery::{self, ApiGroup, ApiResource, Scope, verbs};
+use kube::discovery::{ApiGroup, ApiResource, Discovery, Scope, verbs};
 
 use crate::config;
 
@@ -61,47 +63,108 @@ impl ResolvedResource {
         }
     }
 
+    /// Whether this is the core Secret resource, redacted by default however it was selected.
+    pub fn is_secret(&self) -> bool {
+        self.api.group.is_empty() && self.api.plural == "secrets"
+    }
+
     /// A label for logs and metrics: `apps/v1/deployments`, `v1/configmaps`.
     pub fn label(&self) -> String {
         format!("{}/{}", self.api.api_version, self.api.plural)
     }
 }
 
-/// Resolves every entry, reporting every problem at once.
+/// Asks the API server what it serves: aggregated discovery (two requests), else the classic
+/// walk over every group.
+pub async fn discover(client: &Client) -> Result<Discovery> {
+    let error = |source| Error::Discovery {
+        group: "*".into(),
+        source,
+    };
+    match Discovery::new(client.clone()).run_aggregated().await {
+        Ok(d) => Ok(d),
+        Err(kube::Error::Api(_) | kube::Error::Discovery(_) | kube::Error::SerdeError(_)) => {
+            Discovery::new(client.clone()).run().await.map_err(error)
+        }
+        Err(e) => Err(error(e)),
+    }
+}
+
+/// Resolves every entry, reporting every problem at once: explicit entries must be served;
+/// wildcard entries may match nothing yet (their CRDs can come later).
 pub async fn resolve(
     client: &Client,
     resources: &[config::Resource],
 ) -> Result<Vec<ResolvedResource>> {
-    let mut groups: HashMap<String, Option<ApiGroup>> = HashMap::new();
-    for r in resources {
-        if groups.contains_key(&r.group) {
-            continue;
-        }
-        let found = match discovery::group(client, &r.group).await {
-            Ok(g) => Some(g),
-            Err(kube::Error::Discovery(_)) => None,
-            Err(source) => {
-                return Err(Error::Discovery {
-                    group: r.group.clone(),
-                    source,
-                });
-            }
-        };
-        groups.insert(r.group.clone(), found);
-    }
-    let mut errors = Vec::new();
-    let mut resolved = Vec::new();
-    for r in resources {
-        match resolve_one(r, groups.get(&r.group).and_then(Option::as_ref)) {
-            Ok(x) => resolved.push(x),
-            Err(message) => errors.push(message),
-        }
-    }
+    let discovery = discover(client).await?;
+    let (resolved, errors) = select(resources, &discovery);
     if errors.is_empty() {
         Ok(resolved)
     } else {
         Err(Error::Unresolved(errors))
     }
+}
+
+/// Chooses the resources to watch (pure): explicit entries first, in file order, then wildcards
+/// in file order; the first entry to claim a resource owns it. Returns the resources and one
+/// message per explicit entry the cluster does not serve.
+pub fn select(
+    resources: &[config::Resource],
+    discovery: &Discovery,
+) -> (Vec<ResolvedResource>, Vec<String>) {
+    let mut errors = Vec::new();
+    let mut claimed: BTreeMap<(String, String), ResolvedResource> = BTreeMap::new();
+    for r in resources.iter().filter(|r| !r.is_wildcard()) {
+        match resolve_one(r, discovery.get(&r.group)) {
+            Ok(x) => {
+                claimed
+                    .entry((x.api.group.clone(), x.api.plural.clone()))
+                    .or_insert(x);
+            }
+            Err(message) => errors.push(message),
+        }
+    }
+    for r in resources.iter().filter(|r| r.is_wildcard()) {
+        for group in discovery.groups_alphabetical() {
+            if !config::glob(&r.group, group.name()) {
+                continue;
+            }
+            let candidates = if r.version == "*" {
+                group.recommended_resources()
+            } else {
+                group.versioned_resources(&r.version)
+            };
+            for (api, caps) in candidates {
+                let namespaced = caps.scope == Scope::Namespaced;
+                let watchable = [verbs::LIST, verbs::WATCH]
+                    .iter()
+                    .all(|v| caps.supports_operation(v));
+                let scoped = r.namespaces.is_none() && r.namespace_selector.is_none();
+                if !watchable
+                    || (!namespaced && !scoped)
+                    || !r.matches(&api.group, &api.version, &api.plural, &api.kind)
+                {
+                    continue;
+                }
+                claimed
+                    .entry((api.group.clone(), api.plural.clone()))
+                    .or_insert_with(|| ResolvedResource {
+                        config: r.clone(),
+                        api,
+                        namespaced,
+                    });
+            }
+        }
+    }
+    let mut resolved: Vec<ResolvedResource> = claimed.into_values().collect();
+    resolved.sort_by(|a, b| {
+        (a.config.index, &a.api.group, &a.api.plural).cmp(&(
+            b.config.index,
+            &b.api.group,
+            &b.api.plural,
+        ))
+    });
+    (resolved, errors)
 }
 
 /// Resolves one entry against its group's discovery document (pure, for unit tests).
@@ -162,9 +225,9 @@ pub fn resolve_one(
         ));
     }
     let namespaced = caps.scope == Scope::Namespaced;
-    if !namespaced && r.namespaces.is_some() {
+    if !namespaced && (r.namespaces.is_some() || r.namespace_selector.is_some()) {
         return Err(format!(
-            "{at}.namespaces: {} is cluster-scoped; remove namespaces",
+            "{at}.namespaces: {} is cluster-scoped; remove namespaces and namespaceSelector",
             api.plural
         ));
     }

@@ -1,5 +1,7 @@
-//! Turns a [`Change`] into a CloudEvent: deterministic id, attributes, extensions, and the object
-//! as JSON with managedFields stripped and Secret values redacted.
+//! Turns a [`Change`] into a CloudEvent: deterministic id, attributes, extensions, and the
+//! payload the resource asks for (the object with managedFields and the last-applied annotation
+//! stripped and secrets redacted, a reference, or a diff), in this bridge's shape or Knative
+//! ApiServerSource's.
 //!
 //! The result, [`Event`], is binding-neutral: [`Event::attributes`] drives Kafka's `ce_` headers,
 //! NATS's `ce-` headers and the structured JSON form alike.
@@ -13,16 +15,17 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::change::{Change, ChangeKind, Origin};
+use crate::config::{EventFormat, RecordKey};
 use crate::discovery::ResolvedResource;
+use crate::knative;
+use crate::payload::{self, Mode, Pointer};
+pub use crate::payload::{LAST_APPLIED, REDACTED};
+use crate::template::Template;
 
 /// Prefix of every event type: `io.kubeeventbridge.object.added`, `.modified`, `.deleted`.
 pub const TYPE_PREFIX: &str = "io.kubeeventbridge.object.";
 /// The `dataschema` of every event: the `$id` of `schemas/event.schema.json`, whose `data` property describes the payload.
 pub const DATA_SCHEMA: &str = "https://kube-event-bridge.dev/schemas/event/v1";
-/// What replaces a redacted value.
-pub const REDACTED: &str = "<redacted>";
-/// The annotation `kubectl apply` writes; on a Secret it holds the data in clear.
-pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 /// `content-type` of the data.
 pub const DATA_CONTENT_TYPE: &str = "application/json";
 /// `content-type` of a structured-mode event.
@@ -65,23 +68,48 @@ pub struct ResourceInfo {
     pub kind: String,
     /// Plural resource name.
     pub resource: String,
-    /// `/k8s/{cluster}/apis/{group}/{version}/{plural}` (`/api/v1/...` for core).
+    /// The `source` attribute: `/k8s/{cluster}/apis/{group}/{version}/{plural}` (`/api/v1/...`
+    /// for core), or the API server's URL in Knative format.
     pub source: String,
+    /// Payload mode.
+    pub payload: Mode,
+    /// Diff mode: carry the previous object.
+    pub include_previous: bool,
+    /// Pointers ignored when deciding whether an update changed anything.
+    pub ignore: Vec<Pointer>,
+    /// Whether updates are compared by content digest at all.
+    pub compare_content: bool,
+    /// Event shape.
+    pub format: EventFormat,
+    /// Kafka record key.
+    pub key: RecordKey,
+    /// Kafka tombstones after deletes.
+    pub tombstones: bool,
+    /// This resource's topic or subject template, overriding the sink's.
+    pub destination: Option<Template>,
+    redact: Vec<Pointer>,
     redact_secret_data: bool,
     strip_managed_fields: bool,
+    strip_last_applied: bool,
+    /// Knative's collection name for subjects (its guess from the kind, kept for compatibility).
+    knative_plural: String,
 }
 
 impl ResourceInfo {
-    /// Builds the shared part for a resolved resource.
-    pub fn new(cluster: &str, r: &ResolvedResource) -> Self {
+    /// Builds the shared part for a resolved resource; `api_server` is the API server's URL
+    /// (Knative's `source`).
+    pub fn new(cluster: &str, r: &ResolvedResource, api_server: &str) -> Self {
         let api = &r.api;
-        let source = if api.group.is_empty() {
-            format!("/k8s/{cluster}/api/{}/{}", api.version, api.plural)
-        } else {
-            format!(
+        let c = &r.config;
+        let source = match c.event_format {
+            EventFormat::Knative => api_server.trim_end_matches('/').to_string(),
+            EventFormat::Cloudevents if api.group.is_empty() => {
+                format!("/k8s/{cluster}/api/{}/{}", api.version, api.plural)
+            }
+            EventFormat::Cloudevents => format!(
                 "/k8s/{cluster}/apis/{}/{}/{}",
                 api.group, api.version, api.plural
-            )
+            ),
         };
         Self {
             cluster: cluster.into(),
@@ -91,10 +119,19 @@ impl ResourceInfo {
             kind: api.kind.clone(),
             resource: api.plural.clone(),
             source,
-            redact_secret_data: r.config.redact_secret_data
-                && api.group.is_empty()
-                && api.plural == "secrets",
-            strip_managed_fields: r.config.strip_managed_fields,
+            payload: c.payload,
+            include_previous: c.include_previous,
+            ignore: c.ignore_paths.clone(),
+            compare_content: c.drop_unchanged_updates || !c.ignore_paths.is_empty(),
+            format: c.event_format,
+            key: c.key,
+            tombstones: c.tombstones,
+            destination: c.topic.clone().or_else(|| c.subject.clone()),
+            redact: c.redact.clone(),
+            redact_secret_data: c.redact_secret_data && r.is_secret(),
+            strip_managed_fields: c.strip_managed_fields,
+            strip_last_applied: c.strip_last_applied,
+            knative_plural: knative::guess_plural(&api.kind),
         }
     }
 }
@@ -110,7 +147,7 @@ pub struct Event {
     pub origin: Origin,
     /// Resource-wide attributes.
     pub info: Arc<ResourceInfo>,
-    /// `namespace/name` or `name`.
+    /// `namespace/name` or `name` (Knative: `/apis/{apiVersion}/namespaces/{ns}/{plural}/{name}`).
     pub subject: String,
     /// RFC 3339 observation time.
     pub time: String,
@@ -118,13 +155,19 @@ pub struct Event {
     pub namespace: Option<String>,
     /// Name.
     pub name: String,
-    /// uid, also the partition key.
+    /// uid.
     pub uid: String,
+    /// `namespace/name` when the resource keys records by name.
+    key: Option<String>,
     /// resourceVersion.
     pub resource_version: String,
     /// resourceVersion zero-padded to 20 digits so it sorts as a string.
     pub sequence: String,
-    /// The object as JSON.
+    /// What `data` carries (a truncated event carries a reference).
+    pub payload: Mode,
+    /// Whether the payload was cut down to a reference because the event was too large.
+    pub truncated: bool,
+    /// The payload as JSON.
     pub data: Vec<u8>,
     /// When the change was received, for latency figures.
     pub received: Instant,
@@ -143,18 +186,27 @@ impl Event {
         }
     }
 
+    /// The record key and `partitionkey`: the uid, or `namespace/name`.
+    pub fn key(&self) -> &str {
+        self.key.as_deref().unwrap_or(&self.uid)
+    }
+
     /// The CloudEvents `type`.
     pub fn event_type(&self) -> &'static str {
-        match self.kind {
-            ChangeKind::Added => "io.kubeeventbridge.object.added",
-            ChangeKind::Modified => "io.kubeeventbridge.object.modified",
-            ChangeKind::Deleted => "io.kubeeventbridge.object.deleted",
+        match self.info.format {
+            EventFormat::Knative => knative::event_type(self.kind, self.payload),
+            EventFormat::Cloudevents => match self.kind {
+                ChangeKind::Added => "io.kubeeventbridge.object.added",
+                ChangeKind::Modified => "io.kubeeventbridge.object.modified",
+                ChangeKind::Deleted => "io.kubeeventbridge.object.deleted",
+            },
         }
     }
 
     /// Every attribute except `data` and `datacontenttype`, in a fixed order: the context
     /// attributes, then the extensions (lowercase names as the specification requires).
     pub fn attributes(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        let cloudevents = self.info.format == EventFormat::Cloudevents;
         [
             Some(("specversion", "1.0")),
             Some(("id", self.id.as_str())),
@@ -162,7 +214,7 @@ impl Event {
             Some(("type", self.event_type())),
             Some(("subject", self.subject.as_str())),
             Some(("time", self.time.as_str())),
-            Some(("dataschema", DATA_SCHEMA)),
+            cloudevents.then_some(("dataschema", DATA_SCHEMA)),
             Some(("cluster", &*self.info.cluster)),
             Some(("apiversion", self.info.api_version.as_str())),
             Some(("kind", self.info.kind.as_str())),
@@ -172,8 +224,10 @@ impl Event {
             Some(("uid", self.uid.as_str())),
             Some(("resourceversion", self.resource_version.as_str())),
             Some(("sequence", self.sequence.as_str())),
-            Some(("partitionkey", self.uid.as_str())),
+            Some(("partitionkey", self.key())),
             Some(("origin", self.origin.as_str())),
+            Some(("payload", self.payload.as_str())),
+            self.truncated.then_some(("truncated", "true")),
         ]
         .into_iter()
         .flatten()
@@ -197,7 +251,28 @@ impl Event {
 
     /// `namespace/name uid@resourceVersion`, for logs.
     pub fn reference(&self) -> String {
-        format!("{} {}@{}", self.subject, self.uid, self.resource_version)
+        format!(
+            "{} {}@{}",
+            self.namespace
+                .as_deref()
+                .map_or_else(|| self.name.clone(), |ns| format!("{ns}/{}", self.name)),
+            self.uid,
+            self.resource_version
+        )
+    }
+
+    /// Replaces the payload by a reference and marks the event truncated: what is published
+    /// when the whole event exceeds the broker's message size.
+    pub fn truncate(&mut self) {
+        self.data = reference_document(
+            &self.info,
+            self.namespace.as_deref(),
+            &self.name,
+            &self.uid,
+            &self.resource_version,
+        );
+        self.payload = Mode::Reference;
+        self.truncated = true;
     }
 }
 
@@ -206,59 +281,156 @@ fn push_json_string(out: &mut Vec<u8>, s: &str) {
     serde_json::to_writer(&mut *out, s).expect("string serializes");
 }
 
+/// The reference payload: this bridge's (`apiVersion`, `kind`, `namespace`, `name`, `uid`,
+/// `resourceVersion`) or Knative's (`apiVersion`, `kind`, `name`, `namespace`).
+fn reference_document(
+    info: &ResourceInfo,
+    namespace: Option<&str>,
+    name: &str,
+    uid: &str,
+    resource_version: &str,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(160);
+    let field = |out: &mut Vec<u8>, key: &str, value: &str| {
+        out.push(if out.is_empty() { b'{' } else { b',' });
+        push_json_string(out, key);
+        out.push(b':');
+        push_json_string(out, value);
+    };
+    field(&mut out, "apiVersion", &info.api_version);
+    field(&mut out, "kind", &info.kind);
+    match info.format {
+        EventFormat::Knative => {
+            field(&mut out, "name", name);
+            if let Some(ns) = namespace {
+                field(&mut out, "namespace", ns);
+            }
+        }
+        EventFormat::Cloudevents => {
+            if let Some(ns) = namespace {
+                field(&mut out, "namespace", ns);
+            }
+            field(&mut out, "name", name);
+            field(&mut out, "uid", uid);
+            field(&mut out, "resourceVersion", resource_version);
+        }
+    }
+    out.push(b'}');
+    out
+}
+
+/// What encoding one change produced.
+#[derive(Debug)]
+pub struct Encoded {
+    /// The event.
+    pub event: Event,
+    /// Diff mode: the object as published, to diff the next version against.
+    pub object: Option<Vec<u8>>,
+}
+
 /// Encodes one change of a resource described by `info`. Takes the change by value: the object
-/// is edited in place (managedFields, redaction) and serialized once, never cloned.
-pub fn encode(info: &Arc<ResourceInfo>, change: Change) -> Result<Event, Error> {
+/// is edited in place (managedFields, last-applied, redaction) and serialized once, never
+/// cloned. `previous` is the last published version of the object (diff mode).
+pub fn encode(
+    info: &Arc<ResourceInfo>,
+    change: Change,
+    previous: Option<&[u8]>,
+) -> Result<Encoded, Error> {
     let Change {
         kind,
         origin,
         mut object,
         observed,
     } = change;
-    let name = object.metadata.name.clone().unwrap_or_default();
+    let meta = &object.metadata;
+    let name = meta.name.clone().unwrap_or_default();
     let missing = |field| Error::MissingMetadata {
         name: name.clone(),
         field,
     };
-    let uid = object.metadata.uid.clone().ok_or_else(|| missing("uid"))?;
-    let resource_version = object
-        .metadata
+    let uid = meta.uid.clone().ok_or_else(|| missing("uid"))?;
+    let resource_version = meta
         .resource_version
         .clone()
         .ok_or_else(|| missing("resourceVersion"))?;
     if name.is_empty() {
         return Err(missing("name"));
     }
-    let namespace = object.metadata.namespace.clone();
-    if info.strip_managed_fields {
-        object.metadata.managed_fields = None;
-    }
-    if info.redact_secret_data {
-        redact_secret(&mut object);
-    }
-    let data = serde_json::to_vec(&object).map_err(|source| Error::Serialize {
-        name: name.clone(),
-        source,
-    })?;
-    let subject = match &namespace {
+    let namespace = meta.namespace.clone();
+    let (payload, data, published) = match info.payload {
+        Mode::Reference => (
+            Mode::Reference,
+            reference_document(info, namespace.as_deref(), &name, &uid, &resource_version),
+            None,
+        ),
+        mode => {
+            clean(info, &mut object);
+            let bytes = serde_json::to_vec(&object).map_err(|source| Error::Serialize {
+                name: name.clone(),
+                source,
+            })?;
+            if mode == Mode::Diff {
+                let previous = previous.filter(|_| kind == ChangeKind::Modified);
+                let doc = payload::diff_document(&bytes, previous, info.include_previous);
+                (Mode::Diff, doc, Some(bytes))
+            } else {
+                (Mode::Full, bytes, None)
+            }
+        }
+    };
+    let namespaced_name = || match &namespace {
         Some(ns) => format!("{ns}/{name}"),
         None => name.clone(),
     };
-    Ok(Event {
-        id: event_id(&uid, &resource_version, kind),
-        kind,
-        origin,
-        info: info.clone(),
-        subject,
-        time: rfc3339(observed),
-        namespace,
-        sequence: sequence(&resource_version),
-        name,
-        uid,
-        resource_version,
-        data,
-        received: Instant::now(),
+    let subject = match info.format {
+        EventFormat::Knative => knative::subject(
+            &info.api_version,
+            namespace.as_deref(),
+            &info.knative_plural,
+            &name,
+        ),
+        EventFormat::Cloudevents => namespaced_name(),
+    };
+    let key = (info.key == RecordKey::NamespacedName).then(namespaced_name);
+    Ok(Encoded {
+        event: Event {
+            id: event_id(&uid, &resource_version, kind),
+            kind,
+            origin,
+            info: info.clone(),
+            subject,
+            time: rfc3339(observed),
+            namespace,
+            sequence: sequence(&resource_version),
+            name,
+            uid,
+            key,
+            resource_version,
+            payload,
+            truncated: false,
+            data,
+            received: Instant::now(),
+        },
+        object: published,
     })
+}
+
+/// Strips and redacts what the resource asks for, in place.
+fn clean(info: &ResourceInfo, object: &mut DynamicObject) {
+    if info.strip_managed_fields {
+        object.metadata.managed_fields = None;
+    }
+    if info.strip_last_applied
+        && let Some(annotations) = object.metadata.annotations.as_mut()
+    {
+        annotations.remove(LAST_APPLIED);
+    }
+    if info.redact_secret_data {
+        redact_secret(object);
+    }
+    for p in &info.redact {
+        p.redact(object);
+    }
 }
 
 /// The deterministic event id: the same (uid, resourceVersion, change) always gives the same id,
@@ -310,7 +482,7 @@ mod tests {
     use kube::api::ObjectMeta;
     use kube::discovery::ApiResource;
     use serde_json::json;
-    use std::collections::{BTreeMap, BTreeSet};
+    use std::collections::BTreeMap;
 
     pub(crate) fn info(
         group: &str,
@@ -319,24 +491,32 @@ mod tests {
         plural: &str,
         namespaced: bool,
     ) -> Arc<ResourceInfo> {
+        info_with(group, version, kind, plural, namespaced, "")
+    }
+
+    /// A resource configured with `extra` (`, payload: diff`) added to its entry.
+    fn info_with(
+        group: &str,
+        version: &str,
+        kind: &str,
+        plural: &str,
+        namespaced: bool,
+        extra: &str,
+    ) -> Arc<ResourceInfo> {
         let api_version = if group.is_empty() {
             version.to_string()
         } else {
             format!("{group}/{version}")
         };
+        let yaml = format!(
+            "cluster: dev\nresources: [{{apiVersion: {api_version}, resource: {plural}{extra}}}]\nsink: {{kafka: {{bootstrapServers: 'x:1'}}}}\n"
+        );
+        let config = config::ConfigFile::parse(&yaml)
+            .unwrap()
+            .validate()
+            .unwrap();
         let resolved = ResolvedResource {
-            config: config::Resource {
-                index: 0,
-                group: group.into(),
-                version: version.into(),
-                resource: plural.into(),
-                namespaces: None,
-                label_selector: None,
-                field_selector: None,
-                events: BTreeSet::new(),
-                redact_secret_data: true,
-                strip_managed_fields: true,
-            },
+            config: config.resources[0].clone(),
             api: ApiResource {
                 group: group.into(),
                 version: version.into(),
@@ -346,7 +526,15 @@ mod tests {
             },
             namespaced,
         };
-        Arc::new(ResourceInfo::new("dev", &resolved))
+        Arc::new(ResourceInfo::new(
+            "dev",
+            &resolved,
+            "https://127.0.0.1:6443/",
+        ))
+    }
+
+    fn encode(info: &Arc<ResourceInfo>, change: Change) -> Result<Event, Error> {
+        super::encode(info, change, None).map(|e| e.event)
     }
 
     fn object(ns: Option<&str>, data: Value) -> DynamicObject {
@@ -449,8 +637,27 @@ mod tests {
         let data: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(data["data"]["password"], REDACTED);
         assert_eq!(data["stringData"]["token"], REDACTED);
-        assert_eq!(data["metadata"]["annotations"][LAST_APPLIED], REDACTED);
+        assert!(data["metadata"]["annotations"].get(LAST_APPLIED).is_none());
         assert_eq!(data["type"], "Opaque");
+        // Kept on request, the annotation (which holds the data in clear) is still redacted.
+        let i = info_with(
+            "",
+            "v1",
+            "Secret",
+            "secrets",
+            true,
+            ", stripLastApplied: false",
+        );
+        let ev = encode(
+            &i,
+            change(
+                ChangeKind::Added,
+                object(Some("ns"), json!({"data": {"password": "c2VjcmV0"}})),
+            ),
+        )
+        .unwrap();
+        let data: Value = serde_json::from_slice(&ev.data).unwrap();
+        assert_eq!(data["metadata"]["annotations"][LAST_APPLIED], REDACTED);
     }
 
     #[test]
@@ -507,6 +714,171 @@ mod tests {
             let ev = encode(&i, change(kind, object(Some("ns"), json!({})))).unwrap();
             assert_eq!(ev.event_type(), format!("{TYPE_PREFIX}{}", kind.as_str()));
         }
+    }
+
+    #[test]
+    fn last_applied_is_stripped_and_pointers_redacted() {
+        let i = info_with(
+            "",
+            "v1",
+            "ConfigMap",
+            "configmaps",
+            true,
+            ", redact: ['/data/password', '/metadata/labels/owner']",
+        );
+        let mut obj = object(Some("ns"), json!({"data": {"password": "p", "user": "u"}}));
+        obj.metadata.labels = Some(BTreeMap::from([("owner".to_string(), "alice".to_string())]));
+        let ev = encode(&i, change(ChangeKind::Added, obj)).unwrap();
+        let data: Value = serde_json::from_slice(&ev.data).unwrap();
+        assert_eq!(data["data"]["password"], REDACTED);
+        assert_eq!(data["data"]["user"], "u");
+        assert_eq!(data["metadata"]["labels"]["owner"], REDACTED);
+        assert!(data["metadata"]["annotations"].get(LAST_APPLIED).is_none());
+    }
+
+    #[test]
+    fn reference_payload_and_namespaced_name_key() {
+        let i = info_with(
+            "apps",
+            "v1",
+            "Deployment",
+            "deployments",
+            true,
+            ", payload: reference, key: namespacedName",
+        );
+        let ev = encode(
+            &i,
+            change(ChangeKind::Modified, object(Some("a"), json!({"spec": {}}))),
+        )
+        .unwrap();
+        let data: Value = serde_json::from_slice(&ev.data).unwrap();
+        assert_eq!(
+            data,
+            json!({"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "a", "name": "web",
+                   "uid": "1b4e28ba-2fa1-11d2-883f-0016d3cca427", "resourceVersion": "4711"})
+        );
+        let attrs: BTreeMap<_, _> = ev.attributes().collect();
+        assert_eq!(attrs["payload"], "reference");
+        assert_eq!(attrs["partitionkey"], "a/web");
+        assert_eq!(ev.key(), "a/web");
+    }
+
+    #[test]
+    fn diff_payload_patches_the_previous_version() {
+        let i = info_with(
+            "",
+            "v1",
+            "ConfigMap",
+            "configmaps",
+            true,
+            ", payload: diff, includePrevious: true",
+        );
+        let first = super::encode(
+            &i,
+            change(
+                ChangeKind::Added,
+                object(Some("a"), json!({"data": {"k": "1"}})),
+            ),
+            None,
+        )
+        .unwrap();
+        let before = first.object.clone().unwrap();
+        let first: Value = serde_json::from_slice(&first.event.data).unwrap();
+        assert_eq!(
+            first["patch"],
+            Value::Null,
+            "an add has nothing to diff against"
+        );
+        let mut next = object(Some("a"), json!({"data": {"k": "2", "n": "x"}}));
+        next.metadata.resource_version = Some("4712".into());
+        let second = super::encode(&i, change(ChangeKind::Modified, next), Some(&before)).unwrap();
+        let doc: Value = serde_json::from_slice(&second.event.data).unwrap();
+        let mut patched: Value = serde_json::from_slice(&before).unwrap();
+        let patch: json_patch::Patch = serde_json::from_value(doc["patch"].clone()).unwrap();
+        json_patch::patch(&mut patched, &patch).unwrap();
+        assert_eq!(patched, doc["object"]);
+        assert_eq!(
+            doc["previous"],
+            serde_json::from_slice::<Value>(&before).unwrap()
+        );
+        assert_eq!(second.event.payload, Mode::Diff);
+    }
+
+    #[test]
+    fn knative_shape() {
+        let i = info_with(
+            "",
+            "v1",
+            "ConfigMap",
+            "configmaps",
+            true,
+            ", eventFormat: knative",
+        );
+        let ev = encode(
+            &i,
+            change(ChangeKind::Modified, object(Some("team-a"), json!({}))),
+        )
+        .unwrap();
+        let attrs: BTreeMap<_, _> = ev.attributes().collect();
+        assert_eq!(attrs["type"], "dev.knative.apiserver.resource.update");
+        assert_eq!(attrs["source"], "https://127.0.0.1:6443");
+        assert_eq!(
+            attrs["subject"],
+            "/apis/v1/namespaces/team-a/configmaps/web"
+        );
+        assert_eq!(attrs["kind"], "ConfigMap");
+        assert_eq!(attrs["apiversion"], "v1");
+        assert_eq!(attrs["name"], "web");
+        assert_eq!(attrs["namespace"], "team-a");
+        assert_eq!(
+            attrs["id"],
+            "1b4e28ba-2fa1-11d2-883f-0016d3cca427:4711:modified"
+        );
+        assert!(!attrs.contains_key("dataschema"));
+        let i = info_with(
+            "",
+            "v1",
+            "ConfigMap",
+            "configmaps",
+            true,
+            ", eventFormat: knative, payload: reference",
+        );
+        let ev = encode(
+            &i,
+            change(ChangeKind::Deleted, object(Some("team-a"), json!({}))),
+        )
+        .unwrap();
+        assert_eq!(ev.event_type(), "dev.knative.apiserver.ref.delete");
+        let data: Value = serde_json::from_slice(&ev.data).unwrap();
+        assert_eq!(
+            data,
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "name": "web", "namespace": "team-a"})
+        );
+    }
+
+    #[test]
+    fn truncation_keeps_identity_and_says_so() {
+        let i = info("", "v1", "ConfigMap", "configmaps", true);
+        let mut ev = encode(
+            &i,
+            change(
+                ChangeKind::Added,
+                object(Some("a"), json!({"data": {"big": "x".repeat(4096)}})),
+            ),
+        )
+        .unwrap();
+        ev.truncate();
+        assert!(ev.data.len() < 300);
+        let attrs: BTreeMap<_, _> = ev.attributes().collect();
+        assert_eq!(attrs["truncated"], "true");
+        assert_eq!(attrs["payload"], "reference");
+        assert_eq!(
+            attrs["id"],
+            "1b4e28ba-2fa1-11d2-883f-0016d3cca427:4711:added"
+        );
+        let data: Value = serde_json::from_slice(&ev.data).unwrap();
+        assert_eq!(data["name"], "web");
+        assert_eq!(data["resourceVersion"], "4711");
     }
 
     #[test]

@@ -22,6 +22,9 @@ pub struct Entry {
     pub namespace: Option<Arc<str>>,
     /// Name.
     pub name: Box<str>,
+    /// Content digest of the last version published or compared ([`crate::payload::digest`]);
+    /// 0 when unknown.
+    pub digest: u64,
 }
 
 /// How an observed object relates to what the index knew.
@@ -33,11 +36,14 @@ pub enum Seen {
     Changed,
     /// A known uid at the same resourceVersion: nothing to publish.
     Unchanged,
+    /// A known uid with another resourceVersion but the same content digest: only noise
+    /// changed (resourceVersion, managedFields, ignored paths), nothing to publish.
+    Touched,
 }
 
 /// Errors of decoding a stored bucket.
 #[derive(Debug, thiserror::Error)]
-#[error("bucket line {line}: expected `uid resourceVersion namespace|- name`")]
+#[error("bucket line {line}: expected `uid resourceVersion namespace|- name [digest]`")]
 pub struct DecodeError {
     /// 1-based line number.
     pub line: usize,
@@ -92,14 +98,17 @@ impl KnownObjects {
         self.buckets[bucket_of(uid)].get(uid)
     }
 
-    /// Records an object seen at `resource_version` and says how it relates to what was known
-    /// (during a relist: to what was known before the relist).
+    /// Records an object seen at `resource_version` with content `digest` (0: not computed) and
+    /// says how it relates to what was known (during a relist: to what was known before the
+    /// relist). A touched entry takes the new resourceVersion without dirtying its bucket: the
+    /// stored digest still describes it, so noise never costs a checkpoint write.
     pub fn observe(
         &mut self,
         uid: &str,
         resource_version: &str,
         namespace: Option<&str>,
         name: &str,
+        digest: u64,
     ) -> Seen {
         let b = bucket_of(uid);
         if let Some(previous) = self.relisting.as_mut()
@@ -112,6 +121,10 @@ impl KnownObjects {
                 return Seen::Unchanged;
             }
             entry.resource_version = resource_version.into();
+            if digest != 0 && entry.digest == digest {
+                return Seen::Touched;
+            }
+            entry.digest = digest;
             self.dirty.insert(b);
             return Seen::Changed;
         }
@@ -122,6 +135,7 @@ impl KnownObjects {
                 resource_version: resource_version.into(),
                 namespace,
                 name: name.into(),
+                digest,
             },
         );
         self.dirty.insert(b);
@@ -185,18 +199,23 @@ impl KnownObjects {
         self.dirty = (0..BUCKETS).collect();
     }
 
-    /// One bucket as text: a line `uid resourceVersion namespace|- name` per object, sorted. Names,
-    /// namespaces, uids and resourceVersions never contain spaces or newlines.
+    /// One bucket as text: a line `uid resourceVersion namespace|- name [digest]` per object
+    /// (the digest in hex when known), sorted. Names, namespaces, uids and resourceVersions never
+    /// contain spaces or newlines.
     pub fn encode_bucket(&self, b: usize) -> String {
         let mut lines: Vec<String> = self.buckets[b]
             .iter()
             .map(|(uid, e)| {
-                format!(
+                let mut line = format!(
                     "{uid} {} {} {}",
                     e.resource_version,
                     e.namespace.as_deref().unwrap_or("-"),
                     e.name
-                )
+                );
+                if e.digest != 0 {
+                    line.push_str(&format!(" {:x}", e.digest));
+                }
+                line
             })
             .collect();
         lines.sort_unstable();
@@ -212,7 +231,8 @@ impl KnownObjects {
         let mut bucket = Bucket::new();
         for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.is_empty()) {
             let mut parts = line.split(' ');
-            let (Some(uid), Some(rv), Some(ns), Some(name), None) = (
+            let (Some(uid), Some(rv), Some(ns), Some(name), digest, None) = (
+                parts.next(),
                 parts.next(),
                 parts.next(),
                 parts.next(),
@@ -221,6 +241,12 @@ impl KnownObjects {
             ) else {
                 return Err(DecodeError { line: i + 1 });
             };
+            let digest = match digest {
+                None => 0,
+                Some(hex) => {
+                    u64::from_str_radix(hex, 16).map_err(|_| DecodeError { line: i + 1 })?
+                }
+            };
             let namespace = (ns != "-").then(|| self.intern(ns));
             bucket.insert(
                 uid.into(),
@@ -228,6 +254,7 @@ impl KnownObjects {
                     resource_version: rv.into(),
                     namespace,
                     name: name.into(),
+                    digest,
                 },
             );
         }
@@ -252,10 +279,10 @@ mod tests {
     #[test]
     fn observe_classifies_and_interns() {
         let mut k = KnownObjects::default();
-        assert_eq!(k.observe("u1", "1", Some("ns"), "a"), Seen::New);
-        assert_eq!(k.observe("u1", "1", Some("ns"), "a"), Seen::Unchanged);
-        assert_eq!(k.observe("u1", "2", Some("ns"), "a"), Seen::Changed);
-        assert_eq!(k.observe("u2", "3", Some("ns"), "b"), Seen::New);
+        assert_eq!(k.observe("u1", "1", Some("ns"), "a", 0), Seen::New);
+        assert_eq!(k.observe("u1", "1", Some("ns"), "a", 0), Seen::Unchanged);
+        assert_eq!(k.observe("u1", "2", Some("ns"), "a", 0), Seen::Changed);
+        assert_eq!(k.observe("u2", "3", Some("ns"), "b", 0), Seen::New);
         let (a, b) = (k.get("u1").unwrap(), k.get("u2").unwrap());
         assert!(Arc::ptr_eq(
             a.namespace.as_ref().unwrap(),
@@ -268,18 +295,24 @@ mod tests {
     #[test]
     fn relist_diff_finds_new_changed_unchanged_and_gone() {
         let mut k = KnownObjects::default();
-        k.observe("same", "1", Some("ns"), "same");
-        k.observe("changed", "2", Some("ns"), "changed");
-        k.observe("gone", "3", Some("ns"), "gone");
-        k.observe("recreated-old", "4", Some("ns"), "x");
+        k.observe("same", "1", Some("ns"), "same", 0);
+        k.observe("changed", "2", Some("ns"), "changed", 0);
+        k.observe("gone", "3", Some("ns"), "gone", 0);
+        k.observe("recreated-old", "4", Some("ns"), "x", 0);
 
         k.begin_relist();
-        assert_eq!(k.observe("same", "1", Some("ns"), "same"), Seen::Unchanged);
         assert_eq!(
-            k.observe("changed", "9", Some("ns"), "changed"),
+            k.observe("same", "1", Some("ns"), "same", 0),
+            Seen::Unchanged
+        );
+        assert_eq!(
+            k.observe("changed", "9", Some("ns"), "changed", 0),
             Seen::Changed
         );
-        assert_eq!(k.observe("recreated-new", "10", Some("ns"), "x"), Seen::New);
+        assert_eq!(
+            k.observe("recreated-new", "10", Some("ns"), "x", 0),
+            Seen::New
+        );
         let gone = k.finish_relist();
         let gone: Vec<_> = gone
             .iter()
@@ -293,12 +326,41 @@ mod tests {
     }
 
     #[test]
+    fn same_digest_is_touched_and_costs_no_checkpoint_write() {
+        let mut k = KnownObjects::default();
+        assert_eq!(k.observe("u", "1", None, "a", 7), Seen::New);
+        k.take_dirty();
+        assert_eq!(k.observe("u", "2", None, "a", 7), Seen::Touched);
+        assert!(k.take_dirty().is_empty());
+        assert_eq!(&*k.get("u").unwrap().resource_version, "2");
+        assert_eq!(k.observe("u", "3", None, "a", 8), Seen::Changed);
+        assert_eq!(
+            k.observe("u", "4", None, "a", 0),
+            Seen::Changed,
+            "0 is unknown"
+        );
+        let text = k.encode_bucket(bucket_of("u"));
+        let mut back = KnownObjects::default();
+        back.decode_bucket(bucket_of("u"), &text).unwrap();
+        assert_eq!(back.get("u"), k.get("u"));
+        back.decode_bucket(bucket_of("u"), "u 1 - a 1f\n").unwrap();
+        assert_eq!(back.get("u").unwrap().digest, 0x1f);
+        back.decode_bucket(bucket_of("v"), "v 2 ns b\n").unwrap();
+        assert_eq!(
+            back.get("v").unwrap().digest,
+            0,
+            "checkpoints written before digests load"
+        );
+        assert!(back.decode_bucket(0, "u 1 - a zz\n").is_err());
+    }
+
+    #[test]
     fn abandoned_relist_deletes_nothing() {
         let mut k = KnownObjects::default();
-        k.observe("a", "1", None, "a");
-        k.observe("b", "2", None, "b");
+        k.observe("a", "1", None, "a", 0);
+        k.observe("b", "2", None, "b", 0);
         k.begin_relist();
-        assert_eq!(k.observe("a", "5", None, "a"), Seen::Changed);
+        assert_eq!(k.observe("a", "5", None, "a", 0), Seen::Changed);
         k.abort_relist();
         assert_eq!(k.len(), 2);
         assert_eq!(&*k.get("a").unwrap().resource_version, "5");
@@ -314,13 +376,14 @@ mod tests {
                 &i.to_string(),
                 (i % 2 == 0).then_some("ns"),
                 &format!("n{i}"),
+                0,
             );
         }
         assert!(
             k.take_dirty().len() > 200,
             "1000 uids spread over the buckets"
         );
-        k.observe("uid-7", "99", None, "n7");
+        k.observe("uid-7", "99", None, "n7", 0);
         assert_eq!(k.take_dirty(), BTreeSet::from([bucket_of("uid-7")]));
 
         let mut copy = KnownObjects::default();
@@ -344,6 +407,7 @@ mod tests {
                 &format!("{}", 1_000_000 + i),
                 Some("team-platform-production"),
                 &format!("deployment-config-{i:06}"),
+                0,
             );
         }
         let largest = (0..BUCKETS)

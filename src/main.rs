@@ -218,10 +218,11 @@ async fn run(path: &std::path::Path) -> Result<(), String> {
     if leadership.is_some() {
         admin.set_role(admin::Role::Leader);
     }
-    let mut bridge = runtime::Bridge::start(config, leadership.clone())
+    let watches = admin.clone();
+    let on_change = Box::new(move |w| watches.set_watches(w));
+    let mut bridge = runtime::Bridge::start(config, leadership.clone(), on_change)
         .await
         .map_err(|e| chain(&e))?;
-    admin.set_watches(bridge.watches().to_vec());
     let lost = async {
         match &leadership {
             Some(l) => l.lost().await,

@@ -27,6 +27,7 @@ use crate::config::SnapshotPolicy;
 use crate::encode::{self, ResourceInfo};
 use crate::known::{KnownObjects, Seen};
 use crate::leader::Leadership;
+use crate::payload::{self, Mode};
 use crate::sink::{AnySink, Delivered, Outcome};
 use crate::watch::{Backoff, Item};
 
@@ -44,6 +45,11 @@ pub struct Status {
     pub rejected: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
     /// Changes dropped by the event-type filter.
     pub filtered: AtomicU64,
+    /// Updates not published because only noise changed (resourceVersion, managedFields,
+    /// ignored paths).
+    pub suppressed: AtomicU64,
+    /// Events published as a reference because the whole event exceeded the broker's size.
+    pub truncated: AtomicU64,
     /// Changes that could not be encoded.
     pub encode_failed: AtomicU64,
     /// Publish attempts that were retried.
@@ -180,6 +186,10 @@ struct State {
     sync_pending: bool,
     last_commit: Instant,
     next_heartbeat: Instant,
+    /// Reused buffer for content digests.
+    scratch: Vec<u8>,
+    /// Diff mode only: the last published version of each object, to diff the next against.
+    previous: HashMap<Box<str>, Box<[u8]>>,
 }
 
 impl Pipeline {
@@ -197,6 +207,8 @@ impl Pipeline {
             sync_pending: false,
             last_commit: Instant::now(),
             next_heartbeat: Instant::now(),
+            scratch: Vec::new(),
+            previous: HashMap::new(),
         };
         if let Some(rv) = &st.committed {
             info!(rv = %rv, objects = st.known.len(), "resuming from checkpoint");
@@ -263,7 +275,7 @@ impl Pipeline {
                         st.position = Some(rv);
                     }
                     for change in step.change.into_iter().chain(step.deletes) {
-                        self.publish(change, &mut in_flight, &mut uids, gate).await?;
+                        self.publish(change, &mut in_flight, &mut uids, gate, &mut st.previous).await?;
                     }
                 }
             }
@@ -277,13 +289,15 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Filters, encodes and sends one change.
+    /// Filters, encodes and sends one change. `previous` holds, in diff mode, the last
+    /// published version of each object.
     async fn publish(
         &self,
         change: Change,
         in_flight: &mut InFlight,
         uids: &mut HashMap<String, u32>,
         gate: bool,
+        previous: &mut HashMap<Box<str>, Box<[u8]>>,
     ) -> Result<(), checkpoint::Error> {
         self.status.observed[kind_index(change.kind)].fetch_add(1, Ordering::Relaxed);
         if change.origin == Origin::Repaired {
@@ -293,8 +307,21 @@ impl Pipeline {
             self.status.filtered.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
-        let event = match encode::encode(&self.info, change) {
-            Ok(e) => e,
+        let diff = self.info.payload == Mode::Diff;
+        let uid = change.object.metadata.uid.as_deref().unwrap_or_default();
+        let last = diff.then(|| previous.get(uid)).flatten();
+        let event = match encode::encode(&self.info, change, last.map(|b| &b[..])) {
+            Ok(encoded) => {
+                if diff {
+                    let uid: Box<str> = encoded.event.uid.as_str().into();
+                    match (encoded.event.kind, encoded.object) {
+                        (ChangeKind::Deleted, _) => previous.remove(&uid),
+                        (_, Some(object)) => previous.insert(uid, object.into_boxed_slice()),
+                        (_, None) => None,
+                    };
+                }
+                encoded.event
+            }
             Err(error) => {
                 self.status.encode_failed.fetch_add(1, Ordering::Relaxed);
                 error!(error = %error, "cannot encode change, skipped");
@@ -322,7 +349,12 @@ impl Pipeline {
             position: None,
         };
         match item {
-            Item::Event(kind, object, observed) => {
+            Item::Event(kind, mut object, observed) => {
+                let digest = if kind == ChangeKind::Deleted {
+                    0
+                } else {
+                    self.digest(&mut object, &mut st.scratch)
+                };
                 let Some((uid, rv, ns, name)) = identity(&object.metadata) else {
                     return none;
                 };
@@ -332,7 +364,7 @@ impl Pipeline {
                         st.known.remove(uid);
                         true
                     }
-                    _ => st.known.observe(uid, rv, ns, name) != Seen::Unchanged,
+                    _ => self.worth_publishing(st.known.observe(uid, rv, ns, name, digest)),
                 };
                 let change = publish.then_some(Change {
                     kind,
@@ -362,17 +394,22 @@ impl Pipeline {
                 st.listing = Some((origin, publish));
                 none
             }
-            Item::Listed(object, observed) => {
+            Item::Listed(mut object, observed) => {
                 let Some((origin, publish)) = st.listing else {
                     return none;
                 };
+                let digest = self.digest(&mut object, &mut st.scratch);
                 let Some((uid, rv, ns, name)) = identity(&object.metadata) else {
                     return none;
                 };
-                let kind = match st.known.observe(uid, rv, ns, name) {
+                let seen = st.known.observe(uid, rv, ns, name, digest);
+                let kind = match seen {
                     Seen::New => ChangeKind::Added,
                     Seen::Changed => ChangeKind::Modified,
-                    Seen::Unchanged => return none,
+                    Seen::Unchanged | Seen::Touched => {
+                        self.worth_publishing(seen);
+                        return none;
+                    }
                 };
                 Step {
                     change: publish.then_some(Change {
@@ -408,6 +445,27 @@ impl Pipeline {
                 deletes: Vec::new(),
                 position: Some(rv),
             },
+        }
+    }
+
+    /// The content digest when the resource compares content, else 0 (unknown).
+    fn digest(&self, object: &mut DynamicObject, scratch: &mut Vec<u8>) -> u64 {
+        if self.info.compare_content {
+            payload::digest(object, &self.info.ignore, scratch)
+        } else {
+            0
+        }
+    }
+
+    /// Whether an observed version is published; counts the ones only noise changed.
+    fn worth_publishing(&self, seen: Seen) -> bool {
+        match seen {
+            Seen::New | Seen::Changed => true,
+            Seen::Unchanged => false,
+            Seen::Touched => {
+                self.status.suppressed.fetch_add(1, Ordering::Relaxed);
+                false
+            }
         }
     }
 
@@ -556,17 +614,30 @@ impl Pipeline {
     }
 
     /// Sends an event again until the broker stores or refuses it. The id is unchanged, so a
-    /// copy the broker did store is recognised as a duplicate.
+    /// copy the broker did store is recognised as a duplicate. An event too large for the broker
+    /// is sent once more as a reference, marked truncated.
     async fn retry_until_settled(&self, mut delivered: Delivered) -> Delivered {
         let mut backoff = Backoff::default();
-        while let Outcome::Retry { error } = &delivered.outcome {
-            self.status.retried.fetch_add(1, Ordering::Relaxed);
-            let delay = backoff.next_delay().min(Duration::from_secs(5));
-            warn!(object = %delivered.event.reference(), error = %error, retry_in_ms = delay.as_millis() as u64, "publish failed, retrying");
-            tokio::time::sleep(delay).await;
+        loop {
+            match &delivered.outcome {
+                Outcome::Retry { error } => {
+                    self.status.retried.fetch_add(1, Ordering::Relaxed);
+                    let delay = backoff.next_delay().min(Duration::from_secs(5));
+                    warn!(object = %delivered.event.reference(), error = %error, retry_in_ms = delay.as_millis() as u64, "publish failed, retrying");
+                    tokio::time::sleep(delay).await;
+                }
+                Outcome::Rejected {
+                    reason: "too_large",
+                    ..
+                } if !delivered.event.truncated => {
+                    self.status.truncated.fetch_add(1, Ordering::Relaxed);
+                    warn!(object = %delivered.event.reference(), id = %delivered.event.id, bytes = delivered.event.data.len(), "event exceeds the broker's message size: publishing a reference, marked truncated");
+                    delivered.event.truncate();
+                }
+                _ => return delivered,
+            }
             delivered = self.sink.send(delivered.event).await.await;
         }
-        delivered
     }
 }
 

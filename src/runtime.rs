@@ -7,20 +7,19 @@ use std::time::Duration;
 use kube::Client;
 use kube::api::{Api, DynamicObject, TypeMeta};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use tokio::sync::mpsc;
-use tokio::task::JoinSet;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, info, info_span, warn};
+use tracing::{info, warn};
 
 use crate::checkpoint::{self, FileStore, KafkaStore, NatsStore, Store, WatchKey};
 use crate::config::{self as cfg, Config, KubernetesConfig};
 use crate::discovery::{self, ResolvedResource};
-use crate::encode::ResourceInfo;
 use crate::leader::{self, Leadership};
-use crate::pipeline::{Pipeline, Status};
+use crate::pipeline::Status;
 use crate::sink::kafka::KafkaSink;
 use crate::sink::{self, AnySink};
-use crate::watch::{self, Target};
+use crate::supervisor::{OnChange, Parts, Supervisor};
+use crate::watch::Target;
 
 /// Errors of starting the bridge.
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +51,14 @@ pub enum Error {
     /// A checkpoint could not be loaded, or the checkpoint store prepared.
     #[error(transparent)]
     Checkpoint(#[from] checkpoint::Error),
+    /// The namespaces of a `namespaceSelector` could not be listed.
+    #[error("namespaceSelector {selector:?}: {message}")]
+    NamespaceSelector {
+        /// The selector.
+        selector: String,
+        /// What failed.
+        message: String,
+    },
 }
 
 /// A `Result` with this module's [`Error`].
@@ -60,6 +67,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Builds a client: the configured kubeconfig and context, else in-cluster, else `KUBECONFIG` or
 /// `~/.kube/config`.
 pub async fn client(k: &KubernetesConfig) -> Result<Client> {
+    Ok(client_and_url(k).await?.0)
+}
+
+/// A client and the API server's URL.
+async fn client_and_url(k: &KubernetesConfig) -> Result<(Client, String)> {
     let options = KubeConfigOptions {
         context: k.context.clone(),
         ..Default::default()
@@ -84,7 +96,8 @@ pub async fn client(k: &KubernetesConfig) -> Result<Client> {
             .await
             .map_err(|e| Error::ClientConfig(Box::new(e)))?,
     };
-    Client::try_from(config).map_err(Error::Client)
+    let url = config.cluster_url.to_string();
+    Ok((Client::try_from(config).map_err(Error::Client)?, url))
 }
 
 /// Deletes the checkpoints of the watches of `resource` (`v1/configmaps`, `apps/v1/deployments`),
@@ -156,12 +169,11 @@ pub struct WatchHandle {
     pub status: Arc<Status>,
 }
 
-/// The running bridge.
+/// The running bridge: a [`Supervisor`] task owning every watch and pipeline.
 #[derive(Debug)]
 pub struct Bridge {
-    watches: Vec<WatchHandle>,
-    stop_watches: CancellationToken,
-    tasks: JoinSet<Result<(), checkpoint::Error>>,
+    stop: CancellationToken,
+    supervisor: JoinHandle<Result<(), String>>,
     sink: Arc<AnySink>,
 }
 
@@ -172,15 +184,15 @@ const WATCH_TIMEOUT_SECS: u32 = 290;
 
 impl Bridge {
     /// Resolves every resource, connects the sink, loads each watch's checkpoint and starts one
-    /// watch and one pipeline per resource and namespace scope.
-    pub async fn start(config: Config, leadership: Option<Leadership>) -> Result<Self> {
-        let client = client(&config.kubernetes).await?;
+    /// watch and one pipeline per resource and namespace scope; from then on the supervisor
+    /// follows CRDs and namespaces. `on_change` is told the running watches whenever they change.
+    pub async fn start(
+        config: Config,
+        leadership: Option<Leadership>,
+        on_change: OnChange,
+    ) -> Result<Self> {
+        let (client, api_server) = client_and_url(&config.kubernetes).await?;
         let resources = discovery::resolve(&client, &config.resources).await?;
-        for r in &resources {
-            if !r.config.redact_secret_data && r.api.group.is_empty() && r.api.plural == "secrets" {
-                warn!(resource = %r.label(), "Secret redaction is OFF for this resource: secret values will be published in clear");
-            }
-        }
         let shared = Arc::new(AnySink::connect(&config.cluster, &config.sink, &resources).await?);
         info!(
             sink = shared.name(),
@@ -188,82 +200,24 @@ impl Bridge {
             "sink connected"
         );
         let stores = Stores::prepare(&config, &shared).await?;
-        let stop_watches = CancellationToken::new();
-        let mut tasks = JoinSet::new();
-        let mut watches = Vec::new();
-        for r in &resources {
-            let info = Arc::new(ResourceInfo::new(&config.cluster, r));
-            for namespace in r.scopes() {
-                let key = WatchKey::for_scope(&config.cluster, r, namespace.as_deref());
-                let span = info_span!("watch", resource = %r.label(), namespace = namespace.as_deref().unwrap_or("*"));
-                let (sink, mut store) = stores
-                    .for_watch(&config, &shared, &key)
-                    .instrument(span.clone())
-                    .await?;
-                let resume = store.load().instrument(span.clone()).await?;
-                let status = Arc::new(Status::default());
-                let (tx, rx) = mpsc::channel(config.delivery.queue_capacity);
-                let start_rv = resume.as_ref().map(|c| c.resource_version.clone());
-                let target = target(&client, r, namespace.as_deref());
-                let stop = stop_watches.clone();
-                let watch_status = status.clone();
-                tasks.spawn(
-                    async move {
-                        watch::run(target, start_rv, tx, stop, watch_status).await;
-                        Ok(())
-                    }
-                    .instrument(span.clone()),
-                );
-                let pipeline = Pipeline {
-                    info: info.clone(),
-                    events: r.config.events.clone(),
-                    sink,
-                    max_in_flight: config.delivery.max_in_flight,
-                    status: status.clone(),
-                    store,
-                    resume,
-                    snapshot: config.initial_snapshot,
-                    checkpoint_interval: Duration::from_millis(config.checkpoint.interval_ms),
-                    leadership: leadership.clone(),
-                    heartbeat: config
-                        .heartbeat
-                        .enabled
-                        .then(|| crate::pipeline::Heartbeat {
-                            interval: Duration::from_secs(config.heartbeat.interval_secs),
-                            destination: config
-                                .heartbeat
-                                .destination
-                                .replace("{cluster}", &config.cluster),
-                            watch: key.clone(),
-                        }),
-                };
-                tasks.spawn(pipeline.run(rx).instrument(span));
-                watches.push(WatchHandle {
-                    resource: r.label(),
-                    namespace,
-                    status,
-                });
-            }
-        }
-        info!(watches = watches.len(), "bridge started");
+        let stop = CancellationToken::new();
+        let mut supervisor = Supervisor::new(Parts {
+            config: Arc::new(config),
+            client,
+            api_server,
+            sink: shared.clone(),
+            stores,
+            leadership,
+            stop: stop.clone(),
+            on_change,
+        });
+        supervisor.start(resources).await?;
+        info!(watches = supervisor.handles().len(), "bridge started");
         Ok(Self {
-            watches,
-            stop_watches,
-            tasks,
+            stop,
+            supervisor: tokio::spawn(supervisor.run()),
             sink: shared,
         })
-    }
-
-    /// The watches and their status.
-    pub fn watches(&self) -> &[WatchHandle] {
-        &self.watches
-    }
-
-    /// Whether every watch has published its initial state.
-    pub fn synced(&self) -> bool {
-        self.watches
-            .iter()
-            .all(|w| w.status.synced.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Stops the watches, then waits up to `grace` for the pipelines to drain and the sink to
@@ -273,20 +227,18 @@ impl Bridge {
             grace_secs = grace.as_secs(),
             "shutting down: stopping watches, draining in-flight events"
         );
-        self.stop_watches.cancel();
+        self.stop.cancel();
         let deadline = tokio::time::Instant::now() + grace;
-        let drained = tokio::time::timeout_at(deadline, async {
-            while self.tasks.join_next().await.is_some() {}
-        })
-        .await
-        .is_ok();
+        let drained = tokio::time::timeout_at(deadline, &mut self.supervisor)
+            .await
+            .is_ok();
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         self.sink.flush(left.max(Duration::from_millis(100))).await;
         if !drained {
             warn!(
                 "grace period over with events still in flight; they will be published again after restart"
             );
-            self.tasks.abort_all();
+            self.supervisor.abort();
         }
         drained
     }
@@ -294,20 +246,17 @@ impl Bridge {
     /// Waits until a watch or pipeline fails for good (fenced, checkpoint store lost) and returns
     /// why; while everything is healthy it never returns.
     pub async fn failure(&mut self) -> String {
-        while let Some(result) = self.tasks.join_next().await {
-            match result {
-                Ok(Err(e)) => return e.to_string(),
-                Err(e) if e.is_panic() => return format!("a watch task panicked: {e}"),
-                _ => {}
-            }
+        match (&mut self.supervisor).await {
+            Ok(Err(failure)) => failure,
+            Ok(Ok(())) => "every watch stopped".into(),
+            Err(e) => format!("the supervisor task failed: {e}"),
         }
-        "every watch stopped".into()
     }
 }
 
 /// What the checkpoint stores of all watches share.
 #[expect(clippy::large_enum_variant, reason = "one value per process")]
-enum Stores {
+pub(crate) enum Stores {
     /// Per-watch transactional producers writing to this topic.
     Kafka { topic: String },
     /// One KV bucket.
@@ -357,7 +306,7 @@ impl Stores {
 
     /// The sink and checkpoint store of one watch. A Kafka watch gets its own transactional
     /// producer (its transactional id fences an older instance of the same watch).
-    async fn for_watch(
+    pub(crate) async fn for_watch(
         &self,
         config: &Config,
         shared: &Arc<AnySink>,
@@ -398,7 +347,7 @@ impl Stores {
     }
 }
 
-fn target(client: &Client, r: &ResolvedResource, namespace: Option<&str>) -> Target {
+pub(crate) fn target(client: &Client, r: &ResolvedResource, namespace: Option<&str>) -> Target {
     let api: Api<DynamicObject> = match namespace {
         Some(ns) => Api::namespaced_with(client.clone(), ns, &r.api),
         None => Api::all_with(client.clone(), &r.api),

@@ -15,6 +15,7 @@ use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use tracing::warn;
 
 use super::{Delivered, Error, Outcome, Pending, Result, ready};
+use crate::change::ChangeKind;
 use crate::config::{ContentMode, KafkaConfig};
 use crate::encode::{DATA_CONTENT_TYPE, Event, STRUCTURED_CONTENT_TYPE};
 use crate::template::Template;
@@ -283,7 +284,12 @@ impl KafkaSink {
 
     /// The topic for `event`.
     pub fn topic_for(&self, event: &Event) -> String {
-        self.topic.render_topic(&event.template_values())
+        event
+            .info
+            .destination
+            .as_ref()
+            .unwrap_or(&self.topic)
+            .render_topic(&event.template_values())
     }
 
     /// Enqueues `event`; waits while librdkafka's queue is full.
@@ -313,33 +319,53 @@ impl KafkaSink {
                 (&structured[..], h)
             }
         };
-        let mut record = FutureRecord::to(&topic)
-            .key(&event.uid)
+        let record = FutureRecord::to(&topic)
+            .key(event.key())
             .payload(payload)
             .headers(headers);
-        let delivery = loop {
+        let delivery = match self.enqueue(record).await {
+            Ok(d) => d,
+            Err(error) => return ready(event, classify(&error)),
+        };
+        // A tombstone right behind the delete (same key, so same partition and order): a
+        // compacted topic then forgets the object.
+        let tombstone = if event.kind == ChangeKind::Deleted && event.info.tombstones {
+            let record: FutureRecord<'_, str, [u8]> = FutureRecord::to(&topic).key(event.key());
+            match self.enqueue(record).await {
+                Ok(d) => Some(d),
+                Err(error) => return ready(event, classify(&error)),
+            }
+        } else {
+            None
+        };
+        Box::pin(async move {
+            let mut outcome = settle(delivery).await;
+            if let (Outcome::Acked, Some(t)) = (&outcome, tombstone) {
+                outcome = settle(t).await;
+            }
+            Delivered { event, outcome }
+        })
+    }
+
+    /// Hands one record to librdkafka, waiting while its queue is full.
+    async fn enqueue<K, P>(
+        &self,
+        mut record: FutureRecord<'_, K, P>,
+    ) -> Result<rdkafka::producer::DeliveryFuture, KafkaError>
+    where
+        K: rdkafka::message::ToBytes + ?Sized,
+        P: rdkafka::message::ToBytes + ?Sized,
+    {
+        loop {
             match self.producer.send_result(record) {
-                Ok(delivery) => break delivery,
+                Ok(delivery) => return Ok(delivery),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                     record = back;
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
-                Err((error, _)) => {
-                    let outcome = classify(&error);
-                    return ready(event, outcome);
-                }
+                Err((error, _)) => return Err(error),
             }
-        };
-        Box::pin(async move {
-            let outcome = match delivery.await {
-                Ok(Ok(_)) => Outcome::Acked,
-                Ok(Err((error, _))) => classify(&error),
-                Err(_) => Outcome::Retry {
-                    error: "producer dropped the delivery".into(),
-                },
-            };
-            Delivered { event, outcome }
-        })
+        }
     }
 
     /// Sends one structured CloudEvent to `topic` and waits for its acknowledgement.
@@ -386,6 +412,16 @@ fn classify_commit(e: KafkaError) -> CommitError {
         CommitError::Fenced
     } else {
         CommitError::Kafka(e)
+    }
+}
+
+async fn settle(delivery: rdkafka::producer::DeliveryFuture) -> Outcome {
+    match delivery.await {
+        Ok(Ok(_)) => Outcome::Acked,
+        Ok(Err((error, _))) => classify(&error),
+        Err(_) => Outcome::Retry {
+            error: "producer dropped the delivery".into(),
+        },
     }
 }
 

@@ -25,8 +25,17 @@ const HEADER_VALUE: &AsciiSet = &CONTROLS.add(b'%').add(b'"').add(b' ');
 pub struct NatsSink {
     client: async_nats::Client,
     jetstream: Option<jetstream::Context>,
+    stream: Option<StreamSettings>,
     subject: Template,
     mode: ContentMode,
+}
+
+/// What is needed to extend the stream for resources discovered later.
+#[derive(Debug, Clone)]
+struct StreamSettings {
+    name: String,
+    create: bool,
+    duplicate_window: Duration,
 }
 
 async fn read_secret(field: &'static str, path: &std::path::Path) -> Result<String> {
@@ -103,29 +112,43 @@ impl NatsSink {
             Some(js) => {
                 let mut ctx = jetstream::new(client.clone());
                 ctx.set_timeout(Duration::from_secs(js.ack_timeout_secs));
-                let mut subjects: Vec<String> = resources
-                    .iter()
-                    .map(|r| subject.subject_filter(&r.template_values(cluster)))
-                    .collect();
-                subjects.sort();
-                subjects.dedup();
-                ensure_stream(
-                    &ctx,
-                    &js.stream,
-                    js.create,
-                    subjects,
-                    Duration::from_secs(js.duplicate_window_secs),
-                )
-                .await?;
                 Some(ctx)
             }
         };
-        Ok(Self {
+        let sink = Self {
             client,
             jetstream,
+            stream: config.jetstream.as_ref().map(|js| StreamSettings {
+                name: js.stream.clone(),
+                create: js.create,
+                duplicate_window: Duration::from_secs(js.duplicate_window_secs),
+            }),
             subject,
             mode: config.content_mode,
-        })
+        };
+        sink.cover(cluster, resources).await?;
+        Ok(sink)
+    }
+
+    /// Makes sure the JetStream stream captures the subjects of `resources` (creating or
+    /// extending it when `create` is set); for resources discovered while running as well.
+    pub async fn cover(&self, cluster: &str, resources: &[ResolvedResource]) -> Result<()> {
+        let (Some(ctx), Some(stream)) = (&self.jetstream, &self.stream) else {
+            return Ok(());
+        };
+        let mut subjects: Vec<String> = resources
+            .iter()
+            .map(|r| {
+                r.config
+                    .subject
+                    .as_ref()
+                    .unwrap_or(&self.subject)
+                    .subject_filter(&r.template_values(cluster))
+            })
+            .collect();
+        subjects.sort();
+        subjects.dedup();
+        ensure_stream(ctx, stream, subjects).await
     }
 
     /// The JetStream context, if publishing to JetStream.
@@ -135,7 +158,12 @@ impl NatsSink {
 
     /// The subject for `event`.
     pub fn subject_for(&self, event: &Event) -> String {
-        self.subject.render_subject(&event.template_values())
+        event
+            .info
+            .destination
+            .as_ref()
+            .unwrap_or(&self.subject)
+            .render_subject(&event.template_values())
     }
 
     /// Publishes `event`; for JetStream the returned future resolves on the stream's ack.
@@ -261,13 +289,33 @@ pub fn classify(error: &jetstream::context::PublishError) -> Outcome {
     }
 }
 
+/// Whether a stream subject `pattern` captures every subject of `filter` (both may use `*` for
+/// one token and a final `>` for one or more).
+pub fn captures(pattern: &str, filter: &str) -> bool {
+    let mut p = pattern.split('.');
+    let mut f = filter.split('.');
+    loop {
+        match (p.next(), f.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some("*"), Some(t)) if t != ">" => {}
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
 async fn ensure_stream(
     ctx: &jetstream::Context,
-    name: &str,
-    create: bool,
+    settings: &StreamSettings,
     subjects: Vec<String>,
-    duplicate_window: Duration,
 ) -> Result<()> {
+    let StreamSettings {
+        name,
+        create,
+        duplicate_window,
+    } = settings;
+    let (name, create, duplicate_window) = (name.as_str(), *create, *duplicate_window);
     match ctx.get_stream(name).await {
         Ok(mut existing) => {
             let info = existing.info().await.map_err(|e| Error::NatsStream {
@@ -275,7 +323,7 @@ async fn ensure_stream(
             })?;
             let missing: Vec<&String> = subjects
                 .iter()
-                .filter(|s| !info.config.subjects.contains(s))
+                .filter(|s| !info.config.subjects.iter().any(|p| captures(p, s)))
                 .collect();
             if !missing.is_empty() {
                 if !create {
@@ -330,6 +378,29 @@ pub fn redact_url(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stream_subjects_capture_filters_by_wildcard() {
+        assert!(captures("k8s.>", "k8s.dev.core.configmaps.*.*"));
+        assert!(captures(
+            "k8s.*.core.configmaps.*.*",
+            "k8s.dev.core.configmaps.*.*"
+        ));
+        assert!(captures(
+            "k8s.dev.core.configmaps.*.*",
+            "k8s.dev.core.configmaps.*.*"
+        ));
+        assert!(!captures(
+            "k8s.dev.core.configmaps.*",
+            "k8s.dev.core.configmaps.*.*"
+        ));
+        assert!(!captures(
+            "k8s.dev.core.configmaps.a.*",
+            "k8s.dev.core.configmaps.*.*"
+        ));
+        assert!(!captures("k8s.>", "k8s"));
+        assert!(!captures("k8s.*", "k8s.>"));
+    }
 
     #[test]
     fn credentials_never_reach_messages() {

@@ -1,0 +1,440 @@
+//! Keeps the running watches equal to the desired ones while the bridge runs. The desired set is
+//! computed from the configuration, the API server's discovery (refreshed when a
+//! CustomResourceDefinition changes, and periodically) and the namespaces that match each
+//! `namespaceSelector` (followed through a watch on Namespaces). A watch that is no longer
+//! desired is stopped cleanly: its pipeline drains and saves a last checkpoint. Starting or
+//! stopping one watch never disturbs the others.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
+use kube::api::{Api, PartialObjectMeta};
+use kube::runtime::watcher::{self, Event as WatcherEvent};
+use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, error, info, info_span, warn};
+
+use crate::checkpoint::{self, WatchKey};
+use crate::config::Config;
+use crate::discovery::{self, ResolvedResource};
+use crate::encode::ResourceInfo;
+use crate::leader::Leadership;
+use crate::pipeline::{Heartbeat, Pipeline, Status};
+use crate::runtime::{Error, Result, Stores, WatchHandle, target};
+use crate::sink::AnySink;
+use crate::watch;
+
+/// Called with the running watches whenever they change (the admin server's view).
+pub type OnChange = Box<dyn Fn(Vec<WatchHandle>) + Send + Sync>;
+
+/// Namespaces matching each selector, kept current by one Namespace watch per selector.
+type Selected = Arc<Mutex<HashMap<String, BTreeSet<String>>>>;
+
+/// What a finished watch or pipeline task reports: its watch, the generation it was started in,
+/// and how it ended.
+type Finished = (String, u64, Result<(), checkpoint::Error>);
+
+struct Running {
+    handle: WatchHandle,
+    cancel: CancellationToken,
+    generation: u64,
+}
+
+/// The watches' owner.
+pub(crate) struct Supervisor {
+    config: Arc<Config>,
+    client: Client,
+    api_server: String,
+    sink: Arc<AnySink>,
+    stores: Stores,
+    leadership: Option<Leadership>,
+    running: BTreeMap<String, Running>,
+    tasks: JoinSet<Finished>,
+    generation: u64,
+    stop: CancellationToken,
+    refresh: Arc<Notify>,
+    selected: Selected,
+    on_change: OnChange,
+}
+
+/// What the supervisor needs to start.
+pub(crate) struct Parts {
+    /// The validated configuration.
+    pub config: Arc<Config>,
+    /// The Kubernetes client.
+    pub client: Client,
+    /// The API server's URL (Knative's `source`).
+    pub api_server: String,
+    /// The shared sink.
+    pub sink: Arc<AnySink>,
+    /// The checkpoint stores.
+    pub stores: Stores,
+    /// Held leadership, if replicas elect a leader.
+    pub leadership: Option<Leadership>,
+    /// Cancelled at shutdown.
+    pub stop: CancellationToken,
+    /// Told about the running watches.
+    pub on_change: OnChange,
+}
+
+impl Supervisor {
+    /// Prepares the supervisor; [`Supervisor::start`] starts the watches.
+    pub fn new(parts: Parts) -> Self {
+        Self {
+            config: parts.config,
+            client: parts.client,
+            api_server: parts.api_server,
+            sink: parts.sink,
+            stores: parts.stores,
+            leadership: parts.leadership,
+            running: BTreeMap::new(),
+            tasks: JoinSet::new(),
+            generation: 0,
+            stop: parts.stop,
+            refresh: Arc::new(Notify::new()),
+            selected: Arc::default(),
+            on_change: parts.on_change,
+        }
+    }
+
+    /// Follows namespaces (waiting for each selector's first listing) and CRDs, then starts
+    /// every desired watch for `resources` (resolved at start, so an explicit entry the cluster
+    /// does not serve has already failed the start).
+    pub async fn start(&mut self, resources: Vec<ResolvedResource>) -> Result<()> {
+        let selectors: BTreeSet<String> = self
+            .config
+            .resources
+            .iter()
+            .filter_map(|r| r.namespace_selector.clone())
+            .collect();
+        for selector in selectors {
+            let (first_tx, first_rx) = oneshot::channel();
+            self.spawn_follower(follow_namespaces(
+                self.client.clone(),
+                selector.clone(),
+                self.selected.clone(),
+                self.refresh.clone(),
+                first_tx,
+            ));
+            let first = first_rx
+                .await
+                .unwrap_or_else(|_| Err("the namespace watch stopped".into()));
+            match first {
+                Ok(n) => info!(selector = %selector, namespaces = n, "namespaces selected"),
+                Err(message) => return Err(Error::NamespaceSelector { selector, message }),
+            }
+        }
+        if self.config.resources.iter().any(|r| r.is_wildcard()) {
+            self.spawn_follower(follow_crds(self.client.clone(), self.refresh.clone()));
+        }
+        self.reconcile(resources).await
+    }
+
+    fn spawn_follower(&self, task: impl Future<Output = ()> + Send + 'static) {
+        let stop = self.stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = task => {}
+            }
+        });
+    }
+
+    /// Runs until shutdown (then drains every pipeline) or until a watch fails for good
+    /// (fenced, checkpoint store lost), returning why.
+    pub async fn run(mut self) -> Result<(), String> {
+        let period = Duration::from_secs(self.config.discovery.refresh_secs);
+        let mut next_refresh = tokio::time::Instant::now() + period;
+        loop {
+            tokio::select! {
+                biased;
+                () = self.stop.cancelled() => break,
+                Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => {
+                    if let Some(failure) = self.finished(done) {
+                        return Err(failure);
+                    }
+                }
+                () = self.refresh.notified() => self.refresh().await,
+                () = tokio::time::sleep_until(next_refresh) => {
+                    next_refresh = tokio::time::Instant::now() + period;
+                    self.refresh().await;
+                }
+            }
+        }
+        for r in self.running.values() {
+            r.cancel.cancel();
+        }
+        while let Some(done) = self.tasks.join_next().await {
+            self.finished(done);
+        }
+        Ok(())
+    }
+
+    /// Looks at one finished task; returns a failure that must stop the bridge.
+    fn finished(&mut self, done: Result<Finished, tokio::task::JoinError>) -> Option<String> {
+        match done {
+            Ok((key, generation, Err(e))) => {
+                let current = self
+                    .running
+                    .get(&key)
+                    .is_some_and(|r| r.generation == generation);
+                if current {
+                    Some(e.to_string())
+                } else {
+                    // A watch already stopped (its resource or namespace went away) may be
+                    // fenced by its successor while draining: nothing is lost, its successor
+                    // resumes from the checkpoint.
+                    warn!(watch = %key, error = %e, "a stopped watch ended with an error");
+                    None
+                }
+            }
+            Err(e) if e.is_panic() => Some(format!("a watch task panicked: {e}")),
+            _ => None,
+        }
+    }
+
+    async fn refresh(&mut self) {
+        match discovery::discover(&self.client).await {
+            Ok(found) => {
+                let (resources, missing) = discovery::select(&self.config.resources, &found);
+                for m in missing {
+                    info!(problem = %m, "resource no longer served; its watch stops");
+                }
+                if let Err(e) = self.reconcile(resources).await {
+                    error!(error = %e, "cannot start a watch; will retry at the next refresh");
+                }
+            }
+            Err(e) => warn!(error = %e, "discovery refresh failed; keeping the current watches"),
+        }
+    }
+
+    /// Makes the running watches match `resources` × their namespace scopes.
+    async fn reconcile(&mut self, resources: Vec<ResolvedResource>) -> Result<()> {
+        let mut desired: BTreeMap<String, (WatchKey, ResolvedResource, Option<String>)> =
+            BTreeMap::new();
+        {
+            let selected = self.selected.lock().unwrap_or_else(|e| e.into_inner());
+            for r in &resources {
+                let scopes = match &r.config.namespace_selector {
+                    Some(sel) => selected
+                        .get(sel)
+                        .map(|set| set.iter().cloned().map(Some).collect())
+                        .unwrap_or_default(),
+                    None => r.scopes(),
+                };
+                for ns in scopes {
+                    let key = WatchKey::for_scope(&self.config.cluster, r, ns.as_deref());
+                    desired.insert(key.id.clone(), (key, r.clone(), ns));
+                }
+            }
+        }
+        let gone: Vec<String> = self
+            .running
+            .keys()
+            .filter(|k| !desired.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in &gone {
+            if let Some(r) = self.running.remove(key) {
+                info!(resource = %r.handle.resource, namespace = r.handle.namespace.as_deref().unwrap_or("*"), "watch no longer desired: stopping it");
+                r.cancel.cancel();
+            }
+        }
+        let new: Vec<_> = desired
+            .into_iter()
+            .filter(|(k, _)| !self.running.contains_key(k))
+            .map(|(_, v)| v)
+            .collect();
+        if !new.is_empty() {
+            let fresh: Vec<ResolvedResource> = new.iter().map(|(_, r, _)| r.clone()).collect();
+            if let AnySink::Nats(n) = self.sink.as_ref() {
+                n.cover(&self.config.cluster, &fresh).await?;
+            }
+        }
+        let changed = !gone.is_empty() || !new.is_empty();
+        for (key, r, ns) in new {
+            self.start_watch(key, &r, ns).await?;
+        }
+        if changed {
+            (self.on_change)(self.handles());
+        }
+        Ok(())
+    }
+
+    /// The running watches.
+    pub fn handles(&self) -> Vec<WatchHandle> {
+        self.running.values().map(|r| r.handle.clone()).collect()
+    }
+
+    async fn start_watch(
+        &mut self,
+        key: WatchKey,
+        r: &ResolvedResource,
+        namespace: Option<String>,
+    ) -> Result<()> {
+        let config = self.config.clone();
+        let span = info_span!("watch", resource = %r.label(), namespace = namespace.as_deref().unwrap_or("*"));
+        let (sink, mut store) = self
+            .stores
+            .for_watch(&config, &self.sink, &key)
+            .instrument(span.clone())
+            .await?;
+        let resume = store.load().instrument(span.clone()).await?;
+        let status = Arc::new(Status::default());
+        let (tx, rx) = mpsc::channel(config.delivery.queue_capacity);
+        let start_rv = resume.as_ref().map(|c| c.resource_version.clone());
+        let target = target(&self.client, r, namespace.as_deref());
+        let cancel = self.stop.child_token();
+        self.generation += 1;
+        let generation = self.generation;
+        let (stop, watch_status, id) = (cancel.clone(), status.clone(), key.id.clone());
+        self.tasks.spawn(
+            async move {
+                watch::run(target, start_rv, tx, stop, watch_status).await;
+                (id, generation, Ok(()))
+            }
+            .instrument(span.clone()),
+        );
+        if !r.config.redact_secret_data && r.is_secret() {
+            warn!(resource = %r.label(), "Secret redaction is OFF for this resource: secret values will be published in clear");
+        }
+        let pipeline = Pipeline {
+            info: Arc::new(ResourceInfo::new(&config.cluster, r, &self.api_server)),
+            events: r.config.events.clone(),
+            sink,
+            max_in_flight: config.delivery.max_in_flight,
+            status: status.clone(),
+            store,
+            resume,
+            snapshot: config.initial_snapshot,
+            checkpoint_interval: Duration::from_millis(config.checkpoint.interval_ms),
+            leadership: self.leadership.clone(),
+            heartbeat: config.heartbeat.enabled.then(|| Heartbeat {
+                interval: Duration::from_secs(config.heartbeat.interval_secs),
+                destination: config
+                    .heartbeat
+                    .destination
+                    .replace("{cluster}", &config.cluster),
+                watch: key.clone(),
+            }),
+        };
+        let id = key.id.clone();
+        self.tasks
+            .spawn(async move { (id, generation, pipeline.run(rx).await) }.instrument(span));
+        self.running.insert(
+            key.id,
+            Running {
+                handle: WatchHandle {
+                    resource: r.label(),
+                    namespace,
+                    status,
+                },
+                cancel,
+                generation,
+            },
+        );
+        Ok(())
+    }
+}
+
+/// Keeps `selected[selector]` equal to the namespaces matching `selector`, asking for a
+/// reconcile on every change. The first complete listing (or the error that prevented it) is
+/// reported on `first`.
+async fn follow_namespaces(
+    client: Client,
+    selector: String,
+    selected: Selected,
+    refresh: Arc<Notify>,
+    first: oneshot::Sender<Result<usize, String>>,
+) {
+    let api: Api<PartialObjectMeta<Namespace>> = Api::all(client);
+    let mut stream = watcher::watcher(api, watcher::Config::default().labels(&selector)).boxed();
+    let mut first = Some(first);
+    let mut listing: BTreeSet<String> = BTreeSet::new();
+    while let Some(event) = stream.next().await {
+        let set_and_notify = |f: &dyn Fn(&mut BTreeSet<String>)| {
+            let mut all = selected.lock().unwrap_or_else(|e| e.into_inner());
+            f(all.entry(selector.clone()).or_default());
+        };
+        match event {
+            Ok(WatcherEvent::Init) => listing.clear(),
+            Ok(WatcherEvent::InitApply(ns)) => {
+                listing.extend(ns.metadata.name);
+            }
+            Ok(WatcherEvent::InitDone) => {
+                let n = listing.len();
+                let complete = std::mem::take(&mut listing);
+                set_and_notify(&|set| set.clone_from(&complete));
+                match first.take() {
+                    Some(tx) => {
+                        let _ = tx.send(Ok(n));
+                    }
+                    None => refresh.notify_one(),
+                }
+            }
+            Ok(WatcherEvent::Apply(ns)) => {
+                if let Some(name) = ns.metadata.name {
+                    info!(namespace = %name, selector = %selector, "namespace matches the selector");
+                    set_and_notify(&|set| {
+                        set.insert(name.clone());
+                    });
+                    refresh.notify_one();
+                }
+            }
+            Ok(WatcherEvent::Delete(ns)) => {
+                if let Some(name) = ns.metadata.name {
+                    info!(namespace = %name, selector = %selector, "namespace no longer matches the selector");
+                    set_and_notify(&|set| {
+                        set.remove(&name);
+                    });
+                    refresh.notify_one();
+                }
+            }
+            Err(e) => {
+                if let Some(tx) = first.take() {
+                    let _ = tx.send(Err(format!("cannot list namespaces: {e}")));
+                    return;
+                }
+                warn!(selector = %selector, error = %e, "namespace watch failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+/// Asks for a discovery refresh whenever a CustomResourceDefinition is created, changed or
+/// deleted, and once more shortly after (discovery serves a new CRD once it is established).
+async fn follow_crds(client: Client, refresh: Arc<Notify>) {
+    let api: Api<PartialObjectMeta<CustomResourceDefinition>> = Api::all(client);
+    let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
+    let mut listed = false;
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(WatcherEvent::Init | WatcherEvent::InitApply(_)) => {}
+            Ok(WatcherEvent::InitDone) => {
+                if listed {
+                    refresh.notify_one();
+                }
+                listed = true;
+            }
+            Ok(WatcherEvent::Apply(_) | WatcherEvent::Delete(_)) => {
+                refresh.notify_one();
+                let again = refresh.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    again.notify_one();
+                });
+            }
+            Err(e) => {
+                warn!(error = %e, "CustomResourceDefinition watch failed (CRDs are still found by the periodic discovery refresh)");
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        }
+    }
+}
