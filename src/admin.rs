@@ -162,6 +162,18 @@ impl State {
             |s| s.filtered.load(Ordering::Relaxed).to_string(),
         );
         m.per_watch(
+            "events_suppressed_total",
+            "counter",
+            "Updates not published because only noise changed (resourceVersion, generation, managedFields, ignorePaths).",
+            |s| s.suppressed.load(Ordering::Relaxed).to_string(),
+        );
+        m.per_watch(
+            "events_truncated_total",
+            "counter",
+            "Events published as a reference because the whole event exceeded the broker's message size.",
+            |s| s.truncated.load(Ordering::Relaxed).to_string(),
+        );
+        m.per_watch(
             "events_repaired_total",
             "counter",
             "Events found by a relist after lost watch history.",

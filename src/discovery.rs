@@ -4,8 +4,6 @@
 //! preferred version), minus their exclusions. [`select`] is pure, so the supervisor can run it
 //! again whenever CRDs change.
 
-use std::collections::BTreeMap;
-
 use kube::Client;
 use kube::discovery::{ApiGroup, ApiResource, Discovery, Scope, verbs};
 
@@ -106,21 +104,28 @@ pub async fn resolve(
 }
 
 /// Chooses the resources to watch (pure): explicit entries first, in file order, then wildcards
-/// in file order; the first entry to claim a resource owns it. Returns the resources and one
+/// in file order; an entry does not get a resource an earlier one already watches in an
+/// overlapping set of namespaces with the same selectors (so no change is published twice). Returns the resources and one
 /// message per explicit entry the cluster does not serve.
 pub fn select(
     resources: &[config::Resource],
     discovery: &Discovery,
 ) -> (Vec<ResolvedResource>, Vec<String>) {
     let mut errors = Vec::new();
-    let mut claimed: BTreeMap<(String, String), ResolvedResource> = BTreeMap::new();
+    let mut chosen: Vec<ResolvedResource> = Vec::new();
+    let mut claim = |x: ResolvedResource| {
+        let taken = chosen.iter().any(|c| {
+            c.api.group == x.api.group
+                && c.api.plural == x.api.plural
+                && c.config.overlaps(&x.config)
+        });
+        if !taken {
+            chosen.push(x);
+        }
+    };
     for r in resources.iter().filter(|r| !r.is_wildcard()) {
         match resolve_one(r, discovery.get(&r.group)) {
-            Ok(x) => {
-                claimed
-                    .entry((x.api.group.clone(), x.api.plural.clone()))
-                    .or_insert(x);
-            }
+            Ok(x) => claim(x),
             Err(message) => errors.push(message),
         }
     }
@@ -140,31 +145,27 @@ pub fn select(
                     .iter()
                     .all(|v| caps.supports_operation(v));
                 let scoped = r.namespaces.is_none() && r.namespace_selector.is_none();
-                if !watchable
-                    || (!namespaced && !scoped)
-                    || !r.matches(&api.group, &api.version, &api.plural, &api.kind)
+                if watchable
+                    && (namespaced || scoped)
+                    && r.matches(&api.group, &api.version, &api.plural, &api.kind)
                 {
-                    continue;
-                }
-                claimed
-                    .entry((api.group.clone(), api.plural.clone()))
-                    .or_insert_with(|| ResolvedResource {
+                    claim(ResolvedResource {
                         config: r.clone(),
                         api,
                         namespaced,
                     });
+                }
             }
         }
     }
-    let mut resolved: Vec<ResolvedResource> = claimed.into_values().collect();
-    resolved.sort_by(|a, b| {
+    chosen.sort_by(|a, b| {
         (a.config.index, &a.api.group, &a.api.plural).cmp(&(
             b.config.index,
             &b.api.group,
             &b.api.plural,
         ))
     });
-    (resolved, errors)
+    (chosen, errors)
 }
 
 /// Resolves one entry against its group's discovery document (pure, for unit tests).

@@ -182,6 +182,8 @@ enum Taken {
 
 enum MapTaken {
     Whole(Option<Labels>),
+    /// The removed value; a map it leaves empty is set to `None`, so an object whose only
+    /// annotation is ignored digests like one without annotations.
     One(Option<String>),
 }
 
@@ -200,7 +202,13 @@ fn redact_map(map: Option<&mut Labels>, key: &Option<String>) {
 fn take_map(map: &mut Option<Labels>, key: &Option<String>) -> MapTaken {
     match key {
         None => MapTaken::Whole(map.take()),
-        Some(k) => MapTaken::One(map.as_mut().and_then(|m| m.remove(k))),
+        Some(k) => {
+            let value = map.as_mut().and_then(|m| m.remove(k));
+            if value.is_some() && map.as_ref().is_some_and(|m| m.is_empty()) {
+                *map = None;
+            }
+            MapTaken::One(value)
+        }
     }
 }
 
@@ -233,11 +241,12 @@ fn value_mut<'a>(mut v: &'a mut Value, tokens: &[String]) -> Option<&'a mut Valu
 }
 
 /// A digest of everything an update could meaningfully change: the object without its
-/// resourceVersion, its managedFields and the `ignore`d pointers. Two versions with the same
+/// resourceVersion, generation (derived from the rest), managedFields and the `ignore`d pointers. Two versions with the same
 /// digest differ only in noise. `scratch` is a reusable buffer; the object is left as it was.
 /// Never returns 0, which stands for "unknown" in the index.
 pub fn digest(object: &mut DynamicObject, ignore: &[Pointer], scratch: &mut Vec<u8>) -> u64 {
     let rv = object.metadata.resource_version.take();
+    let generation = object.metadata.generation.take();
     let managed = object.metadata.managed_fields.take();
     let taken: Vec<Taken> = ignore.iter().map(|p| p.take(object)).collect();
     scratch.clear();
@@ -247,6 +256,7 @@ pub fn digest(object: &mut DynamicObject, ignore: &[Pointer], scratch: &mut Vec<
         p.restore(object, t);
     }
     object.metadata.managed_fields = managed;
+    object.metadata.generation = generation;
     object.metadata.resource_version = rv;
     hash(scratch).max(1)
 }
@@ -398,6 +408,17 @@ mod tests {
 
         b.data["spec"]["password"] = json!("other");
         assert_ne!(digest(&mut b, &ignore, &mut scratch), d);
+        let mut only = object();
+        only.metadata.annotations = Some(BTreeMap::from([("keep".to_string(), "y".to_string())]));
+        let mut none = object();
+        none.metadata.annotations = None;
+        let keep = [Pointer::parse("/metadata/annotations/keep").unwrap()];
+        assert_eq!(
+            digest(&mut only, &keep, &mut scratch),
+            digest(&mut none, &keep, &mut scratch),
+            "an ignored only annotation is like no annotations"
+        );
+        assert_eq!(only.metadata.annotations.as_ref().unwrap()["keep"], "y");
         let mut c = object();
         c.metadata.labels = None;
         assert_ne!(digest(&mut c, &ignore, &mut scratch), d);

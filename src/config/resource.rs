@@ -191,6 +191,17 @@ impl Resource {
         self.group.contains('*') || self.version == "*" || self.resource == "*"
     }
 
+    /// Whether this entry and `other`, applied to the same resource, would watch some objects
+    /// twice: same selectors and overlapping namespaces (a namespace selector may match any).
+    pub fn overlaps(&self, other: &Resource) -> bool {
+        self.label_selector == other.label_selector
+            && self.field_selector == other.field_selector
+            && match (&self.namespaces, &other.namespaces) {
+                (Some(x), Some(y)) => x.iter().any(|n| y.contains(n)),
+                _ => true,
+            }
+    }
+
     /// Whether `group`, `version`, `plural`/`kind` is matched by this entry (pure name matching;
     /// the version choice is discovery's).
     pub fn matches(&self, group: &str, version: &str, plural: &str, kind: &str) -> bool {
@@ -460,15 +471,7 @@ pub(super) fn check_overlaps(resources: &[Resource], errors: &mut Vec<String>) {
     let explicit: Vec<&Resource> = resources.iter().filter(|r| !r.is_wildcard()).collect();
     for (a_pos, a) in explicit.iter().enumerate() {
         for b in &explicit[a_pos + 1..] {
-            let same = a.group == b.group
-                && a.resource.eq_ignore_ascii_case(&b.resource)
-                && a.label_selector == b.label_selector
-                && a.field_selector == b.field_selector;
-            let overlap = match (&a.namespaces, &b.namespaces) {
-                (Some(x), Some(y)) => x.iter().any(|n| y.contains(n)),
-                _ => true,
-            };
-            if same && overlap {
+            if a.group == b.group && a.resource.eq_ignore_ascii_case(&b.resource) && a.overlaps(b) {
                 errors.push(format!(
                     "resources[{}]: watches the same objects as resources[{}] ({}); merge the entries",
                     b.index, a.index, a.resource

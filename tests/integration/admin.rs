@@ -42,6 +42,8 @@ pub const METRICS: &[&str] = &[
     "kube_event_bridge_events_observed_total",
     "kube_event_bridge_events_published_total",
     "kube_event_bridge_events_filtered_total",
+    "kube_event_bridge_events_suppressed_total",
+    "kube_event_bridge_events_truncated_total",
     "kube_event_bridge_events_repaired_total",
     "kube_event_bridge_publish_failures_total",
     "kube_event_bridge_publish_latency_seconds",

@@ -7,5 +7,7 @@ mod bridge;
 mod checkpoint;
 mod components;
 mod deploy;
+mod dynamic;
 mod harness;
+mod shaping;
 mod support;
