@@ -53,6 +53,9 @@ pub struct State {
     sink: &'static str,
     role: AtomicU8,
     shutting_down: AtomicBool,
+    /// Whether the bridge has started its watches (there may be none: a wildcard can match
+    /// nothing yet).
+    started: AtomicBool,
     watches: Mutex<Vec<WatchHandle>>,
 }
 
@@ -63,6 +66,7 @@ impl State {
             sink,
             role: AtomicU8::new(Role::Single as u8),
             shutting_down: AtomicBool::new(false),
+            started: AtomicBool::new(false),
             watches: Mutex::new(Vec::new()),
         })
     }
@@ -72,9 +76,10 @@ impl State {
         self.role.store(role as u8, Ordering::Relaxed);
     }
 
-    /// Registers the running watches.
+    /// Registers the running watches (again whenever they change).
     pub fn set_watches(&self, watches: Vec<WatchHandle>) {
         *self.watches.lock().unwrap_or_else(|e| e.into_inner()) = watches;
+        self.started.store(true, Ordering::Relaxed);
     }
 
     /// Marks the start of shutdown: readiness turns false.
@@ -99,7 +104,7 @@ impl State {
             return true;
         }
         let watches = self.watches.lock().unwrap_or_else(|e| e.into_inner());
-        !watches.is_empty()
+        self.started.load(Ordering::Relaxed)
             && watches
                 .iter()
                 .all(|w| w.status.synced.load(Ordering::Relaxed))
@@ -435,7 +440,12 @@ mod tests {
     #[test]
     fn readiness_follows_sync_role_and_shutdown() {
         let s = State::new("stdout");
-        assert!(!s.ready(), "no watches yet");
+        assert!(!s.ready(), "not started yet");
+        s.set_watches(Vec::new());
+        assert!(
+            s.ready(),
+            "started, nothing to sync (a wildcard matching nothing yet)"
+        );
         s.set_watches(vec![watch(true), watch(false)]);
         assert!(!s.ready(), "one watch has not synced");
         s.set_watches(vec![watch(true), watch(true)]);

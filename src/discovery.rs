@@ -61,6 +61,19 @@ impl ResolvedResource {
         }
     }
 
+    /// This resource's topic or subject template: its own (`topic` or `subject`), else the
+    /// sink's.
+    pub fn destination<'a>(
+        &'a self,
+        sink: &'a crate::template::Template,
+    ) -> &'a crate::template::Template {
+        self.config
+            .topic
+            .as_ref()
+            .or(self.config.subject.as_ref())
+            .unwrap_or(sink)
+    }
+
     /// Whether this is the core Secret resource, redacted by default however it was selected.
     pub fn is_secret(&self) -> bool {
         self.api.group.is_empty() && self.api.plural == "secrets"

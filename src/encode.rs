@@ -882,6 +882,31 @@ mod tests {
     }
 
     #[test]
+    fn every_shape_matches_the_published_event_schema() {
+        for extra in [
+            "",
+            ", payload: reference",
+            ", payload: diff, includePrevious: true",
+            ", eventFormat: knative",
+            ", key: namespacedName",
+        ] {
+            let i = info_with("", "v1", "ConfigMap", "configmaps", true, extra);
+            let mut ev = encode(
+                &i,
+                change(ChangeKind::Modified, object(Some("a"), json!({}))),
+            )
+            .unwrap();
+            for _ in 0..2 {
+                let doc = ev.to_structured_json();
+                let parsed: crate::schema::EventEnvelope = serde_json::from_slice(&doc)
+                    .unwrap_or_else(|e| panic!("{extra}: {e}: {}", String::from_utf8_lossy(&doc)));
+                assert_eq!(parsed.payload, ev.payload.as_str());
+                ev.truncate();
+            }
+        }
+    }
+
+    #[test]
     fn sequence_pads_numbers_only() {
         assert_eq!(sequence("12"), "00000000000000000012");
         assert_eq!(sequence("abc"), "abc");

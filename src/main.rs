@@ -307,18 +307,24 @@ fn plan_line(config: &Config, r: &ResolvedResource) -> String {
     } else {
         "Cluster"
     };
-    let namespaces = match &r.config.namespaces {
-        Some(list) => list.join(","),
-        None if r.namespaced => "*".into(),
-        None => "-".into(),
+    let namespaces = match (&r.config.namespaces, &r.config.namespace_selector) {
+        (Some(list), _) => list.join(","),
+        (None, Some(selector)) => format!("selector({selector})"),
+        (None, None) if r.namespaced => "*".into(),
+        (None, None) => "-".into(),
     };
     let values = r.template_values(&config.cluster);
     let destination = match &config.sink {
-        Sink::Kafka { topic, .. } if topic.per_object() => {
-            format!("kafka topic {topic} (per namespace)")
+        Sink::Kafka { topic, .. } if r.destination(topic).per_object() => {
+            format!("kafka topic {} (per namespace)", r.destination(topic))
         }
-        Sink::Kafka { topic, .. } => format!("kafka topic {}", topic.render_topic(&values)),
-        Sink::Nats { subject, .. } => format!("nats subject {}", subject.subject_filter(&values)),
+        Sink::Kafka { topic, .. } => {
+            format!("kafka topic {}", r.destination(topic).render_topic(&values))
+        }
+        Sink::Nats { subject, .. } => format!(
+            "nats subject {}",
+            r.destination(subject).subject_filter(&values)
+        ),
         Sink::Stdout => "stdout".into(),
     };
     let events: Vec<&str> = r.config.events.iter().map(|k| k.as_str()).collect();

@@ -13,7 +13,10 @@
 //! - the Lease grants are a `Role` + `RoleBinding` in the bridge's own namespace.
 //!
 //! Resources are taken after discovery ([`crate::discovery::resolve`]) because RBAC names the
-//! plural (`configmaps`), while a configuration may name the kind (`ConfigMap`).
+//! plural (`configmaps`), while a configuration may name the kind (`ConfigMap`). A wildcard entry
+//! (`resource: "*"`) is granted `*` in each group it matches at render time, plus `list` and
+//! `watch` on CustomResourceDefinitions; a `namespaceSelector` adds `list` and `watch` on
+//! Namespaces. Groups a group pattern matches only later need the RBAC rendered again.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -62,6 +65,16 @@ pub fn permissions(resources: &[ResolvedResource]) -> Permissions {
             _ => add(&mut out.cluster, r),
         }
     }
+    // Following namespaces by label, and CRDs for wildcards, reads them cluster-wide.
+    if resources
+        .iter()
+        .any(|r| r.config.namespace_selector.is_some())
+    {
+        grant(&mut out.cluster, "", "namespaces");
+    }
+    if resources.iter().any(|r| r.config.is_wildcard()) {
+        grant(&mut out.cluster, CRD_GROUP, "customresourcedefinitions");
+    }
     // A grant the cluster role already gives needs no Role.
     for grants in out.namespaced.values_mut() {
         for (group, plurals) in grants.iter_mut() {
@@ -75,12 +88,27 @@ pub fn permissions(resources: &[ResolvedResource]) -> Permissions {
     out
 }
 
+/// A resource of an entry with `resource: "*"` is granted as `*` in its group, so resources the
+/// group serves later (new CRDs) are readable too. RBAC only allows: a wildcard's `exclude`
+/// cannot narrow the grant.
 fn add(grants: &mut Grants, r: &ResolvedResource) {
-    grants
-        .entry(r.api.group.clone())
-        .or_default()
-        .insert(r.api.plural.clone());
+    let plural = if r.config.resource == "*" {
+        "*"
+    } else {
+        &r.api.plural
+    };
+    grant(grants, &r.api.group, plural);
 }
+
+fn grant(grants: &mut Grants, group: &str, plural: &str) {
+    grants
+        .entry(group.to_string())
+        .or_default()
+        .insert(plural.to_string());
+}
+
+/// The API group of CustomResourceDefinitions.
+pub const CRD_GROUP: &str = "apiextensions.k8s.io";
 
 /// The name of every Role and ClusterRole (and its binding) that grants reads to the bridge
 /// running as `service_account` in `namespace`: `kube-event-bridge:<namespace>:<service-account>`.
@@ -280,6 +308,32 @@ mod tests {
                 grants(&[("", &["configmaps", "secrets"])])
             )]
             .into()
+        );
+    }
+
+    #[test]
+    fn wildcards_grant_their_groups_and_crds_selectors_grant_namespaces() {
+        let rs = resolved(
+            "cluster: dev\nresources:\n\
+             - {apiVersion: example.com/v1, resource: '*', namespaces: [a]}\n\
+             - {apiVersion: apps/v1, resource: deployments, namespaceSelector: team=x}\n",
+            &[
+                ("Widget", "widgets", true),
+                ("Deployment", "deployments", true),
+            ],
+        );
+        let p = permissions(&rs);
+        assert_eq!(
+            p.cluster,
+            grants(&[
+                ("", &["namespaces"]),
+                ("apiextensions.k8s.io", &["customresourcedefinitions"]),
+                ("apps", &["deployments"]),
+            ])
+        );
+        assert_eq!(
+            p.namespaced,
+            [("a".to_string(), grants(&[("example.com", &["*"])]))].into()
         );
     }
 

@@ -18,17 +18,21 @@ pub struct EventEnvelope {
     pub specversion: String,
     /// `{uid}:{resourceVersion}:{added|modified|deleted}`: deterministic, so a re-sent event keeps its id.
     pub id: String,
-    /// `/k8s/{cluster}/apis/{group}/{version}/{resource}` (`/k8s/{cluster}/api/v1/{resource}` for core).
+    /// `/k8s/{cluster}/apis/{group}/{version}/{resource}` (`/k8s/{cluster}/api/v1/{resource}` for
+    /// core); the API server's URL with `eventFormat: knative`.
     pub source: String,
-    /// `io.kubeeventbridge.object.added`, `.modified` or `.deleted`.
+    /// `io.kubeeventbridge.object.added`, `.modified` or `.deleted` (Knative format:
+    /// `dev.knative.apiserver.resource.add|update|delete` or `dev.knative.apiserver.ref.*`).
     #[serde(rename = "type")]
     pub event_type: String,
-    /// `namespace/name`, or `name` for cluster-scoped objects.
+    /// `namespace/name`, or `name` for cluster-scoped objects (Knative format:
+    /// `/apis/{apiVersion}/namespaces/{namespace}/{collection}/{name}`).
     pub subject: String,
     /// When the bridge observed the change (RFC 3339).
     pub time: String,
-    /// The schema of `data`.
-    pub dataschema: String,
+    /// The schema of `data` (omitted in Knative format).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataschema: Option<String>,
     /// Always `application/json`.
     pub datacontenttype: String,
     /// The cluster name from the configuration.
@@ -50,13 +54,22 @@ pub struct EventEnvelope {
     pub resourceversion: String,
     /// The resourceVersion zero-padded to 20 digits: sorts as a string.
     pub sequence: String,
-    /// The uid; the Kafka record key.
+    /// The Kafka record key: the uid, or `namespace/name` with `key: namespacedName`.
     pub partitionkey: String,
     /// `live`, `snapshot` (initial state) or `repaired` (found by a relist after lost watch history).
     pub origin: String,
-    /// The object as the API server sent it, with `metadata.managedFields` stripped and Secret values
-    /// redacted by default. A repaired delete carries only apiVersion, kind and metadata
-    /// (name, namespace, uid, resourceVersion).
+    /// What `data` carries: `full`, `reference` or `diff`.
+    pub payload: String,
+    /// `true` when the event was cut down to a reference because it exceeded the broker's
+    /// message size; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncated: Option<String>,
+    /// `full`: the object as the API server sent it, with `metadata.managedFields` and the
+    /// last-applied annotation stripped and Secret values (and configured pointers) redacted by
+    /// default; a repaired delete carries only apiVersion, kind and metadata (name, namespace,
+    /// uid, resourceVersion). `reference`: apiVersion, kind, namespace, name, uid,
+    /// resourceVersion (Knative format: apiVersion, kind, name, namespace). `diff`:
+    /// `{"object", "patch" (RFC 6902, null when the previous version is unknown), "previous"?}`.
     pub data: serde_json::Value,
 }
 

@@ -133,7 +133,9 @@ impl Supervisor {
         if self.config.resources.iter().any(|r| r.is_wildcard()) {
             self.spawn_follower(follow_crds(self.client.clone(), self.refresh.clone()));
         }
-        self.reconcile(resources).await
+        self.reconcile(resources).await?;
+        (self.on_change)(self.handles());
+        Ok(())
     }
 
     fn spawn_follower(&self, task: impl Future<Output = ()> + Send + 'static) {

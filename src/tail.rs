@@ -218,7 +218,10 @@ pub async fn run(config: &Config, options: Options) -> Result<(), Error> {
                 .map_err(|e| Error::Nats(e.to_string()))?;
             let filters: Vec<String> = resources
                 .iter()
-                .map(|r| subject.subject_filter(&r.template_values(&config.cluster)))
+                .map(|r| {
+                    r.destination(subject)
+                        .subject_filter(&r.template_values(&config.cluster))
+                })
                 .collect();
             let mut subs = futures::stream::SelectAll::new();
             for f in filters {
@@ -247,7 +250,7 @@ pub fn topic_pattern(topic: &Template, cluster: &str, resources: &[ResolvedResou
     let alternatives: Vec<String> = resources
         .iter()
         .map(|r| {
-            let rendered = topic.render_topic(&Values {
+            let rendered = r.destination(topic).render_topic(&Values {
                 namespace: Some(NS),
                 ..r.template_values(cluster)
             });

@@ -139,10 +139,7 @@ impl NatsSink {
         let mut subjects: Vec<String> = resources
             .iter()
             .map(|r| {
-                r.config
-                    .subject
-                    .as_ref()
-                    .unwrap_or(&self.subject)
+                r.destination(&self.subject)
                     .subject_filter(&r.template_values(cluster))
             })
             .collect();

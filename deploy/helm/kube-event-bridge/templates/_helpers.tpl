@@ -94,7 +94,9 @@ Input: dict "resource" STRING "plurals" MAP.
 
 {{/*
 The RBAC plan of .Values.config.resources, as YAML:
-  cluster:    {API group: [plurals]}                for entries without namespaces
+  cluster:    {API group: [plurals]}                for entries without namespaces (a
+              namespaceSelector adds namespaces, a wildcard customresourcedefinitions; resource
+              "*" is granted as "*" in its group)
   namespaces: {namespace: {API group: [plurals]}}   for entries with namespaces
 A namespace grant the cluster grants already cover is dropped, as src/rbac.rs does.
 */}}
@@ -102,11 +104,22 @@ A namespace grant the cluster grants already cover is dropped, as src/rbac.rs do
 {{- $cluster := dict -}}
 {{- $namespaces := dict -}}
 {{- $plurals := .Values.rbac.plurals | default dict -}}
+{{- $wildcard := false -}}
+{{- $selector := false -}}
 {{- range $i, $r := required "config.resources is required" .Values.config.resources -}}
 {{- $apiVersion := required (printf "config.resources[%d].apiVersion is required" $i) $r.apiVersion -}}
 {{- $group := "" -}}
 {{- if contains "/" $apiVersion -}}
 {{- $group = first (splitList "/" $apiVersion) -}}
+{{- end -}}
+{{- if contains "*" $group -}}
+{{- fail (printf "config.resources[%d].apiVersion: the group pattern %q cannot be expressed in RBAC; list the groups, or set rbac.create=false and grant what `kube-event-bridge rbac` renders" $i $group) -}}
+{{- end -}}
+{{- if or (eq $r.resource "*") (hasSuffix "/*" $apiVersion) (eq $apiVersion "*") -}}
+{{- $wildcard = true -}}
+{{- end -}}
+{{- if $r.namespaceSelector -}}
+{{- $selector = true -}}
 {{- end -}}
 {{- $plural := include "kube-event-bridge.plural" (dict "resource" (required (printf "config.resources[%d].resource is required" $i) $r.resource) "plurals" $plurals) -}}
 {{- if $r.namespaces -}}
@@ -120,6 +133,12 @@ A namespace grant the cluster grants already cover is dropped, as src/rbac.rs do
 {{- else -}}
 {{- $_ := set $cluster $group (append (get $cluster $group | default list) $plural | uniq | sortAlpha) -}}
 {{- end -}}
+{{- end -}}
+{{- if $selector -}}
+{{- $_ := set $cluster "" (append (get $cluster "" | default list) "namespaces" | uniq | sortAlpha) -}}
+{{- end -}}
+{{- if $wildcard -}}
+{{- $_ := set $cluster "apiextensions.k8s.io" (append (get $cluster "apiextensions.k8s.io" | default list) "customresourcedefinitions" | uniq | sortAlpha) -}}
 {{- end -}}
 {{- range $ns, $grants := $namespaces -}}
 {{- range $group, $list := $grants -}}
