@@ -120,12 +120,19 @@ pub struct AdminConfig {
     /// `host:port` to listen on; default `0.0.0.0:8080` (in a pod, probes and Prometheus reach it).
     #[serde(default = "default_admin_address")]
     pub address: String,
+    /// After the first SIGTERM, how long `/readyz` reports 503 while the bridge keeps publishing,
+    /// before it stops its watches and drains (a "lame duck" period, so that endpoints and
+    /// rollouts see the pod unready before it stops). Default 0: nothing is served through the
+    /// bridge's Service, and a delay postpones the handover to a standby replica.
+    #[serde(default)]
+    pub shutdown_delay_secs: u64,
 }
 
 impl Default for AdminConfig {
     fn default() -> Self {
         Self {
             address: default_admin_address(),
+            shutdown_delay_secs: 0,
         }
     }
 }
@@ -234,13 +241,43 @@ pub enum SnapshotPolicy {
 }
 
 /// How to reach the API server.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct KubernetesConfig {
     /// Path of a kubeconfig file; default: in-cluster, then `KUBECONFIG` or `~/.kube/config`.
     pub kubeconfig: Option<PathBuf>,
     /// The kubeconfig context to use; default: its current context.
     pub context: Option<String>,
+    /// Requests per second the bridge starts against the API server, on average (client-side
+    /// throttling; a watch counts once however long it streams). Fractions are allowed.
+    #[serde(default = "default_qps")]
+    pub qps: f64,
+    /// Requests that may start at once after a quiet period, above `qps`.
+    #[serde(default = "default_burst")]
+    pub burst: u32,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        Self {
+            kubeconfig: None,
+            context: None,
+            qps: default_qps(),
+            burst: default_burst(),
+        }
+    }
+}
+
+/// Holding its watches, the bridge makes about one request per watch every 290 s; the limit
+/// matters at start and when every watch reconnects or relists at once. controller-runtime's and
+/// kube-controller-manager's default: 100 watches start (LIST + WATCH each) in under 10 s.
+const fn default_qps() -> f64 {
+    20.0
+}
+
+/// controller-runtime's default; discovery and the first watches start without waiting.
+const fn default_burst() -> u32 {
+    30
 }
 
 /// One watched resource.
@@ -597,6 +634,13 @@ impl ConfigFile {
         }
         if d.max_in_flight == 0 {
             errors.push("delivery.maxInFlight: must be at least 1".into());
+        }
+        let k = &self.kubernetes;
+        if !(k.qps.is_finite() && k.qps > 0.0) {
+            errors.push("kubernetes.qps: must be > 0".into());
+        }
+        if k.burst == 0 {
+            errors.push("kubernetes.burst: must be at least 1".into());
         }
         if self.admin.address.parse::<std::net::SocketAddr>().is_err() {
             errors.push(format!(
@@ -955,6 +999,23 @@ mod tests {
             e.contains("sink.kafka.topic: unknown token {clutser}"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn api_rate_limits_default_and_are_checked() {
+        let base = "cluster: dev\nresources: [{apiVersion: v1, resource: pods}]\n";
+        let cfg = ConfigFile::parse(base).unwrap().validate().unwrap();
+        assert_eq!((cfg.kubernetes.qps, cfg.kubernetes.burst), (20.0, 30));
+        let cfg = ConfigFile::parse(&format!("{base}kubernetes: {{qps: 0.5, burst: 1}}\n"))
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert_eq!((cfg.kubernetes.qps, cfg.kubernetes.burst), (0.5, 1));
+        let e = invalid(&format!("{base}kubernetes: {{qps: 0, burst: 0}}\n"));
+        assert!(e.contains("kubernetes.qps: must be > 0"), "{e}");
+        assert!(e.contains("kubernetes.burst: must be at least 1"), "{e}");
+        let e = invalid(&format!("{base}kubernetes: {{qps: -3}}\n"));
+        assert!(e.contains("kubernetes.qps: must be > 0"), "{e}");
     }
 
     #[test]

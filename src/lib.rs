@@ -20,4 +20,5 @@ pub mod schema;
 pub mod sink;
 pub mod tail;
 pub mod template;
+pub mod throttle;
 pub mod watch;

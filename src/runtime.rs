@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use kube::Client;
 use kube::api::{Api, DynamicObject, TypeMeta};
+use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -20,6 +21,7 @@ use crate::leader::{self, Leadership};
 use crate::pipeline::{Pipeline, Status};
 use crate::sink::kafka::KafkaSink;
 use crate::sink::{self, AnySink};
+use crate::throttle::{self, ThrottleLayer};
 use crate::watch::{self, Target};
 
 /// Errors of starting the bridge.
@@ -58,7 +60,14 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Builds a client: the configured kubeconfig and context, else in-cluster, else `KUBECONFIG` or
-/// `~/.kube/config`.
+/// `~/.kube/config`, throttled to `kubernetes.qps` and `kubernetes.burst` ([`crate::throttle`]).
+///
+/// Each call makes a client with its own token bucket: the watches share one, and leader election
+/// has its own, so that a burst of relists cannot delay lease renewals (client-go's controllers
+/// give leader election its own client for the same reason).
+///
+/// A token file (a kubeconfig's `tokenFile`, or the in-cluster service account token) is read
+/// again by kube-client once the copy it holds is 50 seconds old, so rotated tokens are picked up.
 pub async fn client(k: &KubernetesConfig) -> Result<Client> {
     let options = KubeConfigOptions {
         context: k.context.clone(),
@@ -84,7 +93,11 @@ pub async fn client(k: &KubernetesConfig) -> Result<Client> {
             .await
             .map_err(|e| Error::ClientConfig(Box::new(e)))?,
     };
-    Client::try_from(config).map_err(Error::Client)
+    let throttle = ThrottleLayer::new(k.qps, k.burst, throttle::Counters::process());
+    Ok(ClientBuilder::try_from(config)
+        .map_err(Error::Client)?
+        .with_layer(&throttle)
+        .build())
 }
 
 /// Deletes the checkpoints of the watches of `resource` (`v1/configmaps`, `apps/v1/deployments`),
