@@ -319,7 +319,7 @@ pub struct SinkConfig {
 }
 
 /// Kafka sink settings.
-#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[derive(Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct KafkaConfig {
     /// Comma-separated `host:port` list.
@@ -335,6 +335,43 @@ pub struct KafkaConfig {
     /// delivery (`enable.idempotence`, `acks`) are refused.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
+    /// librdkafka properties whose values are read from files at start (mounted Secrets), for
+    /// secrets such as `sasl.password`: property name to path. The whole file is the value,
+    /// without its trailing line break.
+    #[serde(default)]
+    pub property_files: BTreeMap<String, PathBuf>,
+}
+
+/// Properties whose values are secrets: shown as `<redacted>` by `Debug`.
+const KAFKA_SECRET_PROPERTIES: &[&str] = &[
+    "sasl.password",
+    "sasl.oauthbearer.client.secret",
+    "sasl.oauthbearer.config",
+    "ssl.key.password",
+    "ssl.key.pem",
+    "ssl.keystore.password",
+];
+
+impl fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let properties: BTreeMap<&str, &str> = self
+            .properties
+            .iter()
+            .map(|(k, v)| {
+                let secret = KAFKA_SECRET_PROPERTIES.contains(&k.as_str())
+                    || k.contains("password")
+                    || k.contains("secret");
+                (k.as_str(), if secret { "<redacted>" } else { v.as_str() })
+            })
+            .collect();
+        f.debug_struct("KafkaConfig")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field("topic", &self.topic)
+            .field("content_mode", &self.content_mode)
+            .field("properties", &properties)
+            .field("property_files", &self.property_files)
+            .finish()
+    }
 }
 
 /// NATS sink settings.
@@ -819,6 +856,22 @@ fn validate_sink(sink: SinkConfig, errors: &mut Vec<String>) -> Option<Sink> {
                     .into(),
             );
         }
+        for (key, path) in &kafka.property_files {
+            let at = format!("sink.kafka.propertyFiles.{key}");
+            if kafka.properties.contains_key(key) {
+                errors.push(format!(
+                    "{at}: also set in sink.kafka.properties; set it in one place"
+                ));
+            }
+            if key == "bootstrap.servers" || KAFKA_GUARDED.iter().any(|(k, _)| k == key) {
+                errors.push(format!(
+                    "{at}: the bridge sets this property itself; it cannot come from a file"
+                ));
+            }
+            if path.as_os_str().is_empty() {
+                errors.push(format!("{at}: the path must not be empty"));
+            }
+        }
         let topic = parse_template("sink.kafka.topic", &kafka.topic, false, errors)?;
         return Some(Sink::Kafka {
             config: kafka,
@@ -969,6 +1022,44 @@ mod tests {
             "cluster: dev\nresources: [{apiVersion: v1, resource: pods}]\nsink:\n  kafka:\n    bootstrapServers: x:1\n    properties: {acks: \"1\"}\n",
         );
         assert!(e.contains("sink.kafka.properties.acks"), "{e}");
+    }
+
+    #[test]
+    fn kafka_property_files_are_checked_and_debug_shows_no_secret() {
+        let base = "cluster: dev\nresources: [{apiVersion: v1, resource: pods}]\nsink:\n  kafka:\n    bootstrapServers: x:1\n";
+        let cfg = ConfigFile::parse(&format!(
+            "{base}    properties: {{sasl.username: bridge, ssl.key.password: hunter2}}\n    propertyFiles: {{sasl.password: /etc/kafka/password}}\n"
+        ))
+        .unwrap()
+        .validate()
+        .unwrap();
+        let Sink::Kafka { config, .. } = &cfg.sink else {
+            panic!("a kafka sink")
+        };
+        assert_eq!(
+            config.property_files["sasl.password"],
+            Path::new("/etc/kafka/password")
+        );
+        let debug = format!("{cfg:?}");
+        assert!(!debug.contains("hunter2"), "{debug}");
+        assert!(
+            debug.contains("\"ssl.key.password\": \"<redacted>\""),
+            "{debug}"
+        );
+        assert!(debug.contains("\"sasl.username\": \"bridge\""), "{debug}");
+        assert!(debug.contains("/etc/kafka/password"), "{debug}");
+
+        let e = invalid(&format!(
+            "{base}    properties: {{sasl.password: x}}\n    propertyFiles: {{sasl.password: /p, acks: /a, bootstrap.servers: /b, sasl.username: ''}}\n"
+        ));
+        for needle in [
+            "sink.kafka.propertyFiles.sasl.password: also set in sink.kafka.properties",
+            "sink.kafka.propertyFiles.acks: the bridge sets this property itself",
+            "sink.kafka.propertyFiles.bootstrap.servers: the bridge sets this property itself",
+            "sink.kafka.propertyFiles.sasl.username: the path must not be empty",
+        ] {
+            assert!(e.contains(needle), "missing {needle:?} in {e}");
+        }
     }
 
     #[test]
