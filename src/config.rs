@@ -587,7 +587,6 @@ impl Resource {
 
 /// The validated sink.
 #[derive(Debug, Clone)]
-#[expect(clippy::large_enum_variant, reason = "one value per process")]
 pub enum Sink {
     /// Kafka.
     Kafka {
