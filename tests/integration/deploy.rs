@@ -863,8 +863,13 @@ async fn helm_refuses_inline_secrets_unmounted_files_two_sinks_bad_keys_loopback
             "is not under any secretMounts[].mountPath",
         ),
         (
-            &["--values", &sasl, "--set", "secretMounts=null"],
-            "config.sink.kafka.propertyFiles.sasl.password: /var/run/secrets/kube-event-bridge/kafka-sasl/password is not under any secretMounts[].mountPath",
+            &[
+                "--values",
+                &sasl,
+                "--set",
+                "config.sink.kafka.propertyFiles.sasl\\.password=/etc/elsewhere/password",
+            ],
+            "config.sink.kafka.propertyFiles.sasl.password: /etc/elsewhere/password is not under any secretMounts[].mountPath",
         ),
         (
             &["--values", &kafka, "--set-json", "config.sink.stdout={}"],
