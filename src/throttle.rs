@@ -167,14 +167,16 @@ where
         loop {
             match self.permit {
                 Permit::Held => return self.inner.poll_ready(cx),
-                Permit::None => match self.bucket.take(Instant::now()) {
-                    Ok(()) => self.permit = Permit::Held,
-                    Err(wait) => {
-                        let now = Instant::now();
-                        self.sleep.as_mut().reset(now + wait);
-                        self.permit = Permit::Waiting(now);
+                Permit::None => {
+                    let now = Instant::now();
+                    match self.bucket.take(now) {
+                        Ok(()) => self.permit = Permit::Held,
+                        Err(wait) => {
+                            self.sleep.as_mut().reset(now + wait);
+                            self.permit = Permit::Waiting(now);
+                        }
                     }
-                },
+                }
                 Permit::Waiting(since) => {
                     ready!(self.sleep.as_mut().poll(cx));
                     let now = Instant::now();
