@@ -5,6 +5,7 @@
 //! for leadership is ready: standing by is its job, and a rollout must be able to replace it.
 //! Metric names follow `kube_event_bridge_<name>_<unit>`, counters end in `_total`, and labels
 //! come from closed sets (resource, namespace scope of a configured watch, kind, reason, sink).
+//! The API request counters are the process's ([`throttle::Counters::process`]).
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -17,6 +18,7 @@ use tracing::{debug, info};
 
 use crate::pipeline::{LATENCY_BUCKETS, Status};
 use crate::runtime::WatchHandle;
+use crate::throttle;
 
 /// Metric name prefix.
 pub const NAMESPACE: &str = "kube_event_bridge";
@@ -57,6 +59,7 @@ pub struct State {
     /// nothing yet).
     started: AtomicBool,
     watches: Mutex<Vec<WatchHandle>>,
+    api: Arc<throttle::Counters>,
 }
 
 impl State {
@@ -68,6 +71,7 @@ impl State {
             shutting_down: AtomicBool::new(false),
             started: AtomicBool::new(false),
             watches: Mutex::new(Vec::new()),
+            api: throttle::Counters::process(),
         })
     }
 
@@ -143,6 +147,29 @@ impl State {
             "1 when this replica publishes (leader, or no leader election).",
         );
         m.line("leader", "", u8::from(self.role() != Role::Follower));
+        let api = &self.api;
+        m.header(
+            "api_requests_total",
+            "counter",
+            "Requests started against the Kubernetes API server (a watch counts once).",
+        );
+        m.line("api_requests_total", "", api.started());
+        m.header(
+            "api_requests_throttled_total",
+            "counter",
+            "API server requests delayed by kubernetes.qps and kubernetes.burst.",
+        );
+        m.line("api_requests_throttled_total", "", api.throttled());
+        m.header(
+            "api_throttle_wait_seconds_total",
+            "counter",
+            "Time API server requests were held back waiting for kubernetes.qps.",
+        );
+        m.line(
+            "api_throttle_wait_seconds_total",
+            "",
+            format!("{:.6}", api.waited().as_secs_f64()),
+        );
         let kinds = ["added", "modified", "deleted"];
         m.per_label(
             "events_observed_total",

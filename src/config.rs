@@ -155,12 +155,19 @@ pub struct AdminConfig {
     /// `host:port` to listen on; default `0.0.0.0:8080` (in a pod, probes and Prometheus reach it).
     #[serde(default = "default_admin_address")]
     pub address: String,
+    /// After the first SIGTERM, how long `/readyz` reports 503 while the bridge keeps publishing,
+    /// before it stops its watches and drains (a "lame duck" period, so that endpoints and
+    /// rollouts see the pod unready before it stops). Default 0: nothing is served through the
+    /// bridge's Service, and a delay postpones the handover to a standby replica.
+    #[serde(default)]
+    pub shutdown_delay_secs: u64,
 }
 
 impl Default for AdminConfig {
     fn default() -> Self {
         Self {
             address: default_admin_address(),
+            shutdown_delay_secs: 0,
         }
     }
 }
@@ -269,13 +276,43 @@ pub enum SnapshotPolicy {
 }
 
 /// How to reach the API server.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct KubernetesConfig {
     /// Path of a kubeconfig file; default: in-cluster, then `KUBECONFIG` or `~/.kube/config`.
     pub kubeconfig: Option<PathBuf>,
     /// The kubeconfig context to use; default: its current context.
     pub context: Option<String>,
+    /// Requests per second the bridge starts against the API server, on average (client-side
+    /// throttling; a watch counts once however long it streams). Fractions are allowed.
+    #[serde(default = "default_qps")]
+    pub qps: f64,
+    /// Requests that may start at once after a quiet period, above `qps`.
+    #[serde(default = "default_burst")]
+    pub burst: u32,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        Self {
+            kubeconfig: None,
+            context: None,
+            qps: default_qps(),
+            burst: default_burst(),
+        }
+    }
+}
+
+/// Holding its watches, the bridge makes about one request per watch every 290 s; the limit
+/// matters at start and when every watch reconnects or relists at once. controller-runtime's and
+/// kube-controller-manager's default: 100 watches start (LIST + WATCH each) in under 10 s.
+const fn default_qps() -> f64 {
+    20.0
+}
+
+/// controller-runtime's default; discovery and the first watches start without waiting.
+const fn default_burst() -> u32 {
+    30
 }
 
 /// The sink section: exactly one of its members.
@@ -291,7 +328,7 @@ pub struct SinkConfig {
 }
 
 /// Kafka sink settings.
-#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[derive(Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct KafkaConfig {
     /// Comma-separated `host:port` list.
@@ -307,6 +344,43 @@ pub struct KafkaConfig {
     /// delivery (`enable.idempotence`, `acks`) are refused.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
+    /// librdkafka properties whose values are read from files at start (mounted Secrets), for
+    /// secrets such as `sasl.password`: property name to path. The whole file is the value,
+    /// without its trailing line break.
+    #[serde(default)]
+    pub property_files: BTreeMap<String, PathBuf>,
+}
+
+/// Properties whose values are secrets: shown as `<redacted>` by `Debug`.
+const KAFKA_SECRET_PROPERTIES: &[&str] = &[
+    "sasl.password",
+    "sasl.oauthbearer.client.secret",
+    "sasl.oauthbearer.config",
+    "ssl.key.password",
+    "ssl.key.pem",
+    "ssl.keystore.password",
+];
+
+impl fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let properties: BTreeMap<&str, &str> = self
+            .properties
+            .iter()
+            .map(|(k, v)| {
+                let secret = KAFKA_SECRET_PROPERTIES.contains(&k.as_str())
+                    || k.contains("password")
+                    || k.contains("secret");
+                (k.as_str(), if secret { "<redacted>" } else { v.as_str() })
+            })
+            .collect();
+        f.debug_struct("KafkaConfig")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field("topic", &self.topic)
+            .field("content_mode", &self.content_mode)
+            .field("properties", &properties)
+            .field("property_files", &self.property_files)
+            .finish()
+    }
 }
 
 /// NATS sink settings.
@@ -488,7 +562,6 @@ pub struct Config {
 
 /// The validated sink.
 #[derive(Debug, Clone)]
-#[expect(clippy::large_enum_variant, reason = "one value per process")]
 pub enum Sink {
     /// Kafka.
     Kafka {
@@ -579,6 +652,13 @@ impl ConfigFile {
         if d.max_in_flight == 0 {
             errors.push("delivery.maxInFlight: must be at least 1".into());
         }
+        let k = &self.kubernetes;
+        if !(k.qps.is_finite() && k.qps > 0.0) {
+            errors.push("kubernetes.qps: must be > 0".into());
+        }
+        if k.burst == 0 {
+            errors.push("kubernetes.burst: must be at least 1".into());
+        }
         if self.admin.address.parse::<std::net::SocketAddr>().is_err() {
             errors.push(format!(
                 "admin.address: {:?} is not host:port with an IP address",
@@ -662,6 +742,22 @@ fn validate_sink(sink: SinkConfig, errors: &mut Vec<String>) -> Option<Sink> {
                 "sink.kafka.properties.bootstrap.servers: set sink.kafka.bootstrapServers instead"
                     .into(),
             );
+        }
+        for (key, path) in &kafka.property_files {
+            let at = format!("sink.kafka.propertyFiles.{key}");
+            if kafka.properties.contains_key(key) {
+                errors.push(format!(
+                    "{at}: also set in sink.kafka.properties; set it in one place"
+                ));
+            }
+            if key == "bootstrap.servers" || KAFKA_GUARDED.iter().any(|(k, _)| k == key) {
+                errors.push(format!(
+                    "{at}: the bridge sets this property itself; it cannot come from a file"
+                ));
+            }
+            if path.as_os_str().is_empty() {
+                errors.push(format!("{at}: the path must not be empty"));
+            }
         }
         let topic = parse_template("sink.kafka.topic", &kafka.topic, false, errors)?;
         return Some(Sink::Kafka {
@@ -816,6 +912,44 @@ mod tests {
     }
 
     #[test]
+    fn kafka_property_files_are_checked_and_debug_shows_no_secret() {
+        let base = "cluster: dev\nresources: [{apiVersion: v1, resource: pods}]\nsink:\n  kafka:\n    bootstrapServers: x:1\n";
+        let cfg = ConfigFile::parse(&format!(
+            "{base}    properties: {{sasl.username: bridge, ssl.key.password: hunter2}}\n    propertyFiles: {{sasl.password: /etc/kafka/password}}\n"
+        ))
+        .unwrap()
+        .validate()
+        .unwrap();
+        let Sink::Kafka { config, .. } = &cfg.sink else {
+            panic!("a kafka sink")
+        };
+        assert_eq!(
+            config.property_files["sasl.password"],
+            Path::new("/etc/kafka/password")
+        );
+        let debug = format!("{cfg:?}");
+        assert!(!debug.contains("hunter2"), "{debug}");
+        assert!(
+            debug.contains("\"ssl.key.password\": \"<redacted>\""),
+            "{debug}"
+        );
+        assert!(debug.contains("\"sasl.username\": \"bridge\""), "{debug}");
+        assert!(debug.contains("/etc/kafka/password"), "{debug}");
+
+        let e = invalid(&format!(
+            "{base}    properties: {{sasl.password: x}}\n    propertyFiles: {{sasl.password: /p, acks: /a, bootstrap.servers: /b, sasl.username: ''}}\n"
+        ));
+        for needle in [
+            "sink.kafka.propertyFiles.sasl.password: also set in sink.kafka.properties",
+            "sink.kafka.propertyFiles.acks: the bridge sets this property itself",
+            "sink.kafka.propertyFiles.bootstrap.servers: the bridge sets this property itself",
+            "sink.kafka.propertyFiles.sasl.username: the path must not be empty",
+        ] {
+            assert!(e.contains(needle), "missing {needle:?} in {e}");
+        }
+    }
+
+    #[test]
     fn two_sinks_are_refused() {
         let e = invalid(
             "cluster: dev\nresources: [{apiVersion: v1, resource: pods}]\nsink: {stdout: {}, nats: {url: 'nats://x'}}\n",
@@ -843,6 +977,23 @@ mod tests {
             e.contains("sink.kafka.topic: unknown token {clutser}"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn api_rate_limits_default_and_are_checked() {
+        let base = "cluster: dev\nresources: [{apiVersion: v1, resource: pods}]\n";
+        let cfg = ConfigFile::parse(base).unwrap().validate().unwrap();
+        assert_eq!((cfg.kubernetes.qps, cfg.kubernetes.burst), (20.0, 30));
+        let cfg = ConfigFile::parse(&format!("{base}kubernetes: {{qps: 0.5, burst: 1}}\n"))
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert_eq!((cfg.kubernetes.qps, cfg.kubernetes.burst), (0.5, 1));
+        let e = invalid(&format!("{base}kubernetes: {{qps: 0, burst: 0}}\n"));
+        assert!(e.contains("kubernetes.qps: must be > 0"), "{e}");
+        assert!(e.contains("kubernetes.burst: must be at least 1"), "{e}");
+        let e = invalid(&format!("{base}kubernetes: {{qps: -3}}\n"));
+        assert!(e.contains("kubernetes.qps: must be > 0"), "{e}");
     }
 
     #[test]

@@ -23,4 +23,5 @@ pub mod sink;
 pub mod supervisor;
 pub mod tail;
 pub mod template;
+pub mod throttle;
 pub mod watch;

@@ -207,6 +207,7 @@ fn chain(e: &dyn std::error::Error) -> String {
 async fn run(path: &std::path::Path) -> Result<(), String> {
     let config = load(path)?;
     let grace = Duration::from_secs(config.delivery.shutdown_grace_secs);
+    let delay = Duration::from_secs(config.admin.shutdown_delay_secs);
     let admin = admin::State::new(config.sink.kind());
     admin::serve(&config.admin.address, admin.clone())
         .await
@@ -229,10 +230,11 @@ async fn run(path: &std::path::Path) -> Result<(), String> {
             None => std::future::pending().await,
         }
     };
+    tokio::pin!(lost);
     tokio::select! {
         () = shutdown_signal() => {}
         failure = bridge.failure() => return Err(failure),
-        () = lost => return Err("leadership lost: exiting so that a restart waits as a follower".into()),
+        () = &mut lost => return Err(LEADERSHIP_LOST.into()),
     }
     // A second signal exits at once.
     tokio::spawn(async {
@@ -241,6 +243,17 @@ async fn run(path: &std::path::Path) -> Result<(), String> {
         std::process::exit(130);
     });
     admin.shutting_down();
+    if !delay.is_zero() {
+        info!(
+            delay_secs = delay.as_secs(),
+            "shutdown delay: not ready, still publishing"
+        );
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            failure = bridge.failure() => return Err(failure),
+            () = &mut lost => return Err(LEADERSHIP_LOST.into()),
+        }
+    }
     if bridge.shutdown(grace).await {
         info!("shutdown complete");
         Ok(())
@@ -248,6 +261,8 @@ async fn run(path: &std::path::Path) -> Result<(), String> {
         Err("shutdown grace period exceeded".into())
     }
 }
+
+const LEADERSHIP_LOST: &str = "leadership lost: exiting so that a restart waits as a follower";
 
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use kube::Client;
 use kube::api::{Api, DynamicObject, TypeMeta};
+use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -19,6 +20,7 @@ use crate::pipeline::Status;
 use crate::sink::kafka::KafkaSink;
 use crate::sink::{self, AnySink};
 use crate::supervisor::{OnChange, Parts, Supervisor};
+use crate::throttle::{self, ThrottleLayer};
 use crate::watch::Target;
 
 /// Errors of starting the bridge.
@@ -65,7 +67,14 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Builds a client: the configured kubeconfig and context, else in-cluster, else `KUBECONFIG` or
-/// `~/.kube/config`.
+/// `~/.kube/config`, throttled to `kubernetes.qps` and `kubernetes.burst` ([`crate::throttle`]).
+///
+/// Each call makes a client with its own token bucket: the watches share one, and leader election
+/// has its own, so that a burst of relists cannot delay lease renewals (client-go's controllers
+/// give leader election its own client for the same reason).
+///
+/// A token file (a kubeconfig's `tokenFile`, or the in-cluster service account token) is read
+/// again by kube-client once the copy it holds is 50 seconds old, so rotated tokens are picked up.
 pub async fn client(k: &KubernetesConfig) -> Result<Client> {
     Ok(client_and_url(k).await?.0)
 }
@@ -97,7 +106,12 @@ async fn client_and_url(k: &KubernetesConfig) -> Result<(Client, String)> {
             .map_err(|e| Error::ClientConfig(Box::new(e)))?,
     };
     let url = config.cluster_url.to_string();
-    Ok((Client::try_from(config).map_err(Error::Client)?, url))
+    let throttle = ThrottleLayer::new(k.qps, k.burst, throttle::Counters::process());
+    let client = ClientBuilder::try_from(config)
+        .map_err(Error::Client)?
+        .with_layer(&throttle)
+        .build();
+    Ok((client, url))
 }
 
 /// Deletes the checkpoints of the watches of `resource` (`v1/configmaps`, `apps/v1/deployments`),

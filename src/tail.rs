@@ -33,6 +33,9 @@ pub enum Error {
     /// NATS failed.
     #[error("nats: {0}")]
     Nats(String),
+    /// The Kafka client settings could not be prepared (a property file is unreadable).
+    #[error(transparent)]
+    Sink(#[from] crate::sink::Error),
     /// Starting (client, discovery) failed.
     #[error(transparent)]
     Start(#[from] runtime::Error),
@@ -183,7 +186,7 @@ pub async fn run(config: &Config, options: Options) -> Result<(), Error> {
     match &config.sink {
         Sink::Stdout => Err(Error::Stdout),
         Sink::Kafka { config: k, topic } => {
-            let mut c = consumer_config(k);
+            let mut c = consumer_config(k)?;
             c.set(
                 "group.id",
                 format!("kube-event-bridge-tail-{}", std::process::id()),

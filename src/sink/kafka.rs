@@ -37,7 +37,8 @@ const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
 /// The Kafka sink.
 pub struct KafkaSink {
     producer: FutureProducer,
-    config: KafkaConfig,
+    /// The producer's settings, secrets from files included (for consumers and admin clients).
+    settings: ClientConfig,
     transactional: bool,
     topic: Template,
     mode: ContentMode,
@@ -52,8 +53,8 @@ impl std::fmt::Debug for KafkaSink {
 }
 
 /// Producer settings the delivery guarantees rest on; user properties cannot weaken them
-/// (validated in `config`).
-pub fn producer_config(config: &KafkaConfig) -> ClientConfig {
+/// (validated in `config`). The values of `propertyFiles` are read here, each time.
+pub fn producer_config(config: &KafkaConfig) -> Result<ClientConfig> {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", &config.bootstrap_servers)
         .set("client.id", "kube-event-bridge")
@@ -66,13 +67,34 @@ pub fn producer_config(config: &KafkaConfig) -> ClientConfig {
     for (k, v) in &config.properties {
         c.set(k, v);
     }
-    c
+    for (key, path) in &config.property_files {
+        c.set(key, read_property_file(key, path)?);
+    }
+    Ok(c)
+}
+
+/// The value of a secret property kept in a file (a mounted Kubernetes Secret): the whole file,
+/// without its trailing line break. The value is handed to librdkafka only, never logged.
+fn read_property_file(key: &str, path: &std::path::Path) -> Result<String> {
+    let mut value = std::fs::read_to_string(path).map_err(|source| Error::KafkaPropertyFile {
+        key: key.into(),
+        path: path.display().to_string(),
+        source,
+    })?;
+    let kept = value.trim_end_matches(['\n', '\r']).len();
+    value.truncate(kept);
+    Ok(value)
 }
 
 /// Client settings for consumers and admin clients: the user's properties (TLS, SASL) without the
 /// producer-only ones, reading committed records only.
-pub fn consumer_config(config: &KafkaConfig) -> ClientConfig {
-    let mut c = producer_config(config);
+pub fn consumer_config(config: &KafkaConfig) -> Result<ClientConfig> {
+    Ok(consumer_settings(producer_config(config)?))
+}
+
+/// `producer` without the producer-only settings, reading committed records only.
+fn consumer_settings(producer: ClientConfig) -> ClientConfig {
+    let mut c = producer;
     for key in [
         "enable.idempotence",
         "acks",
@@ -92,12 +114,11 @@ pub fn consumer_config(config: &KafkaConfig) -> ClientConfig {
 impl KafkaSink {
     /// Creates the producer (connections are made lazily by librdkafka).
     pub fn new(config: &KafkaConfig, topic: Template) -> Result<Self> {
-        let producer = producer_config(config)
-            .create()
-            .map_err(Error::KafkaClient)?;
+        let settings = producer_config(config)?;
+        let producer = settings.create().map_err(Error::KafkaClient)?;
         Ok(Self {
             producer,
-            config: config.clone(),
+            settings,
             transactional: false,
             topic,
             mode: config.content_mode,
@@ -112,7 +133,9 @@ impl KafkaSink {
         topic: Template,
         transactional_id: &str,
     ) -> Result<Self> {
-        let producer: FutureProducer = producer_config(config)
+        let settings = producer_config(config)?;
+        let producer: FutureProducer = settings
+            .clone()
             .set("transactional.id", transactional_id)
             .set("transaction.timeout.ms", "60000")
             .create()
@@ -127,7 +150,7 @@ impl KafkaSink {
         .map_err(Error::KafkaClient)?;
         Ok(Self {
             producer,
-            config: config.clone(),
+            settings,
             transactional: true,
             topic,
             mode: config.content_mode,
@@ -279,7 +302,7 @@ impl KafkaSink {
     }
 
     fn consumer_config(&self) -> ClientConfig {
-        consumer_config(&self.config)
+        consumer_settings(self.settings.clone())
     }
 
     /// The topic for `event`.
@@ -493,10 +516,58 @@ mod tests {
             topic: "t".into(),
             content_mode: ContentMode::Binary,
             properties: [("compression.type".to_string(), "zstd".to_string())].into(),
+            property_files: Default::default(),
         };
-        let c = producer_config(&cfg);
+        let c = producer_config(&cfg).unwrap();
         assert_eq!(c.get("compression.type"), Some("zstd"));
         assert_eq!(c.get("enable.idempotence"), Some("true"));
         assert_eq!(c.get("acks"), Some("all"));
+    }
+
+    fn with_files(files: &[(&str, std::path::PathBuf)]) -> KafkaConfig {
+        KafkaConfig {
+            bootstrap_servers: "127.0.0.1:9092".into(),
+            topic: "t".into(),
+            content_mode: ContentMode::Binary,
+            properties: [("sasl.username".to_string(), "bridge".to_string())].into(),
+            property_files: files
+                .iter()
+                .map(|(k, p)| (k.to_string(), p.clone()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn property_files_are_read_without_their_trailing_newline() {
+        let dir = tempfile::tempdir().unwrap();
+        let password = dir.path().join("password");
+        std::fs::write(&password, "s3cret with spaces \n").unwrap();
+        let jaas = dir.path().join("config");
+        std::fs::write(&jaas, "a=b\r\n").unwrap();
+        let cfg = with_files(&[
+            ("sasl.password", password),
+            ("sasl.oauthbearer.config", jaas),
+        ]);
+        let c = producer_config(&cfg).unwrap();
+        assert_eq!(c.get("sasl.password"), Some("s3cret with spaces "));
+        assert_eq!(c.get("sasl.oauthbearer.config"), Some("a=b"));
+        assert_eq!(c.get("sasl.username"), Some("bridge"));
+        let consumer = consumer_config(&cfg).unwrap();
+        assert_eq!(consumer.get("sasl.password"), Some("s3cret with spaces "));
+        assert_eq!(consumer.get("acks"), None);
+    }
+
+    #[test]
+    fn an_unreadable_property_file_names_the_field_and_path() {
+        let cfg = with_files(&[("sasl.password", "/nonexistent/kafka/password".into())]);
+        let e = producer_config(&cfg).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "sink.kafka.propertyFiles.sasl.password: cannot read /nonexistent/kafka/password"
+        );
+        assert!(
+            std::error::Error::source(&e).is_some(),
+            "the io error is chained"
+        );
     }
 }

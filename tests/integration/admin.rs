@@ -1,8 +1,9 @@
 //! The admin endpoints against a running bridge: liveness, readiness after sync, and every
 //! documented metric present, parseable, and moving when events flow.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use cloudevents::AttributesReader;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
 use serde_json::json;
@@ -39,6 +40,9 @@ pub const METRICS: &[&str] = &[
     "kube_event_bridge_build_info",
     "kube_event_bridge_ready",
     "kube_event_bridge_leader",
+    "kube_event_bridge_api_requests_total",
+    "kube_event_bridge_api_requests_throttled_total",
+    "kube_event_bridge_api_throttle_wait_seconds_total",
     "kube_event_bridge_events_observed_total",
     "kube_event_bridge_events_published_total",
     "kube_event_bridge_events_filtered_total",
@@ -164,6 +168,113 @@ async fn admin_endpoints_and_metrics() {
         !body.contains("name=\"m1\""),
         "object names never become labels"
     );
+    assert!(sample(&body, "kube_event_bridge_api_requests_total", &[]) >= 2.0);
+}
+
+/// After SIGTERM, `/readyz` answers 503 for `admin.shutdownDelaySecs` while the bridge still
+/// publishes; then it drains and exits 0.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_turns_readiness_false_for_the_shutdown_delay_then_exits_0() {
+    const DELAY: Duration = Duration::from_secs(5);
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, "lame-duck").await;
+    let config = format!(
+        "cluster: dev\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\nsink: {{stdout: {{}}}}\nadmin: {{address: \"127.0.0.1:0\", shutdownDelaySecs: {}}}\n",
+        DELAY.as_secs()
+    );
+    let mut bridge = Bridge::start(&config);
+    let address = bridge.admin_address().await;
+    wait_until("/readyz answers 200", Duration::from_secs(60), || async {
+        (get(&address, "/readyz").await.0 == 200).then_some(())
+    })
+    .await;
+    let mut reader = Reader::stdout(&bridge);
+
+    bridge.signal("TERM");
+    let signalled = Instant::now();
+    wait_until("/readyz answers 503", DELAY, || async {
+        (get(&address, "/readyz").await == (503, "not ready\n".into())).then_some(())
+    })
+    .await;
+    let (_, metrics) = get(&address, "/metrics").await;
+    assert_eq!(sample(&metrics, "kube_event_bridge_ready", &[]), 0.0);
+
+    // Unready, yet still watching and publishing.
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let late: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "created-while-unready"}})).unwrap();
+    cms.create(&PostParams::default(), &late).await.unwrap();
+    assert!(
+        signalled.elapsed() < DELAY,
+        "the ConfigMap must be created within the delay; took {:?}",
+        signalled.elapsed()
+    );
+    reader
+        .read_until(Duration::from_secs(30), |got| {
+            got.iter().any(|r| {
+                r.event
+                    .subject()
+                    .is_some_and(|s| s.ends_with("created-while-unready"))
+            })
+        })
+        .await;
+
+    let status = bridge
+        .wait_exit(Duration::from_secs(60))
+        .await
+        .expect("the bridge exits after the delay and the drain");
+    assert!(
+        status.success(),
+        "exit status {status}; log:\n{}",
+        bridge.log_text()
+    );
+    assert!(
+        signalled.elapsed() >= DELAY,
+        "exited {:?} after SIGTERM, before the {DELAY:?} delay",
+        signalled.elapsed()
+    );
+    assert_eq!(
+        bridge.count_log("shutdown delay: not ready, still publishing"),
+        1
+    );
+    assert_eq!(bridge.count_log("shutdown complete"), 1);
+}
+
+/// `kubernetes.qps` and `kubernetes.burst` bound the rate at which requests start: at 2 per second
+/// with a burst of 1, requests started by any moment are at most 1 + 2 per elapsed second, and
+/// `/metrics` counts the requests held back.
+#[tokio::test(flavor = "multi_thread")]
+async fn api_requests_start_at_most_at_kubernetes_qps() {
+    let client = kube_client().await;
+    let mut namespaces = Vec::new();
+    for _ in 0..3 {
+        namespaces.push(unique_namespace(&client, "qps").await);
+    }
+    let config = format!(
+        "cluster: dev\nkubernetes: {{qps: 2, burst: 1}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{}]}}\nsink: {{stdout: {{}}}}\n",
+        namespaces.join(", ")
+    );
+    let started = Instant::now();
+    let mut bridge = Bridge::start(&config);
+    let address = bridge.admin_address().await;
+    bridge.wait_synced(3).await;
+    let (_, body) = get(&address, "/metrics").await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let requests = sample(&body, "kube_event_bridge_api_requests_total", &[]);
+    let throttled = sample(&body, "kube_event_bridge_api_requests_throttled_total", &[]);
+    let waited = sample(
+        &body,
+        "kube_event_bridge_api_throttle_wait_seconds_total",
+        &[],
+    );
+    // Discovery, then a LIST per watch: at least 4 requests, 3 of them held back.
+    assert!(requests >= 4.0, "{requests} requests");
+    assert!(
+        requests <= 1.0 + 2.0 * elapsed,
+        "{requests} requests started in {elapsed:.2}s"
+    );
+    assert!(throttled >= 3.0, "{throttled} throttled of {requests}");
+    assert!(waited >= 1.0, "waited {waited}s for {throttled} requests");
 }
 
 /// The alert rules and the dashboard only use documented metrics.

@@ -25,9 +25,10 @@ use crate::support::{self, create_crd, kube_client, unique_name, unique_namespac
 const RENDER_RELEASE: &str = "kube-event-bridge";
 const RENDER_NAMESPACE: &str = "kube-event-bridge";
 /// The documented values files, besides the chart's own values.yaml.
-const CI_VALUES: [&str; 2] = [
+const CI_VALUES: [&str; 3] = [
     "ci/kafka-values.yaml",
     "ci/nats-leader-election-values.yaml",
+    "ci/kafka-sasl-values.yaml",
 ];
 /// How long RBAC changes may take to reach the API server's authorizer.
 const RBAC_SETTLE: Duration = Duration::from_secs(30);
@@ -686,7 +687,7 @@ async fn helm_renders_every_documented_values_file_with_the_rbac_src_rbac_comput
     .await;
     let namespace = unique_namespace(&client, "deploy-helm").await;
     let release = "keb";
-    for values in [None, Some(CI_VALUES[0]), Some(CI_VALUES[1])] {
+    for values in std::iter::once(None).chain(CI_VALUES.map(Some)) {
         let what = values.unwrap_or("values.yaml");
         let docs = documents(&helm_template(&helm, release, &namespace, values).await);
         let config = chart_config(&docs);
@@ -735,6 +736,12 @@ async fn helm_renders_every_documented_values_file_with_the_rbac_src_rbac_comput
         let deployment = docs.iter().find(|d| kind(d) == "Deployment").unwrap();
         let replicas = if leader_election { 2 } else { 1 };
         assert_eq!(deployment["spec"]["replicas"], replicas, "{what}");
+        // Unready but publishing, then draining, then 5 s to exit.
+        assert_eq!(
+            deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"].as_u64(),
+            Some(config.admin.shutdown_delay_secs + config.delivery.shutdown_grace_secs + 5),
+            "{what}"
+        );
         let pdb = docs
             .iter()
             .find(|d| kind(d) == "PodDisruptionBudget")
@@ -779,6 +786,12 @@ async fn helm_renders_every_documented_values_file_with_the_rbac_src_rbac_comput
                 .iter()
                 .filter(|(k, _)| k.ends_with(".location"))
                 .map(|(_, v)| v.clone())
+                .chain(
+                    config
+                        .property_files
+                        .values()
+                        .map(|p| p.display().to_string()),
+                )
                 .collect(),
             Sink::Stdout => Vec::new(),
         };
@@ -834,7 +847,8 @@ async fn helm_refuses_inline_secrets_unmounted_files_two_sinks_bad_keys_loopback
     let chart = chart().display().to_string();
     let kafka = chart_path(CI_VALUES[0]);
     let nats = chart_path(CI_VALUES[1]);
-    let cases: [(&[&str], &str); 5] = [
+    let sasl = chart_path(CI_VALUES[2]);
+    let cases: [(&[&str], &str); 6] = [
         (
             &[
                 "--values",
@@ -847,6 +861,15 @@ async fn helm_refuses_inline_secrets_unmounted_files_two_sinks_bad_keys_loopback
         (
             &["--values", &nats, "--set", "secretMounts=null"],
             "is not under any secretMounts[].mountPath",
+        ),
+        (
+            &[
+                "--values",
+                &sasl,
+                "--set",
+                "config.sink.kafka.propertyFiles.sasl\\.password=/etc/elsewhere/password",
+            ],
+            "config.sink.kafka.propertyFiles.sasl.password: /etc/elsewhere/password is not under any secretMounts[].mountPath",
         ),
         (
             &["--values", &kafka, "--set-json", "config.sink.stdout={}"],

@@ -6,6 +6,7 @@ mod behaviour;
 mod bridge;
 mod checkpoint;
 mod components;
+mod credentials;
 mod deploy;
 mod dynamic;
 mod harness;

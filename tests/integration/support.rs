@@ -56,6 +56,26 @@ pub fn env() -> Env {
     }
 }
 
+/// Kafka's SASL_PLAINTEXT listener of the test environment (PLAIN mechanism) and its one user.
+#[derive(Debug, Clone)]
+pub struct KafkaSasl {
+    /// `bootstrap.servers` of the SASL listener (`KAFKA_SASL_BOOTSTRAP_SERVERS`).
+    pub bootstrap: String,
+    /// The user (`KAFKA_SASL_USERNAME`).
+    pub username: String,
+    /// Its password (`KAFKA_SASL_PASSWORD`).
+    pub password: String,
+}
+
+/// Reads the SASL listener's variables; panics naming the first missing one.
+pub fn kafka_sasl() -> KafkaSasl {
+    KafkaSasl {
+        bootstrap: required_var("KAFKA_SASL_BOOTSTRAP_SERVERS"),
+        username: required_var("KAFKA_SASL_USERNAME"),
+        password: required_var("KAFKA_SASL_PASSWORD"),
+    }
+}
+
 /// The value of a required variable, or a panic explaining how to provide it.
 fn required_var(name: &str) -> String {
     match std::env::var(name) {

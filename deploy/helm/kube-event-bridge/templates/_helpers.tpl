@@ -176,7 +176,8 @@ Rules granting get, list, watch on a {API group: [plurals]} map.
 {{/*
 Fails on a configuration the chart must not deploy: more than one sink (Helm merges the sink
 maps of several values files), an admin server on loopback (unreachable for probes), a secret
-written inline in Kafka properties, or a credential file outside every secretMounts path.
+written inline in Kafka properties, or a credential file (NATS credentials, Kafka *.location
+properties and propertyFiles) outside every secretMounts path.
 */}}
 {{- define "kube-event-bridge.checkConfig" -}}
 {{- $sink := .Values.config.sink | default dict -}}
@@ -204,11 +205,14 @@ written inline in Kafka properties, or a credential file outside every secretMou
 {{- with $sink.kafka -}}
 {{- range $k, $v := (.properties | default dict) -}}
 {{- if has $k (list "sasl.password" "ssl.key.password" "ssl.keystore.password" "ssl.key.pem" "ssl.certificate.pem" "sasl.oauthbearer.client.secret" "sasl.oauthbearer.config") -}}
-{{- fail (printf "config.sink.kafka.properties.%s would write a secret into the ConfigMap; use files from secretMounts (ssl.*.location) instead" $k) -}}
+{{- fail (printf "config.sink.kafka.properties.%s would write a secret into the ConfigMap; read it from a secretMounts file with config.sink.kafka.propertyFiles.%s (or ssl.*.location) instead" $k $k) -}}
 {{- end -}}
 {{- if and $v (hasSuffix ".location" $k) -}}
 {{- $files = append $files (list (printf "config.sink.kafka.properties.%s" $k) $v) -}}
 {{- end -}}
+{{- end -}}
+{{- range $k, $v := (.propertyFiles | default dict) -}}
+{{- $files = append $files (list (printf "config.sink.kafka.propertyFiles.%s" $k) $v) -}}
 {{- end -}}
 {{- end -}}
 {{- $mounts := .Values.secretMounts | default list -}}
