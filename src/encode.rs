@@ -533,6 +533,11 @@ mod tests {
         ))
     }
 
+    /// ConfigMaps configured with `extra`.
+    fn configmaps(extra: &str) -> Arc<ResourceInfo> {
+        info_with("", "v1", "ConfigMap", "configmaps", true, extra)
+    }
+
     fn encode(info: &Arc<ResourceInfo>, change: Change) -> Result<Event, Error> {
         super::encode(info, change, None).map(|e| e.event)
     }
@@ -718,14 +723,7 @@ mod tests {
 
     #[test]
     fn last_applied_is_stripped_and_pointers_redacted() {
-        let i = info_with(
-            "",
-            "v1",
-            "ConfigMap",
-            "configmaps",
-            true,
-            ", redact: ['/data/password', '/metadata/labels/owner']",
-        );
+        let i = configmaps(", redact: ['/data/password', '/metadata/labels/owner']");
         let mut obj = object(Some("ns"), json!({"data": {"password": "p", "user": "u"}}));
         obj.metadata.labels = Some(BTreeMap::from([("owner".to_string(), "alice".to_string())]));
         let ev = encode(&i, change(ChangeKind::Added, obj)).unwrap();
@@ -765,14 +763,7 @@ mod tests {
 
     #[test]
     fn diff_payload_patches_the_previous_version() {
-        let i = info_with(
-            "",
-            "v1",
-            "ConfigMap",
-            "configmaps",
-            true,
-            ", payload: diff, includePrevious: true",
-        );
+        let i = configmaps(", payload: diff, includePrevious: true");
         let first = super::encode(
             &i,
             change(
@@ -806,14 +797,7 @@ mod tests {
 
     #[test]
     fn knative_shape() {
-        let i = info_with(
-            "",
-            "v1",
-            "ConfigMap",
-            "configmaps",
-            true,
-            ", eventFormat: knative",
-        );
+        let i = configmaps(", eventFormat: knative");
         let ev = encode(
             &i,
             change(ChangeKind::Modified, object(Some("team-a"), json!({}))),
@@ -835,14 +819,7 @@ mod tests {
             "1b4e28ba-2fa1-11d2-883f-0016d3cca427:4711:modified"
         );
         assert!(!attrs.contains_key("dataschema"));
-        let i = info_with(
-            "",
-            "v1",
-            "ConfigMap",
-            "configmaps",
-            true,
-            ", eventFormat: knative, payload: reference",
-        );
+        let i = configmaps(", eventFormat: knative, payload: reference");
         let ev = encode(
             &i,
             change(ChangeKind::Deleted, object(Some("team-a"), json!({}))),

@@ -344,11 +344,12 @@ fn plan_line(config: &Config, r: &ResolvedResource) -> String {
     };
     let events: Vec<&str> = r.config.events.iter().map(|k| k.as_str()).collect();
     format!(
-        "  {} kind={} scope={scope} namespaces={namespaces} labelSelector={} fieldSelector={} events={} -> {destination}",
+        "  {} kind={} scope={scope} namespaces={namespaces} labelSelector={} fieldSelector={} events={} payload={} -> {destination}",
         r.label(),
         r.api.kind,
         r.config.label_selector.as_deref().unwrap_or("-"),
         r.config.field_selector.as_deref().unwrap_or("-"),
         events.join(","),
+        r.config.payload.as_str(),
     )
 }

@@ -58,7 +58,12 @@ pub(crate) struct Supervisor {
     tasks: JoinSet<Finished>,
     generation: u64,
     stop: CancellationToken,
+    /// Asks for a new discovery (a CRD changed).
     refresh: Arc<Notify>,
+    /// Asks for a reconcile against the last discovery (a namespace gained or lost a label).
+    rescope: Arc<Notify>,
+    /// The resources of the last discovery.
+    resolved: Vec<ResolvedResource>,
     selected: Selected,
     on_change: OnChange,
 }
@@ -98,6 +103,8 @@ impl Supervisor {
             generation: 0,
             stop: parts.stop,
             refresh: Arc::new(Notify::new()),
+            rescope: Arc::new(Notify::new()),
+            resolved: Vec::new(),
             selected: Arc::default(),
             on_change: parts.on_change,
         }
@@ -119,7 +126,7 @@ impl Supervisor {
                 self.client.clone(),
                 selector.clone(),
                 self.selected.clone(),
-                self.refresh.clone(),
+                self.rescope.clone(),
                 first_tx,
             ));
             let first = first_rx
@@ -163,6 +170,11 @@ impl Supervisor {
                     }
                 }
                 () = self.refresh.notified() => self.refresh().await,
+                () = self.rescope.notified() => {
+                    if let Err(e) = self.reconcile(self.resolved.clone()).await {
+                        error!(error = %e, "cannot start a watch; will retry at the next refresh");
+                    }
+                }
                 () = tokio::time::sleep_until(next_refresh) => {
                     next_refresh = tokio::time::Instant::now() + period;
                     self.refresh().await;
@@ -218,6 +230,7 @@ impl Supervisor {
 
     /// Makes the running watches match `resources` × their namespace scopes.
     async fn reconcile(&mut self, resources: Vec<ResolvedResource>) -> Result<()> {
+        self.resolved.clone_from(&resources);
         let mut desired: BTreeMap<String, (WatchKey, ResolvedResource, Option<String>)> =
             BTreeMap::new();
         {
@@ -346,13 +359,13 @@ impl Supervisor {
 }
 
 /// Keeps `selected[selector]` equal to the namespaces matching `selector`, asking for a
-/// reconcile on every change. The first complete listing (or the error that prevented it) is
+/// reconcile (`rescope`) on every change. The first complete listing (or the error that prevented it) is
 /// reported on `first`.
 async fn follow_namespaces(
     client: Client,
     selector: String,
     selected: Selected,
-    refresh: Arc<Notify>,
+    rescope: Arc<Notify>,
     first: oneshot::Sender<Result<usize, String>>,
 ) {
     let api: Api<PartialObjectMeta<Namespace>> = Api::all(client);
@@ -377,7 +390,7 @@ async fn follow_namespaces(
                     Some(tx) => {
                         let _ = tx.send(Ok(n));
                     }
-                    None => refresh.notify_one(),
+                    None => rescope.notify_one(),
                 }
             }
             Ok(WatcherEvent::Apply(ns)) => {
@@ -386,7 +399,7 @@ async fn follow_namespaces(
                     set_and_notify(&|set| {
                         set.insert(name.clone());
                     });
-                    refresh.notify_one();
+                    rescope.notify_one();
                 }
             }
             Ok(WatcherEvent::Delete(ns)) => {
@@ -395,7 +408,7 @@ async fn follow_namespaces(
                     set_and_notify(&|set| {
                         set.remove(&name);
                     });
-                    refresh.notify_one();
+                    rescope.notify_one();
                 }
             }
             Err(e) => {
