@@ -275,6 +275,41 @@ async fn redaction_holds_through_a_wildcard() {
     );
 }
 
+/// One Kafka record as read back.
+struct Record {
+    partition: i32,
+    offset: i64,
+    key: String,
+    value: Option<Value>,
+    headers: BTreeMap<String, String>,
+}
+
+impl Record {
+    fn of(m: &rdkafka::message::BorrowedMessage<'_>) -> Self {
+        use rdkafka::message::Headers;
+        let headers = m
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|x| {
+                        let value = String::from_utf8_lossy(x.value.unwrap_or_default());
+                        (x.key.to_string(), value.into_owned())
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Self {
+            partition: m.partition(),
+            offset: m.offset(),
+            key: String::from_utf8(m.key().expect("a key").to_vec()).expect("utf-8 key"),
+            value: m
+                .payload()
+                .map(|p| serde_json::from_slice(p).expect("JSON value")),
+            headers,
+        }
+    }
+}
+
 /// Kafka with `key: namespacedName` and tombstones on the resource's own topic: every delete is
 /// followed by a tombstone with the same key, and folding the topic by key (what compaction
 /// keeps) yields exactly the objects that exist.
@@ -312,66 +347,45 @@ async fn tombstones_make_a_compacted_topic_hold_the_live_objects() {
 
     let consumer = support::kafka_consumer(&unique_name("state"));
     consumer.subscribe(&[&topic]).unwrap();
-    let mut records: Vec<(i32, i64, String, Option<Value>, BTreeMap<String, String>)> = Vec::new();
+    let mut records: Vec<Record> = Vec::new();
     let deadline = tokio::time::Instant::now() + WAIT;
     while records.len() < 9 && tokio::time::Instant::now() < deadline {
         let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(5), consumer.recv()).await else {
             continue;
         };
-        let headers: BTreeMap<String, String> = m
-            .headers()
-            .map(|h| {
-                use rdkafka::message::Headers;
-                h.iter()
-                    .map(|x| {
-                        (
-                            x.key.to_string(),
-                            String::from_utf8_lossy(x.value.unwrap_or_default()).into_owned(),
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        records.push((
-            m.partition(),
-            m.offset(),
-            String::from_utf8(m.key().unwrap().to_vec()).unwrap(),
-            m.payload().map(|p| serde_json::from_slice(p).unwrap()),
-            headers,
-        ));
+        records.push(Record::of(&m));
     }
-    assert_eq!(
-        records.len(),
-        9,
-        "{:?}",
-        records
-            .iter()
-            .map(|r| (&r.2, r.3.is_some()))
-            .collect::<Vec<_>>()
-    );
-    for (i, (partition, offset, key, value, headers)) in records.iter().enumerate() {
-        if value.is_none() {
+    let seen: Vec<_> = records
+        .iter()
+        .map(|r| (&r.key, r.value.is_some()))
+        .collect();
+    assert_eq!(records.len(), 9, "{seen:?}");
+    for (i, r) in records.iter().enumerate() {
+        if r.value.is_none() {
             // Right behind its delete, in the same partition.
             let before = records[..i]
                 .iter()
                 .rev()
-                .find(|r| r.0 == *partition)
+                .find(|b| b.partition == r.partition)
                 .expect("a record before the tombstone");
-            assert_eq!(before.1 + 1, *offset);
-            assert_eq!(&before.2, key);
-            assert_eq!(before.4["ce_type"], "io.kubeeventbridge.object.deleted");
+            assert_eq!(before.offset + 1, r.offset);
+            assert_eq!(before.key, r.key);
+            assert_eq!(
+                before.headers["ce_type"],
+                "io.kubeeventbridge.object.deleted"
+            );
         } else {
-            assert_eq!(headers["ce_partitionkey"], *key);
-            assert!(key.starts_with(&format!("{ns}/")), "{key}");
+            assert_eq!(r.headers["ce_partitionkey"], r.key);
+            assert!(r.key.starts_with(&format!("{ns}/")), "{}", r.key);
         }
     }
+    // What compaction keeps: the last value per key, a tombstone removing the key.
+    records.sort_by_key(|r| (r.partition, r.offset));
     let mut state: BTreeMap<String, Value> = BTreeMap::new();
-    let mut ordered = records.clone();
-    ordered.sort_by_key(|r| (r.0, r.1));
-    for (_, _, key, value, _) in ordered {
-        match value {
-            Some(v) => state.insert(key, v),
-            None => state.remove(&key),
+    for r in records {
+        match r.value {
+            Some(v) => state.insert(r.key, v),
+            None => state.remove(&r.key),
         };
     }
     let live: BTreeMap<String, Value> = cms
