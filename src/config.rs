@@ -592,8 +592,10 @@ impl Sink {
     }
 }
 
-/// Properties that must keep the values the delivery guarantees depend on.
-const KAFKA_GUARDED: &[(&str, &str)] = &[("enable.idempotence", "true"), ("acks", "all")];
+/// Properties that must keep the values the delivery guarantees depend on, with the values that
+/// keep them (`acks=-1` is librdkafka's other spelling of `all`).
+const KAFKA_GUARDED: &[(&str, &[&str])] =
+    &[("enable.idempotence", &["true"]), ("acks", &["all", "-1"])];
 
 impl ConfigFile {
     /// Reads and parses a file; errors name the path inside the document.
@@ -728,12 +730,13 @@ fn validate_sink(sink: SinkConfig, errors: &mut Vec<String>) -> Option<Sink> {
         if kafka.bootstrap_servers.trim().is_empty() {
             errors.push("sink.kafka.bootstrapServers: must not be empty".into());
         }
-        for (key, required) in KAFKA_GUARDED {
+        for (key, accepted) in KAFKA_GUARDED {
             if let Some(v) = kafka.properties.get(*key)
-                && v != required
+                && !accepted.contains(&v.as_str())
             {
                 errors.push(format!(
-                    "sink.kafka.properties.{key}: {v:?} would weaken delivery; the bridge requires {required:?}"
+                    "sink.kafka.properties.{key}: {v:?} would weaken delivery; the bridge requires {:?}",
+                    accepted[0]
                 ));
             }
         }
@@ -947,6 +950,16 @@ mod tests {
         ] {
             assert!(e.contains(needle), "missing {needle:?} in {e}");
         }
+    }
+
+    #[test]
+    fn acks_minus_one_is_all() {
+        ConfigFile::parse(
+            "cluster: dev\nresources: [{apiVersion: v1, resource: pods}]\nsink:\n  kafka:\n    bootstrapServers: x:1\n    properties: {acks: \"-1\"}\n",
+        )
+        .unwrap()
+        .validate()
+        .unwrap();
     }
 
     #[test]

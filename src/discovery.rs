@@ -126,19 +126,33 @@ pub fn select(
 ) -> (Vec<ResolvedResource>, Vec<String>) {
     let mut errors = Vec::new();
     let mut chosen: Vec<ResolvedResource> = Vec::new();
+    // Takes `x` unless an earlier entry watches the same objects; returns that entry's index.
     let mut claim = |x: ResolvedResource| {
-        let taken = chosen.iter().any(|c| {
+        let owner = chosen.iter().find(|c| {
             c.api.group == x.api.group
                 && c.api.plural == x.api.plural
                 && c.config.overlaps(&x.config)
         });
-        if !taken {
-            chosen.push(x);
+        match owner {
+            Some(c) => Some(c.config.index),
+            None => {
+                chosen.push(x);
+                None
+            }
         }
     };
     for r in resources.iter().filter(|r| !r.is_wildcard()) {
         match resolve_one(r, discovery.get(&r.group)) {
-            Ok(x) => claim(x),
+            // Written differently (`pods` and `Pod`), two explicit entries can still collide.
+            Ok(x) => {
+                let plural = x.api.plural.clone();
+                if let Some(first) = claim(x) {
+                    errors.push(format!(
+                        "resources[{}]: watches the same objects as resources[{first}] ({plural}); merge the entries",
+                        r.index
+                    ));
+                }
+            }
             Err(message) => errors.push(message),
         }
     }
@@ -162,7 +176,8 @@ pub fn select(
                     && (namespaced || scoped)
                     && r.matches(&api.group, &api.version, &api.plural, &api.kind)
                 {
-                    claim(ResolvedResource {
+                    // Taken already: the earlier entry owns it.
+                    let _ = claim(ResolvedResource {
                         config: r.clone(),
                         api,
                         namespaced,

@@ -361,7 +361,12 @@ impl Stores {
     }
 }
 
-pub(crate) fn target(client: &Client, r: &ResolvedResource, namespace: Option<&str>) -> Target {
+pub(crate) fn target(
+    client: &Client,
+    r: &ResolvedResource,
+    namespace: Option<&str>,
+    not_found: Arc<tokio::sync::Notify>,
+) -> Target {
     let api: Api<DynamicObject> = match namespace {
         Some(ns) => Api::namespaced_with(client.clone(), ns, &r.api),
         None => Api::all_with(client.clone(), &r.api),
@@ -376,5 +381,6 @@ pub(crate) fn target(client: &Client, r: &ResolvedResource, namespace: Option<&s
         field_selector: r.config.field_selector.clone(),
         page_size: PAGE_SIZE,
         watch_timeout_secs: WATCH_TIMEOUT_SECS,
+        not_found,
     }
 }

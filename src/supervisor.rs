@@ -304,7 +304,7 @@ impl Supervisor {
         let status = Arc::new(Status::default());
         let (tx, rx) = mpsc::channel(config.delivery.queue_capacity);
         let start_rv = resume.as_ref().map(|c| c.resource_version.clone());
-        let target = target(&self.client, r, namespace.as_deref());
+        let target = target(&self.client, r, namespace.as_deref(), self.refresh.clone());
         let cancel = self.stop.child_token();
         self.generation += 1;
         let generation = self.generation;

@@ -63,6 +63,7 @@ impl Error {
                 ..
             } if s.code == 404 => "not_found",
             Error::Request { .. } => "request",
+            Error::Status { code: 404, .. } => "not_found",
             Error::Status { .. } => "status",
             Error::Closed => "closed",
         }
@@ -102,6 +103,9 @@ pub struct Target {
     pub page_size: u32,
     /// Server-side watch timeout; the watch is then resumed from the last resourceVersion.
     pub watch_timeout_secs: u32,
+    /// Told when the API server answers 404: the resource may be gone (a deleted CRD), which a
+    /// discovery refresh decides, stopping this watch cleanly.
+    pub not_found: Arc<tokio::sync::Notify>,
 }
 
 /// Runs the watch until `shutdown` or until the pipeline closes, starting from
@@ -134,6 +138,20 @@ pub async fn run(
                 count(&status.restarts, "gone");
                 info!(rv = %rv, "watch history lost, relisting");
                 resource_version = None;
+            }
+            Err(error) if error.reason() == "not_found" => {
+                count(&status.restarts, error.reason());
+                let delay = backoff.next_delay();
+                info!(
+                    error = %error,
+                    retry_in_ms = delay.as_millis() as u64,
+                    "resource not found: asking discovery whether it is gone"
+                );
+                target.not_found.notify_one();
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(delay) => {}
+                }
             }
             Err(error) => {
                 count(&status.restarts, error.reason());

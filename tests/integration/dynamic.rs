@@ -51,9 +51,9 @@ async fn wildcard_follows_crds_created_and_deleted_at_run_time() {
     let (things, gadgets) = (format!("a.{suffix}"), format!("b.{suffix}"));
     let started = Instant::now();
     create_crd(&client, &things, "Thing", "things", "Namespaced").await;
-    create_crd(&client, &gadgets, "Gadget", "gadgets", "Namespaced").await;
     bridge.wait_synced(2).await;
     let picked_up = started.elapsed();
+    create_crd(&client, &gadgets, "Gadget", "gadgets", "Namespaced").await;
     create_object(&client, &things, "Thing", "things", &ns, "t1").await;
     create_object(&client, &gadgets, "Gadget", "gadgets", &ns, "g1").await;
     let events = reader
@@ -63,7 +63,7 @@ async fn wildcard_follows_crds_created_and_deleted_at_run_time() {
     assert_eq!(events[0].ext("apiversion"), format!("{things}/v1"));
     assert_eq!(events[0].change(), "added");
     assert_eq!(events[0].ext("origin"), "live");
-    eprintln!("CRD picked up {picked_up:?} after its creation (including its establishment)");
+    eprintln!("CRD watched and synced {picked_up:?} after its creation was requested");
 
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     crds.delete(&format!("things.{things}"), &DeleteParams::default())
@@ -205,4 +205,73 @@ async fn namespace_selector_follows_labels() {
         summary(&events)
     );
     assert!(events.iter().all(|r| r.event.id().contains(':')));
+}
+
+/// A CRD that gains a newer served version (now the preferred one): the wildcard's watch moves
+/// to it and the objects are published again in that version, as a snapshot; the old version's
+/// watch stops.
+#[tokio::test(flavor = "multi_thread")]
+async fn wildcard_moves_to_a_crds_new_preferred_version() {
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, "vers").await;
+    let group = format!("{}.test.keb.dev", unique_name("v"));
+    create_crd(&client, &group, "Thing", "things", "Namespaced").await;
+    let config = format!(
+        "cluster: dev\nresources:\n- {{apiVersion: \"{group}/*\", resource: \"*\", namespaces: [{ns}]}}\nsink: {{stdout: {{}}}}\n"
+    );
+    let mut bridge = Bridge::start(&config);
+    let mut reader = Reader::stdout(&bridge);
+    bridge.wait_synced(1).await;
+    create_object(&client, &group, "Thing", "things", &ns, "t1").await;
+    let events = reader.read_until(WAIT, |got| got.len() == 1).await;
+    assert_eq!(events[0].ext("apiversion"), format!("{group}/v1"));
+
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = format!("things.{group}");
+    let mut crd = serde_json::to_value(crds.get(&name).await.unwrap()).unwrap();
+    let mut v2 = crd["spec"]["versions"][0].clone();
+    v2["name"] = json!("v2");
+    crd["spec"]["versions"][0]["storage"] = json!(false);
+    crd["spec"]["versions"].as_array_mut().unwrap().push(v2);
+    crds.replace(
+        &name,
+        &PostParams::default(),
+        &serde_json::from_value(crd).unwrap(),
+    )
+    .await
+    .unwrap();
+
+    let events = reader
+        .read_until(WAIT, |got| {
+            got.iter()
+                .any(|r| r.ext("apiversion") == format!("{group}/v2"))
+        })
+        .await;
+    let moved = events
+        .iter()
+        .find(|r| r.ext("apiversion") == format!("{group}/v2"))
+        .unwrap();
+    assert_eq!(moved.ext("name"), "t1", "{}", summary(&events));
+    assert_eq!(moved.ext("origin"), "snapshot");
+    assert_eq!(moved.data()["apiVersion"], format!("{group}/v2"));
+    support::wait_until("the v1 watch stops", WAIT, || async {
+        bridge
+            .log_text()
+            .contains("watch no longer desired: stopping it")
+            .then_some(())
+    })
+    .await;
+    create_object(&client, &group, "Thing", "things", &ns, "t2").await;
+    let events = reader
+        .read_until(WAIT, |got| got.iter().any(|r| r.ext("name") == "t2"))
+        .await;
+    let t2: Vec<_> = events.iter().filter(|r| r.ext("name") == "t2").collect();
+    assert_eq!(
+        t2.len(),
+        1,
+        "published once, in v2 only: {}",
+        summary(&events)
+    );
+    assert_eq!(t2[0].ext("apiversion"), format!("{group}/v2"));
+    crds.delete(&name, &DeleteParams::default()).await.unwrap();
 }
