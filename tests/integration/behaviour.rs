@@ -217,17 +217,9 @@ async fn vanished_resource_does_not_stop_the_others() {
     crds.delete(&format!("things.{group}"), &DeleteParams::default())
         .await
         .unwrap();
-    crate::support::wait_until(
-        "the watch of the deleted resource stops",
-        Duration::from_secs(60),
-        || async {
-            bridge
-                .log_text()
-                .contains("watch no longer desired: stopping it")
-                .then_some(())
-        },
-    )
-    .await;
+    bridge
+        .wait_log("watch no longer desired: stopping it")
+        .await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let c: ConfigMap =
         serde_json::from_value(json!({"metadata": {"name": "still-flowing"}})).unwrap();

@@ -12,7 +12,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
 
 use crate::harness::{Bridge, Reader, summary};
-use crate::support::{self, create_crd, kube_client, unique_name, unique_namespace};
+use crate::support::{create_crd, kube_client, unique_name, unique_namespace};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -69,13 +69,9 @@ async fn wildcard_follows_crds_created_and_deleted_at_run_time() {
     crds.delete(&format!("things.{things}"), &DeleteParams::default())
         .await
         .unwrap();
-    support::wait_until("the watch of the deleted CRD stops", WAIT, || async {
-        bridge
-            .log_text()
-            .contains("watch no longer desired: stopping it")
-            .then_some(())
-    })
-    .await;
+    bridge
+        .wait_log("watch no longer desired: stopping it")
+        .await;
     let events = reader
         .read_until(WAIT, |got| got.iter().any(|r| r.change() == "deleted"))
         .await;
@@ -183,13 +179,9 @@ async fn namespace_selector_follows_labels() {
         )
         .await
         .unwrap();
-    support::wait_until("the unlabelled namespace's watch stops", WAIT, || async {
-        bridge
-            .log_text()
-            .contains("watch no longer desired: stopping it")
-            .then_some(())
-    })
-    .await;
+    bridge
+        .wait_log("watch no longer desired: stopping it")
+        .await;
     create_cm(&client, &a, "a-after").await;
     create_cm(&client, &b, "b-after").await;
     let events = reader
@@ -254,13 +246,9 @@ async fn wildcard_moves_to_a_crds_new_preferred_version() {
     assert_eq!(moved.ext("name"), "t1", "{}", summary(&events));
     assert_eq!(moved.ext("origin"), "snapshot");
     assert_eq!(moved.data()["apiVersion"], format!("{group}/v2"));
-    support::wait_until("the v1 watch stops", WAIT, || async {
-        bridge
-            .log_text()
-            .contains("watch no longer desired: stopping it")
-            .then_some(())
-    })
-    .await;
+    bridge
+        .wait_log("watch no longer desired: stopping it")
+        .await;
     create_object(&client, &group, "Thing", "things", &ns, "t2").await;
     let events = reader
         .read_until(WAIT, |got| got.iter().any(|r| r.ext("name") == "t2"))

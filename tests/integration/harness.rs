@@ -135,6 +135,16 @@ impl Bridge {
             .count()
     }
 
+    /// Waits up to a minute until a log line carries `message`; panics naming it otherwise.
+    pub async fn wait_log(&self, message: &str) {
+        crate::support::wait_until(
+            &format!("the log says {message:?}"),
+            Duration::from_secs(60),
+            || async { (self.count_log(message) > 0).then_some(()) },
+        )
+        .await;
+    }
+
     /// Waits until `watches` watches have published their initial state; panics with the log if
     /// the process exits or time runs out.
     pub async fn wait_synced(&mut self, watches: usize) {
