@@ -45,8 +45,8 @@ pub struct Status {
     pub rejected: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
     /// Changes dropped by the event-type filter.
     pub filtered: AtomicU64,
-    /// Updates not published because only noise changed (resourceVersion, managedFields,
-    /// ignored paths).
+    /// Updates not published because only noise changed (resourceVersion, generation,
+    /// managedFields, ignored paths).
     pub suppressed: AtomicU64,
     /// Events published as a reference because the whole event exceeded the broker's size.
     pub truncated: AtomicU64,
