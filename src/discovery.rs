@@ -42,10 +42,18 @@ pub struct ResolvedResource {
 
 impl ResolvedResource {
     /// The namespaces to watch, one watch each; `None` is all namespaces or cluster scope.
-    pub fn scopes(&self) -> Vec<Option<String>> {
-        match &self.config.namespaces {
-            Some(list) => list.iter().cloned().map(Some).collect(),
-            None => vec![None],
+    /// `selected` holds the namespaces matching each `namespaceSelector`.
+    pub fn scopes(
+        &self,
+        selected: &std::collections::HashMap<String, std::collections::BTreeSet<String>>,
+    ) -> Vec<Option<String>> {
+        match (&self.config.namespaces, &self.config.namespace_selector) {
+            (Some(list), _) => list.iter().cloned().map(Some).collect(),
+            (None, Some(selector)) => selected
+                .get(selector)
+                .map(|set| set.iter().cloned().map(Some).collect())
+                .unwrap_or_default(),
+            (None, None) => vec![None],
         }
     }
 
@@ -265,4 +273,43 @@ pub fn resolve_one(
         api: api.clone(),
         namespaced,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ConfigFile;
+    use std::collections::{BTreeSet, HashMap};
+
+    fn resolved(entry: &str) -> ResolvedResource {
+        let yaml = format!("cluster: dev\nresources: [{entry}]\n");
+        let config = ConfigFile::parse(&yaml).unwrap().validate().unwrap();
+        ResolvedResource {
+            config: config.resources[0].clone(),
+            api: ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+            namespaced: true,
+        }
+    }
+
+    #[test]
+    fn scopes_follow_namespaces_selectors_or_everything() {
+        let selected = HashMap::from([(
+            "team=a".to_string(),
+            BTreeSet::from(["x".to_string(), "y".to_string()]),
+        )]);
+        let by_selector =
+            resolved("{apiVersion: v1, resource: configmaps, namespaceSelector: team=a}");
+        assert_eq!(
+            by_selector.scopes(&selected),
+            [Some("x".into()), Some("y".into())]
+        );
+        assert!(
+            by_selector.scopes(&HashMap::new()).is_empty(),
+            "no namespace matches yet"
+        );
+        let listed = resolved("{apiVersion: v1, resource: configmaps, namespaces: [b]}");
+        assert_eq!(listed.scopes(&selected), [Some("b".to_string())]);
+        let all = resolved("{apiVersion: v1, resource: configmaps}");
+        assert_eq!(all.scopes(&selected), [None]);
+    }
 }

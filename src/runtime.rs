@@ -1,6 +1,7 @@
 //! Wires a validated [`Config`] into running watches and pipelines, and shuts them down: the first
 //! signal stops the watches and drains what is in flight within the grace period.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +20,7 @@ use crate::leader::{self, Leadership};
 use crate::pipeline::Status;
 use crate::sink::kafka::KafkaSink;
 use crate::sink::{self, AnySink};
-use crate::supervisor::{OnChange, Parts, Supervisor};
+use crate::supervisor::{OnChange, Parts, Supervisor, list_namespaces};
 use crate::throttle::{self, ThrottleLayer};
 use crate::watch::Target;
 
@@ -126,10 +127,25 @@ pub async fn reset_checkpoints(
     let resources = discovery::resolve(&client, &config.resources).await?;
     let shared = Arc::new(AnySink::connect(&config.cluster, &config.sink, &resources).await?);
     let stores = Stores::prepare(config, &shared).await?;
+    let mut selected = HashMap::new();
+    for r in resources.iter().filter(|r| r.label() == resource) {
+        if let Some(selector) = &r.config.namespace_selector
+            && !selected.contains_key(selector)
+        {
+            let found =
+                list_namespaces(&client, selector)
+                    .await
+                    .map_err(|e| Error::NamespaceSelector {
+                        selector: selector.clone(),
+                        message: format!("cannot list namespaces: {e}"),
+                    })?;
+            selected.insert(selector.clone(), found);
+        }
+    }
     let mut reset = Vec::new();
     for r in resources.iter().filter(|r| r.label() == resource) {
         for scope in r
-            .scopes()
+            .scopes(&selected)
             .into_iter()
             .filter(|s| namespace.is_none() || s.as_deref() == namespace)
         {

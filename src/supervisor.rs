@@ -236,14 +236,7 @@ impl Supervisor {
         {
             let selected = self.selected.lock().unwrap_or_else(|e| e.into_inner());
             for r in &resources {
-                let scopes = match &r.config.namespace_selector {
-                    Some(sel) => selected
-                        .get(sel)
-                        .map(|set| set.iter().cloned().map(Some).collect())
-                        .unwrap_or_default(),
-                    None => r.scopes(),
-                };
-                for ns in scopes {
+                for ns in r.scopes(&selected) {
                     let key = WatchKey::for_scope(&self.config.cluster, r, ns.as_deref());
                     desired.insert(key.id.clone(), (key, r.clone(), ns));
                 }
@@ -356,6 +349,22 @@ impl Supervisor {
         );
         Ok(())
     }
+}
+
+/// The namespaces matching `selector` now (one LIST), for commands that do not follow them.
+pub(crate) async fn list_namespaces(
+    client: &Client,
+    selector: &str,
+) -> Result<BTreeSet<String>, kube::Error> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let list = api
+        .list_metadata(&kube::api::ListParams::default().labels(selector))
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter_map(|ns| ns.metadata.name)
+        .collect())
 }
 
 /// Keeps `selected[selector]` equal to the namespaces matching `selector`, asking for a
