@@ -17,7 +17,7 @@ use crate::template::{Template, Token};
 mod resource;
 
 pub use resource::{
-    EventFormat, Exclude, ExcludeConfig, RecordKey, Resource, ResourceConfig, glob,
+    EventFormat, Exclude, ExcludeConfig, RecordKey, Resource, ResourceConfig, glob, same_objects,
 };
 
 /// Errors of reading or validating a configuration.

@@ -155,10 +155,7 @@ pub fn select(
             Ok(x) => {
                 let plural = x.api.plural.clone();
                 if let Some(first) = claim(x) {
-                    errors.push(format!(
-                        "resources[{}]: watches the same objects as resources[{first}] ({plural}); merge the entries",
-                        r.index
-                    ));
+                    errors.push(config::same_objects(r.index, first, &plural));
                 }
             }
             Err(message) => errors.push(message),

@@ -70,17 +70,18 @@ impl Pointer {
             let mut token = String::with_capacity(raw.len());
             let mut chars = raw.chars();
             while let Some(c) = chars.next() {
-                match (c, c == '~') {
-                    (_, false) => token.push(c),
-                    (_, true) => match chars.next() {
-                        Some('0') => token.push('~'),
-                        Some('1') => token.push('/'),
-                        _ => {
-                            return Err(format!(
-                                "{text:?}: '~' must be followed by 0 or 1 (RFC 6901)"
-                            ));
-                        }
-                    },
+                if c != '~' {
+                    token.push(c);
+                    continue;
+                }
+                match chars.next() {
+                    Some('0') => token.push('~'),
+                    Some('1') => token.push('/'),
+                    _ => {
+                        return Err(format!(
+                            "{text:?}: '~' must be followed by 0 or 1 (RFC 6901)"
+                        ));
+                    }
                 }
             }
             tokens.push(token);

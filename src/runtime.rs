@@ -125,7 +125,7 @@ pub async fn reset_checkpoints(
 ) -> Result<Vec<String>> {
     let client = client(&config.kubernetes).await?;
     let resources = discovery::resolve(&client, &config.resources).await?;
-    let shared = Arc::new(AnySink::connect(&config.cluster, &config.sink, &resources).await?);
+    let shared = Arc::new(AnySink::connect(&config.sink).await?);
     let stores = Stores::prepare(config, &shared).await?;
     let mut selected = HashMap::new();
     for r in resources.iter().filter(|r| r.label() == resource) {
@@ -223,7 +223,7 @@ impl Bridge {
     ) -> Result<Self> {
         let (client, api_server) = client_and_url(&config.kubernetes).await?;
         let resources = discovery::resolve(&client, &config.resources).await?;
-        let shared = Arc::new(AnySink::connect(&config.cluster, &config.sink, &resources).await?);
+        let shared = Arc::new(AnySink::connect(&config.sink).await?);
         info!(
             sink = shared.name(),
             resources = resources.len(),

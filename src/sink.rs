@@ -15,7 +15,6 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 
 use crate::config;
-use crate::discovery::ResolvedResource;
 use crate::encode::Event;
 
 /// Errors of connecting to or preparing a sink.
@@ -119,20 +118,16 @@ pub enum AnySink {
 }
 
 impl AnySink {
-    /// Connects to the configured sink and prepares it for `resources` (a JetStream stream is
-    /// created or checked).
-    pub async fn connect(
-        cluster: &str,
-        sink: &config::Sink,
-        resources: &[ResolvedResource],
-    ) -> Result<Self> {
+    /// Connects to the configured sink. The JetStream stream is prepared per resource, when its
+    /// watches start ([`nats::NatsSink::cover`]).
+    pub async fn connect(sink: &config::Sink) -> Result<Self> {
         Ok(match sink {
             config::Sink::Kafka { config, topic } => AnySink::Kafka(std::sync::Arc::new(
                 kafka::KafkaSink::new(config, topic.clone())?,
             )),
-            config::Sink::Nats { config, subject } => AnySink::Nats(
-                nats::NatsSink::connect(cluster, config, subject.clone(), resources).await?,
-            ),
+            config::Sink::Nats { config, subject } => {
+                AnySink::Nats(nats::NatsSink::connect(config, subject.clone()).await?)
+            }
             config::Sink::Stdout => AnySink::Stdout(stdout::StdoutSink::new()),
         })
     }

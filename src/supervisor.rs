@@ -170,11 +170,7 @@ impl Supervisor {
                     }
                 }
                 () = self.refresh.notified() => self.refresh().await,
-                () = self.rescope.notified() => {
-                    if let Err(e) = self.reconcile(self.resolved.clone()).await {
-                        error!(error = %e, "cannot start a watch; will retry at the next refresh");
-                    }
-                }
+                () = self.rescope.notified() => self.update(self.resolved.clone()).await,
                 () = tokio::time::sleep_until(next_refresh) => {
                     next_refresh = tokio::time::Instant::now() + period;
                     self.refresh().await;
@@ -220,9 +216,7 @@ impl Supervisor {
                 for m in missing {
                     info!(problem = %m, "resource no longer served; its watch stops");
                 }
-                if let Err(e) = self.reconcile(resources).await {
-                    error!(error = %e, "cannot start a watch; will retry at the next refresh");
-                }
+                self.update(resources).await;
             }
             Err(e) => warn!(error = %e, "discovery refresh failed; keeping the current watches"),
         }
@@ -265,14 +259,19 @@ impl Supervisor {
                 n.cover(&self.config.cluster, &fresh).await?;
             }
         }
-        let changed = !gone.is_empty() || !new.is_empty();
         for (key, r, ns) in new {
             self.start_watch(key, &r, ns).await?;
         }
-        if changed {
-            (self.on_change)(self.handles());
-        }
         Ok(())
+    }
+
+    /// Reconciles while running: a watch that cannot start is retried at the next refresh, and
+    /// the admin server learns the running watches whatever happened.
+    async fn update(&mut self, resources: Vec<ResolvedResource>) {
+        if let Err(e) = self.reconcile(resources).await {
+            error!(error = %e, "cannot start a watch; will retry at the next refresh");
+        }
+        (self.on_change)(self.handles());
     }
 
     /// The running watches.
@@ -381,11 +380,11 @@ async fn follow_namespaces(
     let mut stream = watcher::watcher(api, watcher::Config::default().labels(&selector)).boxed();
     let mut first = Some(first);
     let mut listing: BTreeSet<String> = BTreeSet::new();
+    let update_set = |f: &dyn Fn(&mut BTreeSet<String>)| {
+        let mut all = selected.lock().unwrap_or_else(|e| e.into_inner());
+        f(all.entry(selector.clone()).or_default());
+    };
     while let Some(event) = stream.next().await {
-        let set_and_notify = |f: &dyn Fn(&mut BTreeSet<String>)| {
-            let mut all = selected.lock().unwrap_or_else(|e| e.into_inner());
-            f(all.entry(selector.clone()).or_default());
-        };
         match event {
             Ok(WatcherEvent::Init) => listing.clear(),
             Ok(WatcherEvent::InitApply(ns)) => {
@@ -394,7 +393,7 @@ async fn follow_namespaces(
             Ok(WatcherEvent::InitDone) => {
                 let n = listing.len();
                 let complete = std::mem::take(&mut listing);
-                set_and_notify(&|set| set.clone_from(&complete));
+                update_set(&|set| set.clone_from(&complete));
                 match first.take() {
                     Some(tx) => {
                         let _ = tx.send(Ok(n));
@@ -405,7 +404,7 @@ async fn follow_namespaces(
             Ok(WatcherEvent::Apply(ns)) => {
                 if let Some(name) = ns.metadata.name {
                     info!(namespace = %name, selector = %selector, "namespace matches the selector");
-                    set_and_notify(&|set| {
+                    update_set(&|set| {
                         set.insert(name.clone());
                     });
                     rescope.notify_one();
@@ -414,7 +413,7 @@ async fn follow_namespaces(
             Ok(WatcherEvent::Delete(ns)) => {
                 if let Some(name) = ns.metadata.name {
                     info!(namespace = %name, selector = %selector, "namespace no longer matches the selector");
-                    set_and_notify(&|set| {
+                    update_set(&|set| {
                         set.remove(&name);
                     });
                     rescope.notify_one();

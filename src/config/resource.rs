@@ -464,6 +464,13 @@ pub(super) fn check_sink_fields(resources: &[Resource], sink: &str, errors: &mut
     }
 }
 
+/// The message for entry `later` watching what entry `first` already watches.
+pub fn same_objects(later: usize, first: usize, resource: &str) -> String {
+    format!(
+        "resources[{later}]: watches the same objects as resources[{first}] ({resource}); merge the entries"
+    )
+}
+
 /// Two explicit entries for the same resource whose namespaces overlap would publish every
 /// change twice. Wildcards are not compared here: at resolution an explicit entry wins over a
 /// wildcard, and an earlier wildcard over a later one.
@@ -472,10 +479,7 @@ pub(super) fn check_overlaps(resources: &[Resource], errors: &mut Vec<String>) {
     for (a_pos, a) in explicit.iter().enumerate() {
         for b in &explicit[a_pos + 1..] {
             if a.group == b.group && a.resource.eq_ignore_ascii_case(&b.resource) && a.overlaps(b) {
-                errors.push(format!(
-                    "resources[{}]: watches the same objects as resources[{}] ({}); merge the entries",
-                    b.index, a.index, a.resource
-                ));
+                errors.push(same_objects(b.index, a.index, &a.resource));
             }
         }
     }

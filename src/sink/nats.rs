@@ -91,14 +91,8 @@ async fn connect_options(c: &NatsCredentials) -> Result<async_nats::ConnectOptio
 }
 
 impl NatsSink {
-    /// Connects and, for JetStream, creates or checks the stream so that it captures every
-    /// configured resource's subjects.
-    pub async fn connect(
-        cluster: &str,
-        config: &NatsConfig,
-        subject: Template,
-        resources: &[ResolvedResource],
-    ) -> Result<Self> {
+    /// Connects; [`NatsSink::cover`] then prepares the JetStream stream for each resource.
+    pub async fn connect(config: &NatsConfig, subject: Template) -> Result<Self> {
         let options = connect_options(&config.credentials).await?;
         let client = options
             .connect(config.url.as_str())
@@ -126,7 +120,6 @@ impl NatsSink {
             subject,
             mode: config.content_mode,
         };
-        sink.cover(cluster, resources).await?;
         Ok(sink)
     }
 

@@ -168,6 +168,11 @@ fn name(doc: &Value) -> &str {
     doc["metadata"]["name"].as_str().unwrap_or("")
 }
 
+/// A YAML sequence as strings (see [`str_of`]).
+fn strings(v: &Value) -> Vec<String> {
+    v.as_sequence().unwrap().iter().map(str_of).collect()
+}
+
 fn str_of(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
@@ -724,12 +729,7 @@ async fn helm_renders_every_documented_values_file_with_the_rbac_src_rbac_comput
             );
             assert_eq!(lease["rules"][0]["apiGroups"][0], rbac::LEASE_GROUP);
             assert_eq!(lease["rules"][0]["resources"][0], "leases");
-            let verbs: Vec<String> = lease["rules"][0]["verbs"]
-                .as_sequence()
-                .unwrap()
-                .iter()
-                .map(str_of)
-                .collect();
+            let verbs: Vec<String> = strings(&lease["rules"][0]["verbs"]);
             assert_eq!(verbs, rbac::LEASE_VERBS);
         }
 
@@ -1110,12 +1110,7 @@ fn docker_compose_runs_kafka_kraft_nats_jetstream_and_the_bridge() {
         env["KAFKA_ADVERTISED_LISTENERS"],
         "PLAINTEXT://localhost:9092"
     );
-    let kafka_ports: Vec<String> = kafka["ports"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(str_of)
-        .collect();
+    let kafka_ports: Vec<String> = strings(&kafka["ports"]);
     assert!(
         kafka_ports.iter().any(|p| p.ends_with(":9092:9092")),
         "{kafka_ports:?}"
@@ -1123,22 +1118,12 @@ fn docker_compose_runs_kafka_kraft_nats_jetstream_and_the_bridge() {
 
     let nats = &compose["services"]["nats"];
     assert!(str_of(&nats["image"]).starts_with("nats:"));
-    let command: Vec<String> = nats["command"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(str_of)
-        .collect();
+    let command: Vec<String> = strings(&nats["command"]);
     assert!(
         command.iter().any(|a| a == "--jetstream" || a == "-js"),
         "JetStream enabled: {command:?}"
     );
-    let nats_ports: Vec<String> = nats["ports"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(str_of)
-        .collect();
+    let nats_ports: Vec<String> = strings(&nats["ports"]);
     assert!(
         nats_ports.iter().any(|p| p.ends_with(":4222:4222")),
         "{nats_ports:?}"
@@ -1170,12 +1155,7 @@ fn docker_compose_runs_kafka_kraft_nats_jetstream_and_the_bridge() {
     for dep in ["kafka", "nats"] {
         assert_eq!(bridge["depends_on"][dep]["condition"], "service_healthy");
     }
-    let command: Vec<String> = bridge["command"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(str_of)
-        .collect();
+    let command: Vec<String> = strings(&bridge["command"]);
     let config_target = command
         .iter()
         .skip_while(|a| *a != "--config")
