@@ -16,7 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info};
 
-use crate::pipeline::{LATENCY_BUCKETS, Status};
+use crate::pipeline::{LATENCY_BUCKETS, STALL_REASONS, Status};
 use crate::runtime::WatchHandle;
 use crate::throttle;
 
@@ -101,17 +101,46 @@ impl State {
 
     /// Whether `/readyz` answers 200.
     pub fn ready(&self) -> bool {
+        self.readiness().is_ok()
+    }
+
+    /// Readiness, or why not: shutting down, a watch not synced yet, or a watch stalled
+    /// (named with its reason and the broker's message).
+    pub fn readiness(&self) -> Result<(), String> {
         if self.shutting_down.load(Ordering::Relaxed) {
-            return false;
+            return Err("shutting down".into());
         }
         if self.role() == Role::Follower {
-            return true;
+            return Ok(());
+        }
+        if !self.started.load(Ordering::Relaxed) {
+            return Err("starting".into());
         }
         let watches = self.watches.lock().unwrap_or_else(|e| e.into_inner());
-        self.started.load(Ordering::Relaxed)
-            && watches
-                .iter()
-                .all(|w| w.status.synced.load(Ordering::Relaxed))
+        let mut problems = Vec::new();
+        for w in watches.iter() {
+            if let Some(stall) = w.status.stall() {
+                problems.push(format!(
+                    "watch {} in {} stalled for {} s ({}): {}",
+                    w.resource,
+                    w.namespace.as_deref().unwrap_or("*"),
+                    stall.since.elapsed().as_secs(),
+                    stall.reason,
+                    stall.error
+                ));
+            } else if !w.status.synced.load(Ordering::Relaxed) {
+                problems.push(format!(
+                    "watch {} in {} has not published its initial state yet",
+                    w.resource,
+                    w.namespace.as_deref().unwrap_or("*")
+                ));
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("\n"))
+        }
     }
 
     /// The `/metrics` document.
@@ -214,14 +243,37 @@ impl State {
         m.per_label(
             "publish_failures_total",
             "counter",
-            "Publish failures: reason retried (sent again) or a permanent refusal (too_large, not_authorized, invalid, encode).",
+            "Publish failures: retried (sent again), refused for good and skipped (too_large, invalid, encode), or refused for every event and retried after a pause (not_authorized, unknown_topic, invalid_topic).",
             "reason",
-            &["retried", "encode", "too_large", "not_authorized", "invalid"],
+            &[
+                "retried",
+                "encode",
+                "too_large",
+                "invalid",
+                "not_authorized",
+                "unknown_topic",
+                "invalid_topic",
+            ],
             |s, _, reason| match reason {
                 "retried" => s.retried.load(Ordering::Relaxed),
                 "encode" => s.encode_failed.load(Ordering::Relaxed),
+                "not_authorized" | "unknown_topic" | "invalid_topic" => by_reason(&s.blocked, reason),
                 other => by_reason(&s.rejected, other),
             },
+        );
+        m.per_label(
+            "watch_stalled",
+            "gauge",
+            "1 while a watch cannot publish, by reason: the broker refuses every event (not_authorized, unknown_topic, invalid_topic) or publishing has failed for 30 s (publish_failing, broker_unavailable). It retries and resumes by itself.",
+            "reason",
+            &STALL_REASONS,
+            |s, _, reason| u64::from(s.stall().is_some_and(|st| st.reason == reason)),
+        );
+        m.per_watch(
+            "transactions_aborted_total",
+            "counter",
+            "Kafka transactions aborted after a failed delivery or commit; their events were sent again.",
+            |s| s.aborted_transactions.load(Ordering::Relaxed).to_string(),
         );
         m.header(
             "publish_latency_seconds",
@@ -422,12 +474,14 @@ async fn handle(mut stream: TcpStream, state: &State) -> std::io::Result<()> {
     let path = path.split('?').next().unwrap_or("");
     let (status, content_type, body) = match (method, path) {
         ("GET", "/livez") => ("200 OK", "text/plain", "ok\n".to_string()),
-        ("GET", "/readyz") if state.ready() => ("200 OK", "text/plain", "ok\n".to_string()),
-        ("GET", "/readyz") => (
-            "503 Service Unavailable",
-            "text/plain",
-            "not ready\n".to_string(),
-        ),
+        ("GET", "/readyz") => match state.readiness() {
+            Ok(()) => ("200 OK", "text/plain", "ok\n".to_string()),
+            Err(why) => (
+                "503 Service Unavailable",
+                "text/plain",
+                format!("not ready: {why}\n"),
+            ),
+        },
         ("GET", "/metrics") => (
             "200 OK",
             "text/plain; version=0.0.4; charset=utf-8",
@@ -479,6 +533,18 @@ mod tests {
         assert!(s.ready());
         s.shutting_down();
         assert!(!s.ready(), "false once shutdown starts");
+        let stalled = watch(true);
+        stalled.status.set_stall("not_authorized", "Broker: Topic authorization failed");
+        let s = State::new("kafka");
+        s.set_watches(vec![watch(true), stalled]);
+        let why = s.readiness().unwrap_err();
+        assert!(
+            why.contains("not_authorized") && why.contains("Topic authorization failed"),
+            "{why}"
+        );
+        assert!(s.metrics().contains(
+            "kube_event_bridge_watch_stalled{resource=\"v1/configmaps\",namespace=\"*\",reason=\"not_authorized\"} 1"
+        ));
         let f = State::new("kafka");
         f.set_role(Role::Follower);
         assert!(f.ready(), "a follower standing by is ready");

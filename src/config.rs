@@ -349,6 +349,18 @@ pub struct KafkaConfig {
     /// without its trailing line break.
     #[serde(default)]
     pub property_files: BTreeMap<String, PathBuf>,
+    /// With checkpoints on, events and checkpoints are written in transactions; the broker
+    /// aborts one left open longer than this (`transaction.timeout.ms`). Transactions are
+    /// committed at least every `checkpoint.intervalMs`, lists included, so this only matters
+    /// while the broker is unreachable (the bridge then aborts and sends again). At most the
+    /// broker's `transaction.max.timeout.ms` (default 900).
+    #[serde(default = "default_transaction_timeout_secs")]
+    pub transaction_timeout_secs: u64,
+}
+
+/// librdkafka's default.
+const fn default_transaction_timeout_secs() -> u64 {
+    60
 }
 
 /// Properties whose values are secrets: shown as `<redacted>` by `Debug`.
@@ -379,6 +391,7 @@ impl fmt::Debug for KafkaConfig {
             .field("content_mode", &self.content_mode)
             .field("properties", &properties)
             .field("property_files", &self.property_files)
+            .field("transaction_timeout_secs", &self.transaction_timeout_secs)
             .finish()
     }
 }
@@ -739,6 +752,23 @@ fn validate_sink(sink: SinkConfig, errors: &mut Vec<String>) -> Option<Sink> {
                     accepted[0]
                 ));
             }
+        }
+        if !(1..=900).contains(&kafka.transaction_timeout_secs) {
+            errors.push(format!(
+                "sink.kafka.transactionTimeoutSecs: {} is out of range (1 to 900, the broker's default transaction.max.timeout.ms)",
+                kafka.transaction_timeout_secs
+            ));
+        }
+        if kafka
+            .properties
+            .keys()
+            .chain(kafka.property_files.keys())
+            .any(|k| k == "transactional.id" || k == "transaction.timeout.ms")
+        {
+            errors.push(
+                "sink.kafka.properties: transactional.id and transaction.timeout.ms are set by the bridge (per watch; sink.kafka.transactionTimeoutSecs)"
+                    .into(),
+            );
         }
         if kafka.properties.contains_key("bootstrap.servers") {
             errors.push(

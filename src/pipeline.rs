@@ -14,8 +14,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
-use futures::future::BoxFuture;
-use futures::stream::FuturesOrdered;
 use kube::api::{DynamicObject, ObjectMeta};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -28,8 +26,12 @@ use crate::encode::{self, ResourceInfo};
 use crate::known::{KnownObjects, Seen};
 use crate::leader::Leadership;
 use crate::payload::{self, Mode};
-use crate::sink::{AnySink, Delivered, Outcome};
-use crate::watch::{Backoff, Item};
+use crate::sink::AnySink;
+use crate::watch::Item;
+
+mod delivery;
+
+use delivery::{Failing, Flight, HELD_BYTES_MAX};
 
 /// Upper bounds (seconds) of the publish latency histogram: observed to acknowledged.
 pub const LATENCY_BUCKETS: [f64; 10] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0];
@@ -74,8 +76,41 @@ pub struct Status {
     pub position: AtomicU64,
     /// Whether the initial list (or the resume) has been published and acknowledged.
     pub synced: AtomicBool,
+    /// Events refused for a reason that blocks the whole destination, by reason (each
+    /// refusal counts; the event is sent again after a pause).
+    pub blocked: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
+    /// Transactions aborted and sent again (Kafka with checkpoints).
+    pub aborted_transactions: AtomicU64,
     checkpointed: std::sync::Mutex<Option<(String, std::time::Instant)>>,
+    stall: std::sync::Mutex<Option<Stall>>,
 }
+
+/// Why a watch cannot publish at the moment: a refusal of every event (authorization, a missing
+/// topic) or a broker that stayed unreachable past [`STALL_AFTER`]. The watch keeps retrying and
+/// resumes by itself once the cause is gone; meanwhile `/readyz` fails naming the reason.
+#[derive(Debug, Clone)]
+pub struct Stall {
+    /// Closed-set label (`not_authorized`, `unknown_topic`, `invalid_topic`,
+    /// `publish_failing`, `broker_unavailable`).
+    pub reason: &'static str,
+    /// The broker's last message.
+    pub error: String,
+    /// When the watch stopped publishing.
+    pub since: std::time::Instant,
+}
+
+/// How long publishing may keep failing with retriable errors before the watch reports itself
+/// stalled (refusals of every event stall it at once).
+pub const STALL_AFTER: Duration = Duration::from_secs(30);
+
+/// Closed set of [`Stall`] reasons, for metrics.
+pub const STALL_REASONS: [&str; 5] = [
+    "not_authorized",
+    "unknown_topic",
+    "invalid_topic",
+    "publish_failing",
+    "broker_unavailable",
+];
 
 /// Adds one to a counter keyed by a closed-set reason.
 pub fn count(
@@ -108,6 +143,32 @@ impl Status {
     /// The resourceVersion of the last saved checkpoint.
     pub fn checkpoint_resource_version(&self) -> Option<String> {
         self.checkpoint().map(|(rv, _)| rv)
+    }
+
+    /// Why the watch cannot publish now, if it cannot.
+    pub fn stall(&self) -> Option<Stall> {
+        self.stall.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Records that the watch cannot publish; says whether this is news (a new reason).
+    pub(crate) fn set_stall(&self, reason: &'static str, error: &str) -> bool {
+        let mut stall = self.stall.lock().unwrap_or_else(|e| e.into_inner());
+        let news = stall.as_ref().is_none_or(|s| s.reason != reason);
+        let since = match stall.as_ref() {
+            Some(s) => s.since,
+            None => std::time::Instant::now(),
+        };
+        *stall = Some(Stall {
+            reason,
+            error: error.to_string(),
+            since,
+        });
+        news
+    }
+
+    /// Records that the watch publishes again; returns the stall it leaves, if any.
+    fn clear_stall(&self) -> Option<Stall> {
+        self.stall.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
     fn set_checkpointed(&self, rv: &str) {
@@ -174,8 +235,6 @@ struct Step {
     position: Option<String>,
 }
 
-type InFlight = FuturesOrdered<BoxFuture<'static, Delivered>>;
-
 struct State {
     known: KnownObjects,
     /// Origin of the list in progress, if any, and whether its findings are published.
@@ -190,6 +249,10 @@ struct State {
     scratch: Vec<u8>,
     /// Diff mode only: the last published version of each object, to diff the next against.
     previous: HashMap<Box<str>, Box<[u8]>>,
+    /// Events sent and not yet settled (or, in a transaction, not yet committed).
+    flight: Flight,
+    /// Publishing keeps failing: since when, and the backoff between attempts.
+    failing: Option<Failing>,
 }
 
 impl Pipeline {
@@ -209,6 +272,8 @@ impl Pipeline {
             next_heartbeat: Instant::now(),
             scratch: Vec::new(),
             previous: HashMap::new(),
+            flight: Flight::default(),
+            failing: None,
         };
         if let Some(rv) = &st.committed {
             info!(rv = %rv, objects = st.known.len(), "resuming from checkpoint");
@@ -218,10 +283,7 @@ impl Pipeline {
             // Everything a first checkpoint holds is new.
             st.known.mark_all_dirty();
         }
-        let mut in_flight = InFlight::new();
-        // For sinks that cannot keep two publishes of one object in order: uids awaiting an ack.
-        let mut uids: HashMap<String, u32> = HashMap::new();
-        let gate = !self.sink.ordered_in_flight();
+        let transactional = self.sink.transactional().is_some();
         loop {
             if let Some(l) = &self.leadership
                 && !l.is_valid()
@@ -233,23 +295,35 @@ impl Pipeline {
             }
             self.status
                 .queue_depth
-                .store((in_flight.len() + rx.len()) as u64, Ordering::Relaxed);
-            let pending = st.position != st.committed && st.listing.is_none();
-            let due = pending && st.last_commit.elapsed() >= self.checkpoint_interval;
-            if in_flight.is_empty() {
+                .store((st.flight.queue.len() + rx.len()) as u64, Ordering::Relaxed);
+            let listing = st.listing.is_some();
+            let pending = st.position != st.committed && !listing;
+            // A transaction holding part of a list is committed as it goes (events only, the
+            // checkpoint stays where it was), so that no transaction outgrows the broker's
+            // timeout or this process's memory.
+            let flushing = transactional && listing && !st.flight.held.is_empty();
+            let due = (pending || flushing)
+                && (st.last_commit.elapsed() >= self.checkpoint_interval
+                    || st.flight.held_bytes >= HELD_BYTES_MAX);
+            let idle = st.flight.queue.is_empty();
+            if idle {
                 if st.sync_pending {
                     st.sync_pending = false;
                     self.status.synced.store(true, Ordering::Relaxed);
                     info!("initial state published");
                 }
                 if due {
-                    self.commit(&mut st).await?;
+                    if listing {
+                        self.commit_events(&mut st).await?;
+                    } else {
+                        self.commit(&mut st).await?;
+                    }
                     continue;
                 }
             }
             if let Some(hb) = self.heartbeat.clone()
-                && in_flight.is_empty()
-                && st.listing.is_none()
+                && idle
+                && !listing
                 && st.position.is_some()
                 && Instant::now() >= st.next_heartbeat
             {
@@ -262,12 +336,13 @@ impl Pipeline {
                 .filter(|_| st.position.is_some())
                 .map(|_| st.next_heartbeat);
             let wake = st.last_commit + self.checkpoint_interval;
+            let room = st.flight.queue.len() < self.max_in_flight;
             tokio::select! {
                 biased;
-                Some(done) = in_flight.next(), if !in_flight.is_empty() => self.complete(done, &mut uids).await?,
-                () = tokio::time::sleep_until(wake), if pending && in_flight.is_empty() => {}
-                () = tokio::time::sleep_until(heartbeat_wake.unwrap_or(wake)), if heartbeat_wake.is_some() && in_flight.is_empty() => {}
-                item = rx.recv(), if in_flight.len() < self.max_in_flight && !due => {
+                Some(done) = st.flight.queue.next(), if !idle => self.complete(done, &mut st).await?,
+                () = tokio::time::sleep_until(wake), if (pending || flushing) && idle => {}
+                () = tokio::time::sleep_until(heartbeat_wake.unwrap_or(wake)), if heartbeat_wake.is_some() && idle => {}
+                item = rx.recv(), if room && !due => {
                     let Some(item) = item else { break };
                     let step = self.classify(item, &mut st);
                     if let Some(rv) = step.position {
@@ -275,13 +350,13 @@ impl Pipeline {
                         st.position = Some(rv);
                     }
                     for change in step.change.into_iter().chain(step.deletes) {
-                        self.publish(change, &mut in_flight, &mut uids, gate, &mut st.previous).await?;
+                        self.publish(change, &mut st).await?;
                     }
                 }
             }
         }
-        while let Some(done) = in_flight.next().await {
-            self.complete(done, &mut uids).await?;
+        while let Some(done) = st.flight.queue.next().await {
+            self.complete(done, &mut st).await?;
         }
         if st.position != st.committed && st.listing.is_none() {
             self.commit(&mut st).await?;
@@ -289,16 +364,9 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Filters, encodes and sends one change. `previous` holds, in diff mode, the last
+    /// Filters, encodes and sends one change. In diff mode, `st.previous` holds the last
     /// published version of each object.
-    async fn publish(
-        &self,
-        change: Change,
-        in_flight: &mut InFlight,
-        uids: &mut HashMap<String, u32>,
-        gate: bool,
-        previous: &mut HashMap<Box<str>, Box<[u8]>>,
-    ) -> Result<(), checkpoint::Error> {
+    async fn publish(&self, change: Change, st: &mut State) -> Result<(), checkpoint::Error> {
         self.status.observed[kind_index(change.kind)].fetch_add(1, Ordering::Relaxed);
         if change.origin == Origin::Repaired {
             self.status.repaired.fetch_add(1, Ordering::Relaxed);
@@ -309,14 +377,14 @@ impl Pipeline {
         }
         let diff = self.info.payload == Mode::Diff;
         let uid = change.object.metadata.uid.as_deref().unwrap_or_default();
-        let last = diff.then(|| previous.get(uid)).flatten();
+        let last = diff.then(|| st.previous.get(uid)).flatten();
         let event = match encode::encode(&self.info, change, last.map(|b| &b[..])) {
             Ok(encoded) => {
                 if diff {
                     let uid: Box<str> = encoded.event.uid.as_str().into();
                     match (encoded.event.kind, encoded.object) {
-                        (ChangeKind::Deleted, _) => previous.remove(&uid),
-                        (_, Some(object)) => previous.insert(uid, object.into_boxed_slice()),
+                        (ChangeKind::Deleted, _) => st.previous.remove(&uid),
+                        (_, Some(object)) => st.previous.insert(uid, object.into_boxed_slice()),
                         (_, None) => None,
                     };
                 }
@@ -328,16 +396,17 @@ impl Pipeline {
                 return Ok(());
             }
         };
-        if gate {
-            while uids.contains_key(&event.uid) {
-                match in_flight.next().await {
-                    Some(done) => self.complete(done, uids).await?,
+        if !self.sink.ordered_in_flight() {
+            // Never two publishes of one object awaiting acknowledgement at once.
+            while st.flight.uids.contains_key(&event.uid) {
+                match st.flight.queue.next().await {
+                    Some(done) => self.complete(done, st).await?,
                     None => break,
                 }
             }
-            *uids.entry(event.uid.clone()).or_default() += 1;
+            *st.flight.uids.entry(event.uid.clone()).or_default() += 1;
         }
-        in_flight.push_back(self.sink.send(event).await);
+        st.flight.queue.push_back(self.sink.send(event).await);
         Ok(())
     }
 
@@ -538,16 +607,9 @@ impl Pipeline {
             warn!(error = %e, "heartbeat not published");
             return Ok(());
         }
-        if matches!(self.sink.as_ref(), AnySink::Kafka(_)) && self.store.durable() {
+        if self.sink.transactional().is_some() {
             // The heartbeat sits in the open transaction: commit it now.
-            self.store
-                .save(&committed, &mut st.known)
-                .await
-                .map_err(|e| {
-                    error!(error = %e, "checkpoint transaction failed");
-                    e
-                })?;
-            self.status.checkpoints.fetch_add(1, Ordering::Relaxed);
+            self.commit_events(st).await?;
         }
         Ok(())
     }
@@ -561,15 +623,17 @@ impl Pipeline {
                 self.status.checkpoints.fetch_add(1, Ordering::Relaxed);
                 self.status.set_checkpointed(&rv);
                 st.committed = Some(rv);
+                st.flight.committed();
             }
             Err(e @ checkpoint::Error::Fenced { .. }) => {
                 error!(error = %e, "fenced: another instance owns this watch now");
                 return Err(e);
             }
-            Err(e) if matches!(self.sink.as_ref(), AnySink::Kafka(_)) => {
-                // The transaction's fate is unknown: restart from the last checkpoint.
-                error!(error = %e, "checkpoint transaction failed");
-                return Err(e);
+            Err(e) if self.sink.transactional().is_some() => {
+                // The checkpoint records went down with the transaction: write every bucket
+                // with the next one.
+                st.known.mark_all_dirty();
+                self.resend_after_abort(st, &e).await?;
             }
             Err(e) => {
                 warn!(error = %e, "checkpoint not saved, will retry");
@@ -578,66 +642,6 @@ impl Pipeline {
         }
         st.last_commit = Instant::now();
         Ok(())
-    }
-
-    async fn complete(
-        &self,
-        delivered: Delivered,
-        uids: &mut HashMap<String, u32>,
-    ) -> Result<(), checkpoint::Error> {
-        let Delivered { event, outcome } = self.retry_until_settled(delivered).await;
-        match outcome {
-            Outcome::Acked => {
-                self.status.published[kind_index(event.kind)].fetch_add(1, Ordering::Relaxed);
-                self.status
-                    .observe_latency(event.received.elapsed().as_secs_f64());
-            }
-            Outcome::Rejected { reason, error } => {
-                count(&self.status.rejected, reason);
-                error!(object = %event.reference(), id = %event.id, bytes = event.data.len(), reason, error = %error, "broker refused event for good, skipped");
-            }
-            Outcome::Fatal { error } => {
-                error!(error = %error, "producer fenced or broken: stopping this watch");
-                return Err(checkpoint::Error::Fenced {
-                    watch: self.info.source.clone(),
-                });
-            }
-            Outcome::Retry { .. } => unreachable!("retry_until_settled settles"),
-        }
-        if let Some(n) = uids.get_mut(&event.uid) {
-            *n -= 1;
-            if *n == 0 {
-                uids.remove(&event.uid);
-            }
-        }
-        Ok(())
-    }
-
-    /// Sends an event again until the broker stores or refuses it. The id is unchanged, so a
-    /// copy the broker did store is recognised as a duplicate. An event too large for the broker
-    /// is sent once more as a reference, marked truncated.
-    async fn retry_until_settled(&self, mut delivered: Delivered) -> Delivered {
-        let mut backoff = Backoff::default();
-        loop {
-            match &delivered.outcome {
-                Outcome::Retry { error } => {
-                    self.status.retried.fetch_add(1, Ordering::Relaxed);
-                    let delay = backoff.next_delay().min(Duration::from_secs(5));
-                    warn!(object = %delivered.event.reference(), error = %error, retry_in_ms = delay.as_millis() as u64, "publish failed, retrying");
-                    tokio::time::sleep(delay).await;
-                }
-                Outcome::Rejected {
-                    reason: "too_large",
-                    ..
-                } if !delivered.event.truncated => {
-                    self.status.truncated.fetch_add(1, Ordering::Relaxed);
-                    warn!(object = %delivered.event.reference(), id = %delivered.event.id, bytes = delivered.event.data.len(), "event exceeds the broker's message size: publishing a reference, marked truncated");
-                    delivered.event.truncate();
-                }
-                _ => return delivered,
-            }
-            delivered = self.sink.send(delivered.event).await.await;
-        }
     }
 }
 

@@ -77,6 +77,15 @@ pub enum Outcome {
         /// The broker's message.
         error: String,
     },
+    /// Refused for a reason that holds for every event of the destination until an operator
+    /// fixes it (authorization, a missing or invalid topic): skipping would lose data, so the
+    /// event is sent again after a pause and the watch reports itself stalled meanwhile.
+    Blocked {
+        /// Closed-set label for logs, metrics and readiness (`not_authorized`, ...).
+        reason: &'static str,
+        /// The broker's message.
+        error: String,
+    },
     /// The producer can never publish again (fenced by a newer instance): the watch must stop.
     Fatal {
         /// The broker's message.
@@ -170,6 +179,15 @@ impl AnySink {
                     .and_then(|()| out.flush())
                     .map_err(|e| e.to_string())
             }
+        }
+    }
+
+    /// The transactional Kafka producer, when events are committed in transactions with the
+    /// checkpoint: a failed delivery then voids the whole open transaction.
+    pub fn transactional(&self) -> Option<&kafka::KafkaSink> {
+        match self {
+            AnySink::Kafka(s) if s.is_transactional() => Some(s),
+            _ => None,
         }
     }
 

@@ -20,13 +20,14 @@ use crate::config::{ContentMode, KafkaConfig};
 use crate::encode::{DATA_CONTENT_TYPE, Event, STRUCTURED_CONTENT_TYPE};
 use crate::template::Template;
 
-/// Errors of committing a transaction.
+/// Errors of committing, aborting or starting a transaction.
 #[derive(Debug, thiserror::Error)]
 pub enum CommitError {
     /// A newer producer with the same transactional id exists: this instance must stop.
     #[error("producer fenced by a newer instance with the same transactional id")]
     Fenced,
-    /// The broker or client failed.
+    /// The broker or client failed; the transaction did not commit. Its records must be sent
+    /// again after [`KafkaSink::recover`].
     #[error("kafka transaction failed")]
     Kafka(#[source] KafkaError),
 }
@@ -34,12 +35,20 @@ pub enum CommitError {
 /// How long transactional calls may block.
 const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// What a transactional producer needs to be made again after a fatal error.
+#[derive(Debug, Clone)]
+struct Transactional {
+    id: String,
+    timeout: Duration,
+}
+
 /// The Kafka sink.
 pub struct KafkaSink {
-    producer: FutureProducer,
+    /// Replaced as a whole when a fatal error makes it unusable (transactional producers only).
+    producer: std::sync::RwLock<FutureProducer>,
     /// The producer's settings, secrets from files included (for consumers and admin clients).
     settings: ClientConfig,
-    transactional: bool,
+    transactional: Option<Transactional>,
     topic: Template,
     mode: ContentMode,
 }
@@ -117,44 +126,101 @@ impl KafkaSink {
         let settings = producer_config(config)?;
         let producer = settings.create().map_err(Error::KafkaClient)?;
         Ok(Self {
-            producer,
+            producer: std::sync::RwLock::new(producer),
             settings,
-            transactional: false,
+            transactional: None,
             topic,
             mode: config.content_mode,
         })
     }
 
+    /// The current producer (a cheap handle).
+    fn producer(&self) -> FutureProducer {
+        self.producer
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Whether events are sent in transactions (with the checkpoint records).
+    pub fn is_transactional(&self) -> bool {
+        self.transactional.is_some()
+    }
+
     /// Creates a transactional producer for one watch: `init_transactions` fences any older
     /// producer with the same id (a previous instance or a deposed leader), then a transaction
-    /// is opened for the first events.
+    /// is opened for the first events. The broker aborts a transaction left open longer than
+    /// `transaction_timeout` (`sink.kafka.transactionTimeoutSecs`).
     pub async fn new_transactional(
         config: &KafkaConfig,
         topic: Template,
         transactional_id: &str,
     ) -> Result<Self> {
         let settings = producer_config(config)?;
-        let producer: FutureProducer = settings
-            .clone()
-            .set("transactional.id", transactional_id)
-            .set("transaction.timeout.ms", "60000")
-            .create()
+        let transactional = Transactional {
+            id: transactional_id.into(),
+            timeout: Duration::from_secs(config.transaction_timeout_secs),
+        };
+        let producer = start_transactional(&settings, &transactional)
+            .await
             .map_err(Error::KafkaClient)?;
-        let p = producer.clone();
-        tokio::task::spawn_blocking(move || {
-            p.init_transactions(TRANSACTION_TIMEOUT)?;
-            p.begin_transaction()
-        })
-        .await
-        .expect("init_transactions task")
-        .map_err(Error::KafkaClient)?;
         Ok(Self {
-            producer,
+            producer: std::sync::RwLock::new(producer),
             settings,
-            transactional: true,
+            transactional: Some(transactional),
             topic,
             mode: config.content_mode,
         })
+    }
+
+    /// Brings a transactional producer back to an open, empty transaction after a failed
+    /// delivery or commit: the open transaction is aborted (everything sent in it since the last
+    /// commit is discarded and must be sent again), and a producer that hit a fatal error is
+    /// replaced by a new one with the same transactional id. Fails with
+    /// [`CommitError::Fenced`] when another instance owns the id, and with
+    /// [`CommitError::Kafka`] while the broker cannot be reached (call again later).
+    pub async fn recover(&self) -> Result<(), CommitError> {
+        let Some(transactional) = &self.transactional else {
+            return Ok(());
+        };
+        let producer = self.producer();
+        if let Some((code, reason)) = producer.client().fatal_error() {
+            if is_fenced(code) {
+                return Err(CommitError::Fenced);
+            }
+            warn!(code = ?code, reason = %reason, "kafka producer failed fatally: creating a new one");
+            return self.replace_producer(transactional).await;
+        }
+        let aborted = tokio::task::spawn_blocking(move || {
+            producer.abort_transaction(TRANSACTION_TIMEOUT)?;
+            producer.begin_transaction()
+        })
+        .await
+        .expect("abort task");
+        match aborted.map_err(classify_commit) {
+            Ok(()) => Ok(()),
+            Err(CommitError::Fenced) => Err(CommitError::Fenced),
+            Err(CommitError::Kafka(e)) if needs_new_producer(&e) => {
+                warn!(error = %e, "kafka transaction cannot be aborted: creating a new producer");
+                self.replace_producer(transactional).await
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn replace_producer(&self, transactional: &Transactional) -> Result<(), CommitError> {
+        let producer = start_transactional(&self.settings, transactional)
+            .await
+            .map_err(classify_commit)?;
+        *self.producer.write().unwrap_or_else(|e| e.into_inner()) = producer;
+        Ok(())
+    }
+
+    /// Commits the open transaction as it is (events only, no checkpoint record) and opens the
+    /// next: used during a long list, so that no transaction outlives the broker's timeout and
+    /// memory holds only what the open transaction holds.
+    pub async fn commit(&self) -> Result<(), CommitError> {
+        self.write_and_commit("", Vec::new(), true).await
     }
 
     /// Writes `records` (key, value) to `topic` in the open transaction, commits it (events
@@ -165,7 +231,7 @@ impl KafkaSink {
         records: Vec<(String, Vec<u8>)>,
     ) -> Result<(), CommitError> {
         assert!(
-            self.transactional,
+            self.transactional.is_some(),
             "commit_with needs a transactional producer"
         );
         let records = records.into_iter().map(|(k, v)| (k, Some(v))).collect();
@@ -189,6 +255,7 @@ impl KafkaSink {
         records: Vec<(String, Option<Vec<u8>>)>,
         reopen: bool,
     ) -> Result<(), CommitError> {
+        let producer = self.producer();
         let mut deliveries = Vec::with_capacity(records.len());
         for (key, value) in &records {
             let mut record: FutureRecord<'_, String, Vec<u8>> = FutureRecord::to(topic).key(key);
@@ -196,7 +263,7 @@ impl KafkaSink {
                 record = record.payload(v);
             }
             deliveries.push(
-                self.producer
+                producer
                     .send_result(record)
                     .map_err(|(e, _)| classify_commit(e))?,
             );
@@ -208,11 +275,10 @@ impl KafkaSink {
                 Err(_) => return Err(CommitError::Kafka(KafkaError::Canceled)),
             }
         }
-        let p = self.producer.clone();
         tokio::task::spawn_blocking(move || {
-            p.commit_transaction(TRANSACTION_TIMEOUT)?;
+            producer.commit_transaction(TRANSACTION_TIMEOUT)?;
             if reopen {
-                p.begin_transaction()
+                producer.begin_transaction()
             } else {
                 Ok(())
             }
@@ -379,8 +445,9 @@ impl KafkaSink {
         K: rdkafka::message::ToBytes + ?Sized,
         P: rdkafka::message::ToBytes + ?Sized,
     {
+        let producer = self.producer();
         loop {
-            match self.producer.send_result(record) {
+            match producer.send_result(record) {
                 Ok(delivery) => return Ok(delivery),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                     record = back;
@@ -402,7 +469,7 @@ impl KafkaSink {
             .payload(payload)
             .headers(headers);
         let delivery = self
-            .producer
+            .producer()
             .send_result(record)
             .map_err(|(e, _)| e.to_string())?;
         match delivery.await {
@@ -414,7 +481,7 @@ impl KafkaSink {
 
     /// Flushes the producer's queue.
     pub async fn flush(&self, timeout: Duration) {
-        let producer = self.producer.clone();
+        let producer = self.producer();
         let flushed = tokio::task::spawn_blocking(move || producer.flush(timeout)).await;
         if let Ok(Err(error)) = flushed {
             warn!(error = %error, "kafka flush incomplete");
@@ -422,15 +489,56 @@ impl KafkaSink {
     }
 }
 
-fn classify_commit(e: KafkaError) -> CommitError {
-    let fenced = matches!(
-        e.rdkafka_error_code(),
-        Some(
-            RDKafkaErrorCode::ProducerFenced
-                | RDKafkaErrorCode::InvalidProducerEpoch
-                | RDKafkaErrorCode::Fenced
+/// Makes a transactional producer: `init_transactions` (fencing an older producer with the same
+/// id, and completing or aborting what it left open), then `begin_transaction`.
+async fn start_transactional(
+    settings: &ClientConfig,
+    transactional: &Transactional,
+) -> Result<FutureProducer, KafkaError> {
+    let producer: FutureProducer = settings
+        .clone()
+        .set("transactional.id", &transactional.id)
+        .set(
+            "transaction.timeout.ms",
+            transactional.timeout.as_millis().to_string(),
         )
-    );
+        .create()?;
+    let p = producer.clone();
+    tokio::task::spawn_blocking(move || {
+        p.init_transactions(TRANSACTION_TIMEOUT)?;
+        p.begin_transaction()
+    })
+    .await
+    .expect("init_transactions task")?;
+    Ok(producer)
+}
+
+/// Codes that mean another producer with the same transactional id took over.
+fn is_fenced(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::Fenced
+    )
+}
+
+/// Whether only a new producer gets out of this error: librdkafka's fatal errors, and "wrong
+/// state" (the producer is not where a transaction call expects it, for example after a commit
+/// whose outcome was lost), which a new producer's `init_transactions` resolves.
+fn needs_new_producer(e: &KafkaError) -> bool {
+    match e {
+        KafkaError::Transaction(t) => t.is_fatal() || t.code() == RDKafkaErrorCode::State,
+        other => matches!(
+            other.rdkafka_error_code(),
+            Some(RDKafkaErrorCode::Fatal | RDKafkaErrorCode::State)
+        ),
+    }
+}
+
+fn classify_commit(e: KafkaError) -> CommitError {
+    let fenced = match &e {
+        KafkaError::Transaction(t) => is_fenced(t.code()),
+        other => other.rdkafka_error_code().is_some_and(is_fenced),
+    };
     if fenced {
         CommitError::Fenced
     } else {
@@ -448,29 +556,39 @@ async fn settle(delivery: rdkafka::producer::DeliveryFuture) -> Outcome {
     }
 }
 
-/// Sorts broker errors into permanent rejections and retries.
+/// Sorts broker errors into retries, refusals of one event, refusals of every event of a
+/// destination (which pause the watch until fixed) and fatal ones.
 pub fn classify(error: &KafkaError) -> Outcome {
     use RDKafkaErrorCode as C;
-    if matches!(
-        error.rdkafka_error_code(),
-        Some(C::ProducerFenced | C::InvalidProducerEpoch | C::Fenced | C::Fatal)
-    ) {
+    let code = error.rdkafka_error_code();
+    if code.is_some_and(is_fenced) || matches!(code, Some(C::Fatal | C::InvalidProducerEpoch)) {
         return Outcome::Fatal {
             error: error.to_string(),
         };
     }
-    let reason = match error.rdkafka_error_code() {
-        Some(C::MessageSizeTooLarge | C::InvalidMessageSize | C::MessageBatchTooLarge) => {
-            "too_large"
-        }
+    let blocked = match code {
         Some(
             C::TopicAuthorizationFailed
             | C::ClusterAuthorizationFailed
             | C::TransactionalIdAuthorizationFailed,
-        ) => "not_authorized",
-        Some(C::InvalidTopic | C::InvalidRecord | C::InvalidMessage | C::InvalidRequiredAcks) => {
-            "invalid"
+        ) => Some("not_authorized"),
+        Some(C::UnknownTopicOrPartition | C::UnknownTopic | C::UnknownPartition) => {
+            Some("unknown_topic")
         }
+        Some(C::InvalidTopic) => Some("invalid_topic"),
+        _ => None,
+    };
+    if let Some(reason) = blocked {
+        return Outcome::Blocked {
+            reason,
+            error: error.to_string(),
+        };
+    }
+    let reason = match code {
+        Some(C::MessageSizeTooLarge | C::InvalidMessageSize | C::MessageBatchTooLarge) => {
+            "too_large"
+        }
+        Some(C::InvalidRecord | C::InvalidMessage | C::InvalidRequiredAcks) => "invalid",
         _ => {
             return Outcome::Retry {
                 error: error.to_string(),
@@ -500,11 +618,25 @@ mod tests {
         let denied = KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed);
         assert!(matches!(
             classify(&denied),
-            Outcome::Rejected {
+            Outcome::Blocked {
                 reason: "not_authorized",
                 ..
             }
         ));
+        let missing = KafkaError::MessageProduction(RDKafkaErrorCode::UnknownTopicOrPartition);
+        assert!(matches!(
+            classify(&missing),
+            Outcome::Blocked {
+                reason: "unknown_topic",
+                ..
+            }
+        ));
+        let fenced = KafkaError::MessageProduction(RDKafkaErrorCode::Fenced);
+        assert!(matches!(classify(&fenced), Outcome::Fatal { .. }));
+        assert!(matches!(classify_commit(fenced), CommitError::Fenced));
+        let state = KafkaError::MessageProduction(RDKafkaErrorCode::State);
+        assert!(needs_new_producer(&state));
+        assert!(!needs_new_producer(&too_large));
         let transient = KafkaError::MessageProduction(RDKafkaErrorCode::NotEnoughReplicas);
         assert!(matches!(classify(&transient), Outcome::Retry { .. }));
     }
@@ -517,6 +649,7 @@ mod tests {
             content_mode: ContentMode::Binary,
             properties: [("compression.type".to_string(), "zstd".to_string())].into(),
             property_files: Default::default(),
+            transaction_timeout_secs: 60,
         };
         let c = producer_config(&cfg).unwrap();
         assert_eq!(c.get("compression.type"), Some("zstd"));
@@ -534,6 +667,7 @@ mod tests {
                 .iter()
                 .map(|(k, p)| (k.to_string(), p.clone()))
                 .collect(),
+            transaction_timeout_secs: 60,
         }
     }
 

@@ -193,7 +193,7 @@ async fn sigterm_turns_readiness_false_for_the_shutdown_delay_then_exits_0() {
     bridge.signal("TERM");
     let signalled = Instant::now();
     wait_until("/readyz answers 503", DELAY, || async {
-        (get(&address, "/readyz").await == (503, "not ready\n".into())).then_some(())
+        (get(&address, "/readyz").await == (503, "not ready: shutting down\n".into())).then_some(())
     })
     .await;
     let (_, metrics) = get(&address, "/metrics").await;

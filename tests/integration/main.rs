@@ -11,4 +11,5 @@ mod deploy;
 mod dynamic;
 mod harness;
 mod shaping;
+mod stalls;
 mod support;

@@ -1,0 +1,318 @@
+//! Settling what the pipeline sent: acknowledgements in order, retries, truncation of events
+//! too large for the broker, pauses while the broker refuses every event, and — for a Kafka
+//! watch, whose events and checkpoints share transactions — aborting a transaction a failed
+//! delivery voided and sending its events again.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesOrdered;
+use tokio::time::Instant;
+use tracing::{error, info, warn};
+
+use super::{Pipeline, STALL_AFTER, State, count, kind_index};
+use crate::checkpoint;
+use crate::encode::Event;
+use crate::sink::kafka::CommitError;
+use crate::sink::{Delivered, Outcome};
+use crate::watch::Backoff;
+
+/// A Kafka transaction holding more than this is committed early: what it holds stays in memory
+/// until then, to be sent again if it aborts.
+pub(super) const HELD_BYTES_MAX: usize = 16 << 20;
+
+/// Retriable failures are retried at least this often.
+const RETRY_DELAY_MAX: Duration = Duration::from_secs(5);
+
+/// What was sent and is not settled yet.
+#[derive(Default)]
+pub(super) struct Flight {
+    /// Acknowledgements to come, in the order the events were sent.
+    pub queue: FuturesOrdered<BoxFuture<'static, Delivered>>,
+    /// For sinks that cannot keep two publishes of one object in order: uids awaiting an ack.
+    pub uids: HashMap<String, u32>,
+    /// Transactional sinks: events acknowledged in the open transaction, kept to be sent again
+    /// if it aborts.
+    pub held: Vec<Event>,
+    /// Bytes of `held`.
+    pub held_bytes: usize,
+}
+
+impl Flight {
+    /// The open transaction committed: what it held is durable.
+    pub fn committed(&mut self) {
+        self.held.clear();
+        self.held_bytes = 0;
+    }
+
+    fn take_held(&mut self) -> Vec<Event> {
+        self.held_bytes = 0;
+        std::mem::take(&mut self.held)
+    }
+
+    fn settled(&mut self, uid: &str) {
+        if let Some(n) = self.uids.get_mut(uid) {
+            *n -= 1;
+            if *n == 0 {
+                self.uids.remove(uid);
+            }
+        }
+    }
+}
+
+/// Publishing keeps failing: since when, and the backoff between attempts.
+pub(super) struct Failing {
+    since: Instant,
+    backoff: Backoff,
+}
+
+/// Whether a failure stalls the watch at once (a refusal of every event) or only once
+/// failures have lasted [`STALL_AFTER`] (retriable errors, an unreachable broker).
+#[derive(Clone, Copy)]
+enum Failure {
+    Blocked(&'static str),
+    Lasting(&'static str),
+}
+
+impl Pipeline {
+    /// Takes one acknowledgement (the oldest): counts it, or retries until the broker settles
+    /// the event. An error means the watch must stop (fenced).
+    pub(super) async fn complete(
+        &self,
+        delivered: Delivered,
+        st: &mut State,
+    ) -> Result<(), checkpoint::Error> {
+        let transactional = self.sink.transactional().is_some();
+        if transactional && !matches!(delivered.outcome, Outcome::Acked) {
+            return self.restart_transaction(delivered, st).await;
+        }
+        let Delivered { event, outcome } = self.retry_until_settled(delivered, st).await;
+        st.flight.settled(&event.uid);
+        match outcome {
+            Outcome::Acked => {
+                self.status.published[kind_index(event.kind)].fetch_add(1, Ordering::Relaxed);
+                self.status
+                    .observe_latency(event.received.elapsed().as_secs_f64());
+                self.publishing_again(st);
+                if transactional {
+                    st.flight.held_bytes += event.data.len();
+                    st.flight.held.push(event);
+                }
+            }
+            Outcome::Rejected { reason, error } => self.refused(&event, reason, &error),
+            Outcome::Fatal { error } => {
+                error!(error = %error, "producer fenced or broken: stopping this watch");
+                return Err(checkpoint::Error::Fenced {
+                    watch: self.info.source.clone(),
+                });
+            }
+            Outcome::Retry { .. } | Outcome::Blocked { .. } => {
+                unreachable!("retry_until_settled settles")
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends an event again until the broker stores or refuses it for good. The id is
+    /// unchanged, so a copy the broker did store is recognised as a duplicate. An event too large
+    /// for the broker is sent once more as a reference, marked truncated; a refusal of every
+    /// event (authorization, a missing topic) pauses and stalls the watch until it is fixed.
+    async fn retry_until_settled(&self, mut delivered: Delivered, st: &mut State) -> Delivered {
+        loop {
+            let object = delivered.event.reference();
+            let delay = match &delivered.outcome {
+                Outcome::Retry { error } => {
+                    self.status.retried.fetch_add(1, Ordering::Relaxed);
+                    let delay = self.pause(st, Failure::Lasting("publish_failing"), error, &object);
+                    warn!(object = %object, error = %error, retry_in_ms = delay.as_millis() as u64, "publish failed, retrying");
+                    delay
+                }
+                Outcome::Blocked { reason, error } => {
+                    count(&self.status.blocked, reason);
+                    let delay = self.pause(st, Failure::Blocked(reason), error, &object);
+                    warn!(object = %object, reason, error = %error, retry_in_ms = delay.as_millis() as u64, "the broker refuses every event of this destination, retrying");
+                    delay
+                }
+                Outcome::Rejected {
+                    reason: "too_large",
+                    ..
+                } if !delivered.event.truncated => {
+                    self.truncate(&mut delivered.event);
+                    Duration::ZERO
+                }
+                _ => return delivered,
+            };
+            tokio::time::sleep(delay).await;
+            delivered = self.sink.send(delivered.event).await.await;
+        }
+    }
+
+    /// A failed delivery voids the open Kafka transaction, and everything sent in it since the
+    /// last commit goes down with it. Collects those events in order (the acknowledged ones, then
+    /// the failed one and everything behind it), aborts, and sends them again in a new
+    /// transaction, each failure treated as outside a transaction: too large → a reference
+    /// marked truncated; refused for every event → a pause; refused for good → skipped.
+    async fn restart_transaction(
+        &self,
+        failed: Delivered,
+        st: &mut State,
+    ) -> Result<(), checkpoint::Error> {
+        let mut settled = vec![failed];
+        while let Some(d) = st.flight.queue.next().await {
+            settled.push(d);
+        }
+        let mut resend = st.flight.take_held();
+        let mut delay = Duration::ZERO;
+        let mut first_error = None;
+        for Delivered { mut event, outcome } in settled {
+            let object = event.reference();
+            match outcome {
+                Outcome::Acked => {}
+                Outcome::Rejected {
+                    reason: "too_large",
+                    ..
+                } if !event.truncated => self.truncate(&mut event),
+                Outcome::Rejected { reason, error } => {
+                    self.refused(&event, reason, &error);
+                    continue;
+                }
+                Outcome::Blocked { reason, error } => {
+                    count(&self.status.blocked, reason);
+                    delay = delay.max(self.pause(st, Failure::Blocked(reason), &error, &object));
+                    first_error.get_or_insert(error);
+                }
+                Outcome::Retry { error } | Outcome::Fatal { error } => {
+                    self.status.retried.fetch_add(1, Ordering::Relaxed);
+                    let failure = Failure::Lasting("publish_failing");
+                    delay = delay.max(self.pause(st, failure, &error, &object));
+                    first_error.get_or_insert(error);
+                }
+            }
+            resend.push(event);
+        }
+        self.status
+            .aborted_transactions
+            .fetch_add(1, Ordering::Relaxed);
+        warn!(events = resend.len(), error = first_error.as_deref().unwrap_or("too large"), retry_in_ms = delay.as_millis() as u64, "a delivery failed inside the kafka transaction: aborting it and sending its events again");
+        tokio::time::sleep(delay).await;
+        self.recover_transaction(st).await?;
+        for event in resend {
+            st.flight.queue.push_back(self.sink.send(event).await);
+        }
+        Ok(())
+    }
+
+    /// A commit failed: the transaction is aborted and what it held is sent again.
+    pub(super) async fn resend_after_abort(
+        &self,
+        st: &mut State,
+        error: &(dyn std::fmt::Display + Sync),
+    ) -> Result<(), checkpoint::Error> {
+        self.status
+            .aborted_transactions
+            .fetch_add(1, Ordering::Relaxed);
+        let failure = Failure::Lasting("broker_unavailable");
+        let delay = self.pause(st, failure, &error.to_string(), "-");
+        warn!(error = %error, events = st.flight.held.len(), retry_in_ms = delay.as_millis() as u64, "kafka transaction did not commit: aborting it and sending its events again");
+        tokio::time::sleep(delay).await;
+        self.recover_transaction(st).await?;
+        for event in st.flight.take_held() {
+            st.flight.queue.push_back(self.sink.send(event).await);
+        }
+        Ok(())
+    }
+
+    /// Aborts the open transaction and opens a new one, waiting as long as the broker is
+    /// unreachable (an outage of any length only pauses the watch).
+    async fn recover_transaction(&self, st: &mut State) -> Result<(), checkpoint::Error> {
+        let Some(kafka) = self.sink.transactional() else {
+            return Ok(());
+        };
+        loop {
+            match kafka.recover().await {
+                Ok(()) => return Ok(()),
+                Err(CommitError::Fenced) => {
+                    error!("fenced: another instance owns this watch now");
+                    return Err(checkpoint::Error::Fenced {
+                        watch: self.info.source.clone(),
+                    });
+                }
+                Err(CommitError::Kafka(e)) => {
+                    let failure = Failure::Lasting("broker_unavailable");
+                    let delay = self.pause(st, failure, &e.to_string(), "-");
+                    warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "cannot abort the kafka transaction yet, retrying");
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+
+    /// Commits the open Kafka transaction without moving the checkpoint (during a list, and
+    /// for heartbeats).
+    pub(super) async fn commit_events(&self, st: &mut State) -> Result<(), checkpoint::Error> {
+        let Some(kafka) = self.sink.transactional() else {
+            return Ok(());
+        };
+        match kafka.commit().await {
+            Ok(()) => st.flight.committed(),
+            Err(CommitError::Fenced) => {
+                error!("fenced: another instance owns this watch now");
+                return Err(checkpoint::Error::Fenced {
+                    watch: self.info.source.clone(),
+                });
+            }
+            Err(CommitError::Kafka(e)) => self.resend_after_abort(st, &e).await?,
+        }
+        st.last_commit = Instant::now();
+        Ok(())
+    }
+
+    /// The delay before trying again, and the stall to report: at once for a refusal of every
+    /// event, after [`STALL_AFTER`] of failures otherwise.
+    fn pause(&self, st: &mut State, failure: Failure, error: &str, object: &str) -> Duration {
+        let failing = st.failing.get_or_insert_with(|| Failing {
+            since: Instant::now(),
+            backoff: Backoff::default(),
+        });
+        let stall = match failure {
+            Failure::Blocked(reason) => Some(reason),
+            Failure::Lasting(reason) => (failing.since.elapsed() >= STALL_AFTER).then_some(reason),
+        };
+        if let Some(reason) = stall
+            && self.status.set_stall(reason, error)
+        {
+            error!(reason, error = %error, object = %object, "watch stalled: cannot publish; retrying until the cause is fixed");
+        }
+        let delay = failing.backoff.next_delay();
+        match failure {
+            Failure::Blocked(_) => delay,
+            Failure::Lasting(_) => delay.min(RETRY_DELAY_MAX),
+        }
+    }
+
+    /// An acknowledgement: publishing works (again).
+    fn publishing_again(&self, st: &mut State) {
+        st.failing = None;
+        if let Some(stall) = self.status.clear_stall() {
+            info!(
+                reason = stall.reason,
+                stalled_secs = stall.since.elapsed().as_secs(),
+                "publishing again"
+            );
+        }
+    }
+
+    fn truncate(&self, event: &mut Event) {
+        self.status.truncated.fetch_add(1, Ordering::Relaxed);
+        warn!(object = %event.reference(), id = %event.id, bytes = event.data.len(), "event exceeds the broker's message size: publishing a reference, marked truncated");
+        event.truncate();
+    }
+
+    fn refused(&self, event: &Event, reason: &'static str, error: &str) {
+        count(&self.status.rejected, reason);
+        error!(object = %event.reference(), id = %event.id, bytes = event.data.len(), reason, error = %error, "broker refused event for good, skipped");
+    }
+}
