@@ -63,6 +63,17 @@ impl Flight {
     }
 }
 
+/// Whether the broker refused this event as too large (and it is not a reference yet).
+fn too_large(d: &Delivered) -> bool {
+    matches!(
+        d.outcome,
+        Outcome::Rejected {
+            reason: "too_large",
+            ..
+        }
+    ) && !d.event.truncated
+}
+
 /// Publishing keeps failing: since when, and the backoff between attempts.
 pub(super) struct Failing {
     since: Instant,
@@ -121,6 +132,9 @@ impl Pipeline {
     /// for the broker is sent once more as a reference, marked truncated; a refusal of every
     /// event (authorization, a missing topic) pauses and stalls the watch until it is fixed.
     async fn retry_until_settled(&self, mut delivered: Delivered, st: &mut State) -> Delivered {
+        // A broker refuses a whole batch when one record in it is too large: an event is cut to
+        // a reference only when it is refused as too large a second time, alone.
+        let mut too_large = 0;
         loop {
             let object = delivered.event.reference();
             let delay = match &delivered.outcome {
@@ -140,7 +154,10 @@ impl Pipeline {
                     reason: "too_large",
                     ..
                 } if !delivered.event.truncated => {
-                    self.truncate(&mut delivered.event);
+                    too_large += 1;
+                    if too_large > 1 {
+                        self.truncate(&mut delivered.event);
+                    }
                     Duration::ZERO
                 }
                 _ => return delivered,
@@ -165,16 +182,28 @@ impl Pipeline {
             settled.push(d);
         }
         let mut resend = st.flight.take_held();
+        // The broker refuses the whole batch holding a record too large for it: only the
+        // largest of the refused events is cut to a reference (another round finds the next).
+        let largest = settled
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| too_large(d))
+            .max_by_key(|(_, d)| d.event.data.len())
+            .map(|(i, _)| i);
         let mut delay = Duration::ZERO;
         let mut first_error = None;
-        for Delivered { mut event, outcome } in settled {
+        for (i, Delivered { mut event, outcome }) in settled.into_iter().enumerate() {
             let object = event.reference();
             match outcome {
                 Outcome::Acked => {}
                 Outcome::Rejected {
                     reason: "too_large",
                     ..
-                } if !event.truncated => self.truncate(&mut event),
+                } if !event.truncated => {
+                    if Some(i) == largest {
+                        self.truncate(&mut event);
+                    }
+                }
                 Outcome::Rejected { reason, error } => {
                     self.refused(&event, reason, &error);
                     continue;

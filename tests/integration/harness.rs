@@ -205,6 +205,18 @@ impl Drop for Bridge {
             let _ = child.kill();
             let _ = child.wait();
         }
+        if std::thread::panicking() {
+            // A failing test shows what the bridge it ran last was doing.
+            let log = self.log_text();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(300)..];
+            eprintln!(
+                "--- last {} lines of the bridge's log ({}):\n{}\n---",
+                tail.len(),
+                self.log.display(),
+                tail.join("\n")
+            );
+        }
     }
 }
 

@@ -140,6 +140,14 @@ async fn kafka_broker_refusing_a_record_inside_a_transaction_does_not_stall_the_
         "the big object arrives as a truncated reference only\n{}\nlog:\n{log}",
         summary(&events)
     );
+    assert!(
+        events
+            .iter()
+            .filter(|r| r.ext("name") != "big")
+            .all(|r| r.ext("truncated").is_empty() && r.ext("payload") == "full"),
+        "only the big object is cut to a reference, not the others of its batch\n{}\nlog:\n{log}",
+        summary(&events)
+    );
     let uid = big.metadata.uid.clone().unwrap();
     let rv = big.metadata.resource_version.clone().unwrap();
     assert_eq!(truncated[0].event.id(), format!("{uid}:{rv}:added"));
@@ -167,8 +175,8 @@ async fn kafka_broker_refusing_a_record_inside_a_transaction_does_not_stall_the_
         "{}",
         bridge.log_text()
     );
-    let mut again = Bridge::start(&config);
-    again.wait_synced(1).await;
+    let again = Bridge::start(&config);
+    again.wait_log("resuming from checkpoint").await;
     cms.create(&pp, &cm("after-restart", json!({}))).await.unwrap();
     let replayed = reader
         .read_until(WAIT, |got| got.iter().any(|r| r.ext("name") == "after-restart"))
@@ -258,4 +266,66 @@ async fn kafka_refusal_of_every_event_pauses_the_watch_until_fixed() {
         Some(0.0),
         "{metrics}"
     );
+}
+
+/// The JetStream stream disappears under a running bridge: every publish fails (no stream
+/// captures the subject). The bridge keeps the event and retries with backoff; after
+/// `STALL_AFTER` (30 s) of failures `/readyz`, a metric and a log line say the watch is stalled,
+/// and once the stream is back the event arrives and readiness returns, by itself.
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_publishing_that_keeps_failing_stalls_visibly_then_resumes() {
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, "nostream").await;
+    let cluster = unique_name("c");
+    let config = format!(
+        "cluster: {cluster}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n{}",
+        sink_yaml(SinkKind::Nats, &cluster)
+    );
+    let mut bridge = Bridge::start(&config);
+    let address = bridge.admin_address().await;
+    bridge.wait_synced(1).await;
+    let js = async_nats::jetstream::new(support::nats_client().await);
+    let name = crate::harness::stream_name(&cluster);
+    let stream_config = js
+        .get_stream(&name)
+        .await
+        .expect("the bridge created its stream")
+        .info()
+        .await
+        .expect("stream info")
+        .config
+        .clone();
+    js.delete_stream(&name).await.expect("delete the stream");
+
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    cms.create(&PostParams::default(), &cm("stranded", json!({})))
+        .await
+        .unwrap();
+    let why = wait_until("/readyz names the failing publishes", WAIT, || async {
+        let (code, body) = get(&address, "/readyz").await;
+        (code == 503 && body.contains("publish_failing")).then_some(body)
+    })
+    .await;
+    assert!(why.contains("v1/configmaps"), "{why}");
+    let metrics = get(&address, "/metrics").await.1;
+    assert_eq!(
+        sample(&metrics, "kube_event_bridge_watch_stalled", "reason=\"publish_failing\""),
+        Some(1.0),
+        "{metrics}"
+    );
+    bridge
+        .wait_log("watch stalled: cannot publish; retrying until the cause is fixed")
+        .await;
+
+    js.create_stream(stream_config).await.expect("recreate the stream");
+    let mut reader = Reader::nats(&cluster).await;
+    let events = reader
+        .read_until(WAIT, |got| got.iter().any(|r| r.ext("name") == "stranded"))
+        .await;
+    assert_eq!(events.len(), 1, "{}", summary(&events));
+    wait_until("/readyz answers 200 again", WAIT, || async {
+        (get(&address, "/readyz").await.0 == 200).then_some(())
+    })
+    .await;
+    bridge.wait_log("publishing again").await;
 }
