@@ -33,7 +33,9 @@ schema = {
         "logFormat": {"enum": ["text", "json"]},
         "rbac": {"type": "object", "properties": {
             "create": {"type": "boolean"},
-            "plurals": {"type": "object", "additionalProperties": string}}},
+            "plurals": {"type": "object", "additionalProperties": string},
+            "wildcardResources": {"type": "object", "additionalProperties": {
+                "type": "array", "items": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"}}}}},
         "secretMounts": {"type": "array", "items": {
             "type": "object", "additionalProperties": False, "required": ["name", "secretName", "mountPath"],
             "properties": {"name": string, "secretName": string, "mountPath": {"type": "string", "pattern": "^/"}}}},

@@ -79,7 +79,8 @@ enum Command {
         namespace: Option<String>,
     },
     /// Print the RBAC objects (Roles or ClusterRole, bindings, Lease access) the configuration
-    /// needs, resolved through discovery: get, list and watch on exactly the configured resources.
+    /// needs, resolved through discovery: list and watch on exactly the resources it resolves to
+    /// (a wildcard's by name), get, create and update on Leases when leader election is on.
     Rbac {
         /// The configuration file.
         #[arg(long, short)]
@@ -286,9 +287,14 @@ async fn resolve(config: &Config) -> Result<Vec<ResolvedResource>, String> {
 
 async fn rbac(config: &Config, service_account: &str, namespace: &str) -> Result<(), String> {
     let resolved = resolve(config).await?;
+    // The bridge keeps its Lease in its own namespace unless the config names another.
+    let election = &config.leader_election;
+    let lease_namespace = election
+        .enabled
+        .then(|| election.namespace.as_deref().unwrap_or(namespace));
     print!(
         "{}",
-        kube_event_bridge::rbac::render(&resolved, service_account, namespace)
+        kube_event_bridge::rbac::render(&resolved, service_account, namespace, lease_namespace)
     );
     Ok(())
 }

@@ -1,7 +1,8 @@
 //! The RBAC objects the bridge needs, rendered from its resolved resources.
 //!
-//! The bridge reads (`get`, `list`, `watch`) exactly the resources it is configured to watch and,
-//! for leader election, reads and writes `coordination.k8s.io` Leases in its own namespace.
+//! The bridge only lists and watches the resources it is configured to watch (`list`, `watch`:
+//! nothing reads one object with `get`) and, for leader election, reads and writes
+//! `coordination.k8s.io` Leases in its own namespace (`get`, `create`, `update`).
 //! [`permissions`] computes those grants and [`render`] turns them into multi-document YAML that
 //! `kubectl apply -f -` accepts:
 //!
@@ -14,9 +15,11 @@
 //!
 //! Resources are taken after discovery ([`crate::discovery::resolve`]) because RBAC names the
 //! plural (`configmaps`), while a configuration may name the kind (`ConfigMap`). A wildcard entry
-//! (`resource: "*"`) is granted `*` in each group it matches at render time, plus `list` and
-//! `watch` on CustomResourceDefinitions; a `namespaceSelector` adds `list` and `watch` on
-//! Namespaces. Groups a group pattern matches only later need the RBAC rendered again.
+//! (`resource: "*"`) is granted the resources discovery resolved it to, each by name: never `*`,
+//! which in RBAC also matches every subresource (`nodes/proxy`, `pods/exec`) and cannot leave out
+//! an excluded resource (Secrets). Any wildcard adds `list` and `watch` on
+//! CustomResourceDefinitions; a `namespaceSelector` adds `list` and `watch` on Namespaces.
+//! Resources a wildcard matches only later (a new CRD) need the RBAC rendered again.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -28,8 +31,9 @@ use serde::Serialize;
 
 use crate::discovery::ResolvedResource;
 
-/// The verbs granted on every watched resource.
-pub const WATCH_VERBS: [&str; 3] = ["get", "list", "watch"];
+/// The verbs granted on every watched resource, and on Namespaces and CRDs when followed: the
+/// bridge lists and watches, it never reads a single object (`get`) nor writes.
+pub const WATCH_VERBS: [&str; 2] = ["list", "watch"];
 
 /// The verbs granted on Leases in the bridge's own namespace (leader election).
 pub const LEASE_VERBS: [&str; 3] = ["get", "create", "update"];
@@ -88,16 +92,10 @@ pub fn permissions(resources: &[ResolvedResource]) -> Permissions {
     out
 }
 
-/// A resource of an entry with `resource: "*"` is granted as `*` in its group, so resources the
-/// group serves later (new CRDs) are readable too. RBAC only allows: a wildcard's `exclude`
-/// cannot narrow the grant.
+/// Grants one resolved resource by its plural, also when a wildcard entry resolved it: discovery
+/// lists no subresources and has already left out what the entry excludes.
 fn add(grants: &mut Grants, r: &ResolvedResource) {
-    let plural = if r.config.resource == "*" {
-        "*"
-    } else {
-        &r.api.plural
-    };
-    grant(grants, &r.api.group, plural);
+    grant(grants, &r.api.group, &r.api.plural);
 }
 
 fn grant(grants: &mut Grants, group: &str, plural: &str) {
@@ -127,11 +125,17 @@ pub fn lease_role_name(service_account: &str, namespace: &str) -> String {
 /// reading `resources` (resolved through discovery), as multi-document YAML: a commented
 /// header, then the ClusterRole and ClusterRoleBinding (only if some resource is watched in
 /// every namespace or is cluster-scoped), a Role and RoleBinding per namespace with fixed-
-/// namespace resources, and the leader-election Role and RoleBinding in `namespace`.
+/// namespace resources, and, when leader election is on (`lease_namespace` is where its Lease
+/// lives), the leader-election Role and RoleBinding there.
 ///
 /// The ServiceAccount itself is not rendered (a Helm chart or `kubectl create serviceaccount`
 /// owns it). The output is deterministic: objects and rules are sorted.
-pub fn render(resources: &[ResolvedResource], service_account: &str, namespace: &str) -> String {
+pub fn render(
+    resources: &[ResolvedResource],
+    service_account: &str,
+    namespace: &str,
+    lease_namespace: Option<&str>,
+) -> String {
     let perms = permissions(resources);
     let name = role_name(service_account, namespace);
     let subject = Subject {
@@ -164,27 +168,35 @@ pub fn render(resources: &[ResolvedResource], service_account: &str, namespace: 
             subjects: Some(vec![subject.clone()]),
         }));
     }
-    let lease = lease_role_name(service_account, namespace);
-    docs.push(yaml(&Role {
-        metadata: meta(&lease, Some(namespace)),
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec![LEASE_GROUP.into()]),
-            resources: Some(vec!["leases".into()]),
-            verbs: LEASE_VERBS.iter().map(|v| v.to_string()).collect(),
-            ..PolicyRule::default()
-        }]),
-    }));
-    docs.push(yaml(&RoleBinding {
-        metadata: meta(&lease, Some(namespace)),
-        role_ref: role_ref("Role", &lease),
-        subjects: Some(vec![subject]),
-    }));
     let mut out = format!(
         "# RBAC for kube-event-bridge running as system:serviceaccount:{namespace}:{service_account}:\n\
-         # {} on the configured resources, {} on leases in {namespace}.\n",
+         # {} on the configured resources",
         WATCH_VERBS.join(", "),
-        LEASE_VERBS.join(", "),
     );
+    match lease_namespace {
+        Some(lease_ns) => {
+            let lease = lease_role_name(service_account, namespace);
+            docs.push(yaml(&Role {
+                metadata: meta(&lease, Some(lease_ns)),
+                rules: Some(vec![PolicyRule {
+                    api_groups: Some(vec![LEASE_GROUP.into()]),
+                    resources: Some(vec!["leases".into()]),
+                    verbs: LEASE_VERBS.iter().map(|v| v.to_string()).collect(),
+                    ..PolicyRule::default()
+                }]),
+            }));
+            docs.push(yaml(&RoleBinding {
+                metadata: meta(&lease, Some(lease_ns)),
+                role_ref: role_ref("Role", &lease),
+                subjects: Some(vec![subject]),
+            }));
+            out.push_str(&format!(
+                ", {} on leases in {lease_ns}.\n",
+                LEASE_VERBS.join(", ")
+            ));
+        }
+        None => out.push_str(" (leader election off: no Lease access).\n"),
+    }
     for doc in docs {
         out.push_str("---\n");
         out.push_str(&doc);
@@ -312,7 +324,7 @@ mod tests {
     }
 
     #[test]
-    fn wildcards_grant_their_groups_and_crds_selectors_grant_namespaces() {
+    fn wildcards_grant_their_resolved_resources_crds_selectors_grant_namespaces() {
         let rs = resolved(
             "cluster: dev\nresources:\n\
              - {apiVersion: example.com/v1, resource: '*', namespaces: [a]}\n\
@@ -333,8 +345,149 @@ mod tests {
         );
         assert_eq!(
             p.namespaced,
-            [("a".to_string(), grants(&[("example.com", &["*"])]))].into()
+            [("a".to_string(), grants(&[("example.com", &["widgets"])]))].into()
         );
+    }
+
+    /// What discovery resolves `apiVersion: v1, resource: "*"` to with Secrets excluded: every
+    /// core resource that can be listed and watched (`(kind, plural, namespaced)`), no
+    /// subresource, no Secret.
+    const CORE_WATCHABLE: [(&str, &str, bool); 14] = [
+        ("ConfigMap", "configmaps", true),
+        ("Endpoints", "endpoints", true),
+        ("Event", "events", true),
+        ("LimitRange", "limitranges", true),
+        ("Namespace", "namespaces", false),
+        ("Node", "nodes", false),
+        ("PersistentVolumeClaim", "persistentvolumeclaims", true),
+        ("PersistentVolume", "persistentvolumes", false),
+        ("Pod", "pods", true),
+        ("PodTemplate", "podtemplates", true),
+        ("ReplicationController", "replicationcontrollers", true),
+        ("ResourceQuota", "resourcequotas", true),
+        ("ServiceAccount", "serviceaccounts", true),
+        ("Service", "services", true),
+    ];
+
+    /// The core wildcard (Secrets excluded) expanded as discovery does, then an explicit entry.
+    fn core_wildcard() -> Vec<ResolvedResource> {
+        let cfg = ConfigFile::parse(
+            "cluster: dev\nresources:\n\
+             - {apiVersion: v1, resource: '*', exclude: [{resource: secrets}]}\n\
+             - {apiVersion: apps/v1, resource: Deployment, namespaces: [shop]}\n",
+        )
+        .unwrap()
+        .validate()
+        .unwrap();
+        let core = CORE_WATCHABLE.iter().map(|(kind, plural, namespaced)| {
+            assert!(cfg.resources[0].matches("", "v1", plural, kind));
+            ResolvedResource {
+                api: ApiResource::from_gvk_with_plural(
+                    &GroupVersionKind::gvk("", "v1", kind),
+                    plural,
+                ),
+                config: cfg.resources[0].clone(),
+                namespaced: *namespaced,
+            }
+        });
+        let deployment = ResolvedResource {
+            api: ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("apps", "v1", "Deployment"),
+                "deployments",
+            ),
+            config: cfg.resources[1].clone(),
+            namespaced: true,
+        };
+        core.chain([deployment]).collect()
+    }
+
+    #[test]
+    fn a_core_wildcard_grants_list_and_watch_on_each_resolved_resource_by_name() {
+        let rs = core_wildcard();
+        assert!(!rs[0].config.matches("", "v1", "secrets", "Secret"));
+        let p = permissions(&rs);
+        let plurals: Vec<&str> = CORE_WATCHABLE.iter().map(|(_, p, _)| *p).collect();
+        assert_eq!(
+            p.cluster,
+            grants(&[
+                ("", &plurals),
+                ("apiextensions.k8s.io", &["customresourcedefinitions"]),
+            ])
+        );
+        assert_eq!(
+            p.namespaced,
+            [("shop".to_string(), grants(&[("apps", &["deployments"])]))].into()
+        );
+        let text = render(&rs, "keb", "ops", Some("ops"));
+        let d = docs(&text);
+        for doc in d
+            .iter()
+            .filter(|doc| !summary(doc).contains("leader-election"))
+        {
+            for rule in doc["rules"].as_sequence().into_iter().flatten() {
+                let verbs: Vec<&str> = rule["verbs"]
+                    .as_sequence()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_str().unwrap())
+                    .collect();
+                assert_eq!(verbs, ["list", "watch"], "{text}");
+                for resource in rule["resources"].as_sequence().unwrap() {
+                    let resource = resource.as_str().unwrap();
+                    assert!(
+                        resource != "*" && !resource.contains('/') && resource != "secrets",
+                        "{resource} granted:\n{text}"
+                    );
+                }
+                assert!(!rule["apiGroups"][0].as_str().unwrap().contains('*'));
+            }
+        }
+        let kinds: Vec<String> = d.iter().map(summary).collect();
+        assert_eq!(
+            kinds,
+            [
+                "ClusterRole -/kube-event-bridge:ops:keb",
+                "ClusterRoleBinding -/kube-event-bridge:ops:keb",
+                "Role shop/kube-event-bridge:ops:keb",
+                "RoleBinding shop/kube-event-bridge:ops:keb",
+                "Role ops/kube-event-bridge:ops:keb:leader-election",
+                "RoleBinding ops/kube-event-bridge:ops:keb:leader-election",
+            ]
+        );
+    }
+
+    #[test]
+    fn only_leases_get_a_verb_beyond_list_and_watch() {
+        let text = render(&core_wildcard(), "keb", "ops", Some("ops"));
+        let verbs: BTreeSet<String> = docs(&text)
+            .iter()
+            .flat_map(|doc| doc["rules"].as_sequence().cloned().unwrap_or_default())
+            .flat_map(|rule| {
+                let leases = rule["resources"][0] == "leases";
+                rule["verbs"]
+                    .as_sequence()
+                    .unwrap()
+                    .iter()
+                    .map(|v| {
+                        format!(
+                            "{}{}",
+                            v.as_str().unwrap(),
+                            if leases { " leases" } else { "" }
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let expected: BTreeSet<String> = [
+            "list",
+            "watch",
+            "get leases",
+            "create leases",
+            "update leases",
+        ]
+        .map(String::from)
+        .into();
+        assert_eq!(verbs, expected, "{text}");
     }
 
     #[test]
@@ -350,7 +503,7 @@ mod tests {
                 ("CronTab", "crontabs", true),
             ],
         );
-        let text = render(&rs, "bridge", "ops");
+        let text = render(&rs, "bridge", "ops", Some("ops"));
         let d = docs(&text);
         let kinds: Vec<String> = d.iter().map(summary).collect();
         assert_eq!(
@@ -365,14 +518,14 @@ mod tests {
             ]
         );
         let rules_a: serde_yaml::Value = serde_yaml::from_str(
-            "- {apiGroups: [''], resources: [configmaps], verbs: [get, list, watch]}\n\
-             - {apiGroups: [apps], resources: [deployments], verbs: [get, list, watch]}\n\
-             - {apiGroups: [stable.example.com], resources: [crontabs], verbs: [get, list, watch]}\n",
+            "- {apiGroups: [''], resources: [configmaps], verbs: [list, watch]}\n\
+             - {apiGroups: [apps], resources: [deployments], verbs: [list, watch]}\n\
+             - {apiGroups: [stable.example.com], resources: [crontabs], verbs: [list, watch]}\n",
         )
         .unwrap();
         assert_eq!(d[0]["rules"], rules_a, "{text}");
         let rules_b: serde_yaml::Value = serde_yaml::from_str(
-            "- {apiGroups: [apps], resources: [deployments], verbs: [get, list, watch]}\n",
+            "- {apiGroups: [apps], resources: [deployments], verbs: [list, watch]}\n",
         )
         .unwrap();
         assert_eq!(d[2]["rules"], rules_b, "{text}");
@@ -398,7 +551,7 @@ mod tests {
                 ("Secret", "secrets", true),
             ],
         );
-        let d = docs(&render(&rs, "keb", "keb-system"));
+        let d = docs(&render(&rs, "keb", "keb-system", Some("keb-system")));
         let kinds: Vec<String> = d.iter().map(summary).collect();
         assert_eq!(
             kinds,
@@ -412,8 +565,8 @@ mod tests {
             ]
         );
         let cluster_rules: serde_yaml::Value = serde_yaml::from_str(
-            "- {apiGroups: [''], resources: [pods], verbs: [get, list, watch]}\n\
-             - {apiGroups: [rbac.authorization.k8s.io], resources: [clusterroles], verbs: [get, list, watch]}\n",
+            "- {apiGroups: [''], resources: [pods], verbs: [list, watch]}\n\
+             - {apiGroups: [rbac.authorization.k8s.io], resources: [clusterroles], verbs: [list, watch]}\n",
         )
         .unwrap();
         assert_eq!(d[0]["rules"], cluster_rules);
@@ -444,7 +597,7 @@ mod tests {
             "cluster: dev\nresources: [{apiVersion: v1, resource: configmaps}]\n",
             &[("ConfigMap", "configmaps", true)],
         );
-        let text = render(&rs, "sa", "home");
+        let text = render(&rs, "sa", "home", Some("home"));
         assert!(
             text.starts_with(
                 "# RBAC for kube-event-bridge running as system:serviceaccount:home:sa"
@@ -472,14 +625,42 @@ mod tests {
     }
 
     #[test]
+    fn leases_follow_the_lease_namespace_and_are_left_out_without_leader_election() {
+        let rs = resolved(
+            "cluster: dev\nresources: [{apiVersion: v1, resource: configmaps}]\n",
+            &[("ConfigMap", "configmaps", true)],
+        );
+        let elsewhere = docs(&render(&rs, "sa", "home", Some("elections")));
+        let lease = elsewhere
+            .iter()
+            .find(|x| x["kind"] == "Role")
+            .expect("leader-election Role");
+        assert_eq!(lease["metadata"]["namespace"], "elections");
+        assert_eq!(
+            lease["metadata"]["name"],
+            "kube-event-bridge:home:sa:leader-election"
+        );
+        let text = render(&rs, "sa", "home", None);
+        let kinds: Vec<String> = docs(&text).iter().map(summary).collect();
+        assert_eq!(
+            kinds,
+            [
+                "ClusterRole -/kube-event-bridge:home:sa",
+                "ClusterRoleBinding -/kube-event-bridge:home:sa",
+            ]
+        );
+        assert!(!text.contains("leases"), "{text}");
+    }
+
+    #[test]
     fn rendering_is_deterministic() {
         let api = [
             ("ConfigMap", "configmaps", true),
             ("Secret", "secrets", true),
             ("Namespace", "namespaces", false),
         ];
-        let a = render(&resolved(STDOUT_EXAMPLE, &api), "x", "y");
-        let b = render(&resolved(STDOUT_EXAMPLE, &api), "x", "y");
+        let a = render(&resolved(STDOUT_EXAMPLE, &api), "x", "y", None);
+        let b = render(&resolved(STDOUT_EXAMPLE, &api), "x", "y", None);
         assert_eq!(a, b);
     }
 }

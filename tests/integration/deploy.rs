@@ -6,8 +6,7 @@
 //! Dockerfile and docker-compose.yml are checked structurally (no Docker engine runs here).
 //!
 //! kubectl comes from `KEB_KUBECTL`, helm from `KEB_HELM` (both set by `scripts/testenv`) or
-//! `helm` on PATH. Without them the tests that need them say so and stop, except in CI
-//! (`CI` set), where a missing tool fails the test.
+//! `helm` on PATH. A test that needs a missing tool fails, in CI or not.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -47,39 +46,34 @@ fn read(path: &Path) -> String {
 
 // ------------------------------------------------------------------ tools
 
-/// A tool the test needs is missing: fails in CI, else says so and lets the test stop.
-fn missing_tool(what: &str, how: &str) -> Option<String> {
-    let message = format!("{what} is not available ({how})");
-    if std::env::var_os("CI").is_some() {
-        panic!("{message}: CI must provide it (scripts/testenv up builds it)");
-    }
-    eprintln!("SKIPPED: {message}; run scripts/testenv up and load its env file");
-    None
+/// A tool the test needs is missing: the test fails (a test that cannot run never passes).
+fn missing_tool(what: &str, how: &str) -> ! {
+    panic!(
+        "{what} is not available ({how}): run `scripts/testenv up` (it builds kubectl and helm) \
+         and load its variables (`eval \"$(scripts/testenv env)\"`)"
+    )
 }
 
-fn kubectl() -> Option<String> {
+fn kubectl() -> String {
     match support::env().kubectl {
-        Some(k) if Path::new(&k).is_file() => Some(k),
+        Some(k) if Path::new(&k).is_file() => k,
         Some(k) => missing_tool("kubectl", &format!("KEB_KUBECTL={k} does not exist")),
         None => missing_tool("kubectl", "KEB_KUBECTL is not set"),
     }
 }
 
-fn helm() -> Option<String> {
+fn helm() -> String {
     if let Some(h) = std::env::var("KEB_HELM")
         .ok()
         .filter(|h| !h.trim().is_empty())
     {
-        return if Path::new(&h).is_file() {
-            Some(h)
-        } else {
-            missing_tool(
-                "helm",
-                &format!("KEB_HELM={h} does not exist: run scripts/testenv build"),
-            )
-        };
+        if Path::new(&h).is_file() {
+            return h;
+        }
+        missing_tool("helm", &format!("KEB_HELM={h} does not exist"));
     }
-    on_path("helm").or_else(|| missing_tool("helm", "KEB_HELM is not set and no helm on PATH"))
+    on_path("helm")
+        .unwrap_or_else(|| missing_tool("helm", "KEB_HELM is not set and no helm on PATH"))
 }
 
 fn on_path(name: &str) -> Option<String> {
@@ -307,11 +301,13 @@ fn check<'a>(verb: &'a str, resource: &str, scope: Scope<'a>, allowed: bool) -> 
     }
 }
 
-/// Every watch verb on `resource` in `scope`, allowed or not.
+/// Every watch verb on `resource` in `scope`, allowed or not; `get` always refused (the bridge
+/// lists and watches, it never reads a single object).
 fn reads<'a>(resource: &str, scope: Scope<'a>, allowed: bool) -> Vec<Check<'a>> {
     rbac::WATCH_VERBS
         .iter()
         .map(|v| check(v, resource, scope, allowed))
+        .chain([check("get", resource, scope, false)])
         .collect()
 }
 
@@ -492,7 +488,7 @@ fn plain_manifests() -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn plain_manifests_pass_a_server_side_dry_run() {
-    let Some(kubectl) = kubectl() else { return };
+    let kubectl = kubectl();
     let client = kube_client().await;
     let namespace = unique_namespace(&client, "deploy-dry-run").await;
     let mut docs = plain_manifests();
@@ -561,7 +557,7 @@ async fn plain_manifests_pass_a_server_side_dry_run() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn plain_manifests_grant_exactly_the_configured_reads() {
-    let Some(kubectl) = kubectl() else { return };
+    let kubectl = kubectl();
     let client = kube_client().await;
     let namespace = unique_namespace(&client, "deploy-rbac").await;
     let other = unique_namespace(&client, "deploy-rbac-other").await;
@@ -618,10 +614,7 @@ async fn plain_manifests_grant_exactly_the_configured_reads() {
         &kubectl,
         &user,
         &other,
-        &[
-            ("configmaps", "get list watch"),
-            ("namespaces", "get list watch"),
-        ],
+        &[("configmaps", "list watch"), ("namespaces", "list watch")],
     )
     .await;
     delete_cluster_objects(&kubectl, &rbac::role_name(name(sa), &namespace)).await;
@@ -648,7 +641,7 @@ fn chart_path(relative: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn helm_lint_passes_for_every_documented_values_file() {
-    let Some(helm) = helm() else { return };
+    let helm = helm();
     let chart = chart().display().to_string();
     ok(&helm, &["lint", "--strict", &chart], None).await;
     for values in CI_VALUES {
@@ -663,7 +656,7 @@ async fn helm_lint_passes_for_every_documented_values_file() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn plain_manifests_are_the_chart_rendered_with_default_values() {
-    let Some(helm) = helm() else { return };
+    let helm = helm();
     let rendered = helm_template(&helm, RENDER_RELEASE, RENDER_NAMESPACE, None).await;
     let committed = read(&repo().join("deploy/manifests/kube-event-bridge.yaml"));
     assert!(
@@ -678,7 +671,7 @@ async fn plain_manifests_are_the_chart_rendered_with_default_values() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn helm_renders_every_documented_values_file_with_the_rbac_src_rbac_computes() {
-    let Some(helm) = helm() else { return };
+    let helm = helm();
     let kubectl = kubectl();
     let client = kube_client().await;
     // ci/nats-leader-election-values.yaml watches the demo's CronTab custom resource.
@@ -810,45 +803,43 @@ async fn helm_renders_every_documented_values_file_with_the_rbac_src_rbac_comput
         );
 
         // The API server accepts every object (the ServiceMonitor CRD is not installed here).
-        if let Some(kubectl) = &kubectl {
-            let mut objects: Vec<Value> = docs
-                .iter()
-                .filter(|d| kind(d) != "ServiceMonitor")
-                .cloned()
-                .collect();
-            let extra: BTreeSet<String> = objects
-                .iter()
-                .filter_map(|d| d["metadata"]["namespace"].as_str())
-                .filter(|ns| *ns != namespace)
-                .map(String::from)
-                .collect();
-            // Values files name fixed namespaces (team-a): stand them in by fresh ones.
-            for ns in extra {
-                let fresh = unique_namespace(&client, &ns).await;
-                for d in &mut objects {
-                    if d["metadata"]["namespace"].as_str() == Some(ns.as_str()) {
-                        d["metadata"]["namespace"] = Value::String(fresh.clone());
-                    }
+        let mut objects: Vec<Value> = docs
+            .iter()
+            .filter(|d| kind(d) != "ServiceMonitor")
+            .cloned()
+            .collect();
+        let extra: BTreeSet<String> = objects
+            .iter()
+            .filter_map(|d| d["metadata"]["namespace"].as_str())
+            .filter(|ns| *ns != namespace)
+            .map(String::from)
+            .collect();
+        // Values files name fixed namespaces (team-a): stand them in by fresh ones.
+        for ns in extra {
+            let fresh = unique_namespace(&client, &ns).await;
+            for d in &mut objects {
+                if d["metadata"]["namespace"].as_str() == Some(ns.as_str()) {
+                    d["metadata"]["namespace"] = Value::String(fresh.clone());
                 }
             }
-            kube(
-                kubectl,
-                &["apply", "--dry-run=server", "-f", "-"],
-                Some(&to_yaml(&objects)),
-            )
-            .await;
         }
+        kube(
+            &kubectl,
+            &["apply", "--dry-run=server", "-f", "-"],
+            Some(&to_yaml(&objects)),
+        )
+        .await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn helm_refuses_inline_secrets_unmounted_files_two_sinks_bad_keys_loopback_admin() {
-    let Some(helm) = helm() else { return };
+    let helm = helm();
     let chart = chart().display().to_string();
     let kafka = chart_path(CI_VALUES[0]);
     let nats = chart_path(CI_VALUES[1]);
     let sasl = chart_path(CI_VALUES[2]);
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 10] = [
         (
             &[
                 "--values",
@@ -886,6 +877,35 @@ async fn helm_refuses_inline_secrets_unmounted_files_two_sinks_bad_keys_loopback
                 "config.admin.address=127.0.0.1:8080",
             ],
             "is a loopback address",
+        ),
+        // A wildcard is never granted as "*": the chart needs the resources listed.
+        (
+            &["--values", &nats, "--set", "rbac.wildcardResources=null"],
+            "config.resources[2] (apiVersion apps/*, resource \"*\") is a wildcard: the chart cannot ask discovery",
+        ),
+        (
+            &[
+                "--skip-schema-validation",
+                "--values",
+                &nats,
+                "--set-json",
+                "rbac.wildcardResources={\"apps\":[\"*\"]}",
+            ],
+            "rbac.wildcardResources.apps: \"*\" is not the plural name of a resource",
+        ),
+        (
+            &[
+                "--skip-schema-validation",
+                "--values",
+                &nats,
+                "--set-json",
+                "rbac.wildcardResources={\"apps\":[\"deployments/scale\"]}",
+            ],
+            "rbac.wildcardResources.apps: \"deployments/scale\" is not the plural name of a resource",
+        ),
+        (
+            &["--values", &nats, "--set", "rbac.plurals.CronTab=*"],
+            "config.resources[1].resource: \"CronTab\" resolves to \"*\"",
         ),
     ];
     for (extra, message) in cases {
@@ -1228,7 +1248,11 @@ async fn apply_rendered_rbac(
     let resolved = discovery::resolve(client, &config.resources)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let rendered = rbac::render(&resolved, sa, home);
+    let election = &config.leader_election;
+    let lease_namespace = election
+        .enabled
+        .then(|| election.namespace.as_deref().unwrap_or(home));
+    let rendered = rbac::render(&resolved, sa, home, lease_namespace);
     create_service_account(kubectl, home, sa).await;
     kube(kubectl, &["apply", "-f", "-"], Some(&rendered)).await;
     (resolved, rendered)
@@ -1236,7 +1260,7 @@ async fn apply_rendered_rbac(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn rendered_rbac_with_fixed_namespaces_grants_reads_only_there() {
-    let Some(kubectl) = kubectl() else { return };
+    let kubectl = kubectl();
     let client = kube_client().await;
     let home = unique_namespace(&client, "rbac-fixed-home").await;
     let a = unique_namespace(&client, "rbac-fixed-a").await;
@@ -1244,7 +1268,8 @@ async fn rendered_rbac_with_fixed_namespaces_grants_reads_only_there() {
     let elsewhere = unique_namespace(&client, "rbac-fixed-elsewhere").await;
     // Kinds, not plurals: discovery resolves them and the rules name the plurals.
     let yaml = format!(
-        "cluster: dev\nresources:\n\
+        "cluster: dev\nleaderElection: {{enabled: true}}\ncheckpoint: {{directory: /tmp/keb}}\n\
+         resources:\n\
          - {{apiVersion: v1, resource: ConfigMap, namespaces: [{a}]}}\n\
          - {{apiVersion: v1, resource: Secret, namespaces: [{a}]}}\n\
          - {{apiVersion: apps/v1, resource: Deployment, namespaces: [{a}, {b}]}}\n"
@@ -1304,7 +1329,7 @@ async fn rendered_rbac_with_fixed_namespaces_grants_reads_only_there() {
     ));
     assert_can_i(&kubectl, &user, &checks).await;
 
-    let read_verbs = "get list watch";
+    let read_verbs = "list watch";
     assert_listed(
         &kubectl,
         &user,
@@ -1329,7 +1354,7 @@ async fn rendered_rbac_with_fixed_namespaces_grants_reads_only_there() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn rendered_rbac_without_fixed_namespaces_uses_a_cluster_role_for_those_only() {
-    let Some(kubectl) = kubectl() else { return };
+    let kubectl = kubectl();
     let client = kube_client().await;
     let group = format!("{}.test.kube-event-bridge.dev", unique_name("rbac"));
     create_crd(&client, &group, "Gadget", "gadgets", "Namespaced").await;
@@ -1366,10 +1391,8 @@ async fn rendered_rbac_without_fixed_namespaces_uses_a_cluster_role_for_those_on
             "ClusterRoleBinding -".into(),
             format!("Role {vault}"),
             format!("RoleBinding {vault}"),
-            format!("Role {home}"),
-            format!("RoleBinding {home}"),
         ],
-        "{rendered}"
+        "leader election is off: no Lease Role\n{rendered}"
     );
 
     let user = sa_user(&home, sa);
@@ -1400,9 +1423,11 @@ async fn rendered_rbac_without_fixed_namespaces_uses_a_cluster_role_for_those_on
     ] {
         checks.extend(reads("secrets", scope, false));
     }
+    checks.extend(reads("leases.coordination.k8s.io", Scope::In(&home), false));
+    checks.extend(no_writes("leases.coordination.k8s.io", Scope::In(&home)));
     assert_can_i(&kubectl, &user, &checks).await;
 
-    let read_verbs = "get list watch";
+    let read_verbs = "list watch";
     let cluster_wide = [
         ("configmaps", read_verbs),
         ("namespaces", read_verbs),
@@ -1424,7 +1449,7 @@ async fn docs_show_the_rbac_rendered_for_the_stdout_example() {
     let resolved = discovery::resolve(&client, &config.resources)
         .await
         .unwrap();
-    let rendered = rbac::render(&resolved, "kube-event-bridge", "kube-event-bridge");
+    let rendered = rbac::render(&resolved, "kube-event-bridge", "kube-event-bridge", None);
     let docs = read(&repo().join("docs/deploy.md"));
     assert!(
         docs.contains(&rendered),
@@ -1455,7 +1480,7 @@ fn permissions_of_hand_resolved_resources_match_grants() {
             namespaced,
         })
         .collect();
-    let docs = documents(&rbac::render(&resolved, "sa", "ns"));
+    let docs = documents(&rbac::render(&resolved, "sa", "ns", None));
     let grants =
         |g: &str, p: &str| -> Grants { [(g.to_string(), BTreeSet::from([p.to_string()]))].into() };
     assert_eq!(

@@ -1,6 +1,7 @@
 //! Integration tests against the real local environment (etcd + kube-apiserver, Kafka, NATS
 //! JetStream) started by `scripts/testenv up`; see `support::env` for the variables they need.
 
+mod access_review;
 mod admin;
 mod behaviour;
 mod bridge;

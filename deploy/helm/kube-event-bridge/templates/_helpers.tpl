@@ -93,45 +93,125 @@ Input: dict "resource" STRING "plurals" MAP.
 {{- end }}
 
 {{/*
+A regular expression matching what the glob `.` matches: `*` is any run of characters (dots
+included), everything else literal, as the bridge's config::glob.
+*/}}
+{{- define "kube-event-bridge.globRegex" -}}
+{{- printf "^%s$" (regexQuoteMeta . | replace "\\*" ".*") -}}
+{{- end }}
+
+{{/*
+"true" when config entry .entry excludes the resource .plural of API group .group, else "":
+an exclusion without apiVersion matches any group; with one, its group pattern must match and
+its version be "*", the entry's version or (the chart does not know which version discovery
+prefers) any when the entry's version is "*". Its resource matches the plural ignoring case,
+or as a kind whose plural (see kube-event-bridge.plural) is the plural.
+Input: dict "entry" MAP "version" STRING "group" STRING "plural" STRING "plurals" MAP.
+*/}}
+{{- define "kube-event-bridge.excluded" -}}
+{{- $in := . -}}
+{{- range $x := ($in.entry.exclude | default list) -}}
+{{- $groupOk := true -}}
+{{- $versionOk := true -}}
+{{- with $x.apiVersion -}}
+{{- $xg := "" -}}
+{{- $xv := . -}}
+{{- if contains "/" . -}}
+{{- $xg = regexReplaceAll "/[^/]*$" . "" -}}
+{{- $xv = regexReplaceAll "^.*/" . "" -}}
+{{- end -}}
+{{- $groupOk = regexMatch (include "kube-event-bridge.globRegex" $xg) $in.group -}}
+{{- $versionOk = or (eq $xv "*") (eq $in.version "*") (eq $xv $in.version) -}}
+{{- end -}}
+{{- $name := or (eq (lower $x.resource) $in.plural) (eq (include "kube-event-bridge.plural" (dict "resource" $x.resource "plurals" $in.plurals)) $in.plural) -}}
+{{- if and $groupOk $versionOk $name -}}true{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{/*
 The RBAC plan of .Values.config.resources, as YAML:
   cluster:    {API group: [plurals]}                for entries without namespaces (a
-              namespaceSelector adds namespaces, a wildcard customresourcedefinitions; resource
-              "*" is granted as "*" in its group)
+              namespaceSelector adds namespaces, a wildcard customresourcedefinitions)
   namespaces: {namespace: {API group: [plurals]}}   for entries with namespaces
 A namespace grant the cluster grants already cover is dropped, as src/rbac.rs does.
+Every resource is granted by name, never "*" (which in RBAC also matches subresources such as
+nodes/proxy and pods/exec, and every resource an exclusion leaves out). The chart cannot ask
+discovery what a `resource: "*"` entry matches, so rbac.wildcardResources says what the cluster
+serves in each API group ({API group: [plurals]}, as `kube-event-bridge rbac` prints them): the
+entry gets those of the groups its group pattern matches, minus its exclusions; a wildcard
+matching no group listed there fails the rendering.
 */}}
 {{- define "kube-event-bridge.rbacPlan" -}}
 {{- $cluster := dict -}}
 {{- $namespaces := dict -}}
 {{- $plurals := .Values.rbac.plurals | default dict -}}
+{{- $served := .Values.rbac.wildcardResources | default dict -}}
+{{- $pluralRe := "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" -}}
+{{- range $group, $list := $served -}}
+{{- range $p := $list -}}
+{{- if not (regexMatch $pluralRe (toString $p)) -}}
+{{- fail (printf "rbac.wildcardResources.%s: %q is not the plural name of a resource (no \"*\", no subresources such as pods/log)" $group (toString $p)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- $wildcard := false -}}
 {{- $selector := false -}}
 {{- range $i, $r := required "config.resources is required" .Values.config.resources -}}
 {{- $apiVersion := required (printf "config.resources[%d].apiVersion is required" $i) $r.apiVersion -}}
+{{- $resource := required (printf "config.resources[%d].resource is required" $i) $r.resource -}}
 {{- $group := "" -}}
+{{- $version := $apiVersion -}}
 {{- if contains "/" $apiVersion -}}
-{{- $group = first (splitList "/" $apiVersion) -}}
+{{- $group = regexReplaceAll "/[^/]*$" $apiVersion "" -}}
+{{- $version = regexReplaceAll "^.*/" $apiVersion "" -}}
 {{- end -}}
-{{- if contains "*" $group -}}
-{{- fail (printf "config.resources[%d].apiVersion: the group pattern %q cannot be expressed in RBAC; list the groups, or set rbac.create=false and grant what `kube-event-bridge rbac` renders" $i $group) -}}
-{{- end -}}
-{{- if or (eq $r.resource "*") (hasSuffix "/*" $apiVersion) (eq $apiVersion "*") -}}
+{{- if or (eq $resource "*") (contains "*" $group) (eq $version "*") -}}
 {{- $wildcard = true -}}
 {{- end -}}
 {{- if $r.namespaceSelector -}}
 {{- $selector = true -}}
 {{- end -}}
-{{- $plural := include "kube-event-bridge.plural" (dict "resource" (required (printf "config.resources[%d].resource is required" $i) $r.resource) "plurals" $plurals) -}}
+{{- /* This entry's grants: a list of [group, plural]. */ -}}
+{{- $grants := list -}}
+{{- if eq $resource "*" -}}
+{{- $re := include "kube-event-bridge.globRegex" $group -}}
+{{- $matched := false -}}
+{{- range $g, $list := $served -}}
+{{- if regexMatch $re $g -}}
+{{- $matched = true -}}
+{{- range $p := $list -}}
+{{- if not (include "kube-event-bridge.excluded" (dict "entry" $r "version" $version "group" $g "plural" $p "plurals" $plurals)) -}}
+{{- $grants = append $grants (list $g $p) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if not $matched -}}
+{{- fail (printf "config.resources[%d] (apiVersion %s, resource \"*\") is a wildcard: the chart cannot ask discovery what it matches and never grants \"*\" (that would include subresources such as nodes/proxy and pods/exec, and excluded resources such as Secrets); list the resources of its API groups in rbac.wildcardResources (`kube-event-bridge rbac --config FILE` prints them), or set rbac.create=false and apply that output" $i $apiVersion) -}}
+{{- end -}}
+{{- else if contains "*" $group -}}
+{{- fail (printf "config.resources[%d].apiVersion: the group pattern %q needs resource: \"*\"" $i $group) -}}
+{{- else -}}
+{{- $plural := include "kube-event-bridge.plural" (dict "resource" $resource "plurals" $plurals) -}}
+{{- if not (regexMatch $pluralRe $plural) -}}
+{{- fail (printf "config.resources[%d].resource: %q resolves to %q, not the plural name of a resource (check rbac.plurals)" $i $resource $plural) -}}
+{{- end -}}
+{{- $grants = list (list $group $plural) -}}
+{{- end -}}
+{{- range $gp := $grants -}}
+{{- $g := index $gp 0 -}}
+{{- $p := index $gp 1 -}}
 {{- if $r.namespaces -}}
 {{- range $ns := $r.namespaces -}}
 {{- if not (hasKey $namespaces $ns) -}}
 {{- $_ := set $namespaces $ns dict -}}
 {{- end -}}
-{{- $grants := get $namespaces $ns -}}
-{{- $_ := set $grants $group (append (get $grants $group | default list) $plural | uniq | sortAlpha) -}}
+{{- $inNs := get $namespaces $ns -}}
+{{- $_ := set $inNs $g (append (get $inNs $g | default list) $p | uniq | sortAlpha) -}}
 {{- end -}}
 {{- else -}}
-{{- $_ := set $cluster $group (append (get $cluster $group | default list) $plural | uniq | sortAlpha) -}}
+{{- $_ := set $cluster $g (append (get $cluster $g | default list) $p | uniq | sortAlpha) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- if $selector -}}
@@ -163,13 +243,13 @@ A namespace grant the cluster grants already cover is dropped, as src/rbac.rs do
 {{- end }}
 
 {{/*
-Rules granting get, list, watch on a {API group: [plurals]} map.
+Rules granting list and watch (all the bridge does with them) on a {API group: [plurals]} map.
 */}}
 {{- define "kube-event-bridge.watchRules" -}}
 {{- range $group, $plurals := . }}
 - apiGroups: [{{ $group | quote }}]
   resources: {{ toJson $plurals }}
-  verbs: ["get", "list", "watch"]
+  verbs: ["list", "watch"]
 {{- end }}
 {{- end }}
 
