@@ -534,7 +534,9 @@ mod tests {
         s.shutting_down();
         assert!(!s.ready(), "false once shutdown starts");
         let stalled = watch(true);
-        stalled.status.set_stall("not_authorized", "Broker: Topic authorization failed");
+        stalled
+            .status
+            .set_stall("not_authorized", "Broker: Topic authorization failed");
         let s = State::new("kafka");
         s.set_watches(vec![watch(true), stalled]);
         let why = s.readiness().unwrap_err();

@@ -225,7 +225,12 @@ impl Pipeline {
         self.status
             .aborted_transactions
             .fetch_add(1, Ordering::Relaxed);
-        warn!(events = resend.len(), error = first_error.as_deref().unwrap_or("too large"), retry_in_ms = delay.as_millis() as u64, "a delivery failed inside the kafka transaction: aborting it and sending its events again");
+        warn!(
+            events = resend.len(),
+            error = first_error.as_deref().unwrap_or("too large"),
+            retry_in_ms = delay.as_millis() as u64,
+            "a delivery failed inside the kafka transaction: aborting it and sending its events again"
+        );
         tokio::time::sleep(delay).await;
         self.recover_transaction(st).await?;
         for event in resend {

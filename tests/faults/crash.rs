@@ -129,6 +129,8 @@ struct Report {
     delivered: usize,
     duplicates: usize,
     gaps: usize,
+    /// Of the gaps, those followed by a repaired event of the same object.
+    gaps_repaired: usize,
 }
 
 fn verify(events: &[Received], ledger: &Ledger) -> Report {
@@ -155,6 +157,7 @@ fn verify(events: &[Received], ledger: &Ledger) -> Report {
         );
     }
     let mut gaps = 0;
+    let mut gaps_repaired = 0;
     let mut expected = 0;
     for (name, writes) in &ledger.writes {
         let seen = per_object.get(name).cloned().unwrap_or_default();
@@ -167,7 +170,16 @@ fn verify(events: &[Received], ledger: &Ledger) -> Report {
             expected += 1;
             if !rvs.contains(w) {
                 gaps += 1;
-                eprintln!("gap: {name} rv {w} never arrived (saw {rvs:?})");
+                // Repaired: a later event of the object came from a relist.
+                let repaired = seen
+                    .iter()
+                    .any(|r| r.rv() > *w && r.ext("origin") == "repaired");
+                if repaired {
+                    gaps_repaired += 1;
+                }
+                eprintln!(
+                    "gap: {name} rv {w} never arrived (saw {rvs:?}; repaired later: {repaired})"
+                );
             }
         }
         let last = seen
@@ -193,6 +205,7 @@ fn verify(events: &[Received], ledger: &Ledger) -> Report {
         delivered: by_id.len(),
         duplicates,
         gaps,
+        gaps_repaired,
     }
 }
 
@@ -218,6 +231,8 @@ pub async fn crash_loop(sink: SinkKind, objects: usize, kills: usize) {
     let started = Instant::now();
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::StdRng::from_os_rng();
+    // Relists after 410 Gone across every bridge of the loop: only they may skip versions.
+    let mut relists = 0;
     for _ in 0..kills {
         tokio::time::sleep(Duration::from_millis(rng.random_range(150..900))).await;
         bridge.signal("KILL");
@@ -225,6 +240,7 @@ pub async fn crash_loop(sink: SinkKind, objects: usize, kills: usize) {
             .wait_exit(Duration::from_secs(10))
             .await
             .expect("killed");
+        relists += bridge.count_log("watch history lost, relisting");
         bridge = Bridge::start(&config);
     }
     work.await.unwrap();
@@ -233,18 +249,29 @@ pub async fn crash_loop(sink: SinkKind, objects: usize, kills: usize) {
     let ledger = Arc::try_unwrap(ledger).unwrap().into_inner().unwrap();
     let all = read_final_state(&mut reader, &ledger).await;
     let report = verify(&all, &ledger);
+    relists += bridge.count_log("watch history lost, relisting");
     eprintln!(
-        "crash loop {sink:?}: {kills} SIGKILLs over {workload_secs:.0}s, {} objects: events expected {}, delivered {}, duplicates before dedup {}, gaps {}",
+        "crash loop {sink:?}: {kills} SIGKILLs over {workload_secs:.0}s, {} objects: events expected {}, delivered {}, duplicates before dedup {}, gaps {}, relists after 410 {relists}",
         ledger.writes.len(),
         report.expected,
         report.delivered,
         report.duplicates,
         report.gaps
     );
-    assert_eq!(
-        report.gaps, 0,
-        "every change must arrive when outages stay inside the watch history"
-    );
+    if relists == 0 {
+        assert_eq!(
+            report.gaps, 0,
+            "every change must arrive when outages stay inside the watch history"
+        );
+    } else {
+        // The API server's watch cache is shared by every namespace: under load from other
+        // workloads its history can be shorter than a restart, and a 410 relist then replaces
+        // the versions it lost by the object's current state, marked repaired.
+        assert_eq!(
+            report.gaps, report.gaps_repaired,
+            "a version may be missing only where a repaired event replaced it"
+        );
+    }
     drop(bridge);
 }
 

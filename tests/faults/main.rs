@@ -21,6 +21,9 @@ use serde_json::json;
 use harness::{Bridge, Proxy, Reader, Received, SinkKind, kubeconfig_via, sink_yaml, summary};
 use support::{kube_client, unique_name, unique_namespace};
 
+/// Objects created around the start of a long outage.
+const BACKGROUND: usize = 40;
+
 /// Serializes the tests of this binary: each one stops shared components.
 static EXCLUSIVE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -62,9 +65,9 @@ fn tally(events: Vec<Received>) -> Tally {
     }
 }
 
-/// The broker stops while objects keep changing; when it returns, every change arrives, in order
-/// per object, and the bridge never dropped one.
-async fn broker_outage(sink: SinkKind, component: &str) {
+/// The broker stops while objects keep changing, for at least `hold`; when it returns, every
+/// change arrives, in order per object, and the bridge never dropped one.
+async fn broker_outage(sink: SinkKind, component: &str, kafka_extra: &str, hold: Duration) {
     let _guard = EXCLUSIVE.lock().await;
     let client = kube_client().await;
     let ns = unique_namespace(&client, "outage").await;
@@ -75,6 +78,9 @@ async fn broker_outage(sink: SinkKind, component: &str) {
     );
     if sink == SinkKind::Nats {
         config = config.replace("create: true}", "create: true, ackTimeoutSecs: 2}");
+    }
+    if sink == SinkKind::Kafka {
+        config.push_str(kafka_extra);
     }
     let topics = vec![format!("k8s.{cluster}.core.configmaps")];
     let mut bridge = Bridge::start(&config);
@@ -90,7 +96,24 @@ async fn broker_outage(sink: SinkKind, component: &str) {
             .await;
     }
 
+    // With a hold, changes keep coming while the broker stops, so that a transaction is open
+    // when it goes (the broker aborts it once the timeout passes).
+    let background = (!hold.is_zero()).then(|| {
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+        tokio::spawn(async move {
+            for i in 0..BACKGROUND {
+                cms.create(&PostParams::default(), &cm(&format!("bg{i}"), "0"))
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    });
+    if background.is_some() {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
     testenv("stop", component);
+    let stopped = std::time::Instant::now();
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let pp = PostParams::default();
     for i in 0..10 {
@@ -109,13 +132,22 @@ async fn broker_outage(sink: SinkKind, component: &str) {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(hold.saturating_sub(stopped.elapsed())).await;
     assert!(
         bridge.wait_exit(Duration::from_millis(10)).await.is_none(),
         "the bridge must ride out the outage"
     );
     testenv("start", component);
+    let background = match background {
+        Some(task) => {
+            task.await.unwrap();
+            BACKGROUND
+        }
+        None => 0,
+    };
 
-    // 1 + 10 adds + 10 modifies + 5 deletes, read from the start by a fresh consumer.
+    // 1 + 10 adds + 10 modifies + 5 deletes (+ the background adds), read from the start by a
+    // fresh consumer.
     let mut reader = Reader::for_sink(sink, &cluster, &topics, &bridge).await;
     let events = reader
         .read_until(Duration::from_secs(120), |got| {
@@ -123,7 +155,7 @@ async fn broker_outage(sink: SinkKind, component: &str) {
                 .map(|r| r.event.id().to_string())
                 .collect::<BTreeSet<_>>()
                 .len()
-                >= 26
+                >= 26 + background
         })
         .await;
     let mut all = events;
@@ -144,10 +176,21 @@ async fn broker_outage(sink: SinkKind, component: &str) {
             "{name}: resourceVersions go backwards: {rvs:?}"
         );
     }
+    for i in 0..background {
+        let changes: Vec<&str> = t.per_object[&format!("bg{i}")]
+            .iter()
+            .map(|r| r.change())
+            .collect();
+        assert_eq!(changes, ["added"], "bg{i}");
+    }
     eprintln!(
-        "{component} outage: 26 changes expected, {} objects, {} duplicates before dedup",
+        "{component} outage of {:.0} s: {} changes expected, {} objects, {} duplicates before dedup, {} transactions aborted and sent again",
+        hold.as_secs_f64().max(6.0),
+        26 + background,
         t.per_object.len(),
-        t.duplicates
+        t.duplicates,
+        bridge.count_log("kafka transaction did not commit: aborting it and sending its events again")
+            + bridge.count_log("a delivery failed inside the kafka transaction: aborting it and sending its events again")
     );
     assert!(
         bridge.log_text().contains("retrying") || sink == SinkKind::Kafka,
@@ -157,12 +200,25 @@ async fn broker_outage(sink: SinkKind, component: &str) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_outage_loses_nothing() {
-    broker_outage(SinkKind::Kafka, "kafka").await;
+    broker_outage(SinkKind::Kafka, "kafka", "", Duration::ZERO).await;
+}
+
+/// The broker aborts every transaction left open past `transactionTimeoutSecs`: an outage four
+/// times longer only pauses the watch, which aborts on its side and sends everything again.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_outage_longer_than_the_transaction_timeout_loses_nothing() {
+    broker_outage(
+        SinkKind::Kafka,
+        "kafka",
+        "    transactionTimeoutSecs: 6\ncheckpoint: {intervalMs: 200}\n",
+        Duration::from_secs(25),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn nats_outage_loses_nothing() {
-    broker_outage(SinkKind::Nats, "nats").await;
+    broker_outage(SinkKind::Nats, "nats", "", Duration::ZERO).await;
 }
 
 /// Changes the bridge cannot see (its connection is held off), then an API server restart so its

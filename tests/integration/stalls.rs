@@ -42,7 +42,11 @@ async fn create_topic_with(name: &str, configs: &[(&str, &str)]) {
         topic = topic.set(k, v);
     }
     let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    for result in admin.create_topics([&topic], &options).await.expect("create") {
+    for result in admin
+        .create_topics([&topic], &options)
+        .await
+        .expect("create")
+    {
         match result {
             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
             Err((t, code)) => panic!("cannot create Kafka topic {t}: {code}"),
@@ -54,8 +58,9 @@ async fn create_topic_with(name: &str, configs: &[(&str, &str)]) {
 
 /// Runs Kafka's own ACL tool against the test broker.
 fn kafka_acl(args: &[&str]) {
-    let libs = std::env::var("KEB_KAFKA_LIBS")
-        .expect("KEB_KAFKA_LIBS is not set: run the tests through scripts/test (scripts/testenv env)");
+    let libs = std::env::var("KEB_KAFKA_LIBS").expect(
+        "KEB_KAFKA_LIBS is not set: run the tests through scripts/test (scripts/testenv env)",
+    );
     let out = std::process::Command::new("java")
         .arg("-cp")
         .arg(format!("{libs}/*"))
@@ -171,15 +176,22 @@ async fn kafka_broker_refusing_a_record_inside_a_transaction_does_not_stall_the_
     // A restart resumes after all of it: only the new object arrives.
     bridge.signal("TERM");
     assert!(
-        bridge.wait_exit(Duration::from_secs(30)).await.is_some_and(|s| s.success()),
+        bridge
+            .wait_exit(Duration::from_secs(30))
+            .await
+            .is_some_and(|s| s.success()),
         "{}",
         bridge.log_text()
     );
     let again = Bridge::start(&config);
     again.wait_log("resuming from checkpoint").await;
-    cms.create(&pp, &cm("after-restart", json!({}))).await.unwrap();
+    cms.create(&pp, &cm("after-restart", json!({})))
+        .await
+        .unwrap();
     let replayed = reader
-        .read_until(WAIT, |got| got.iter().any(|r| r.ext("name") == "after-restart"))
+        .read_until(WAIT, |got| {
+            got.iter().any(|r| r.ext("name") == "after-restart")
+        })
         .await;
     let names: Vec<String> = replayed.iter().map(|r| r.ext("name")).collect();
     assert_eq!(
@@ -228,13 +240,21 @@ async fn kafka_refusal_of_every_event_pauses_the_watch_until_fixed() {
     assert!(why.contains("v1/configmaps"), "{why}");
     let metrics = get(&address, "/metrics").await.1;
     assert_eq!(
-        sample(&metrics, "kube_event_bridge_watch_stalled", "reason=\"not_authorized\""),
+        sample(
+            &metrics,
+            "kube_event_bridge_watch_stalled",
+            "reason=\"not_authorized\""
+        ),
         Some(1.0),
         "{metrics}"
     );
     assert!(
-        sample(&metrics, "kube_event_bridge_publish_failures_total", "reason=\"not_authorized\"")
-            .unwrap_or(0.0)
+        sample(
+            &metrics,
+            "kube_event_bridge_publish_failures_total",
+            "reason=\"not_authorized\""
+        )
+        .unwrap_or(0.0)
             >= 1.0,
         "{metrics}"
     );
@@ -247,7 +267,11 @@ async fn kafka_refusal_of_every_event_pauses_the_watch_until_fixed() {
         + bridge.count_log(
             "a delivery failed inside the kafka transaction: aborting it and sending its events again",
         );
-    assert!(attempts < 40, "{attempts} attempts: spinning\n{}", bridge.log_text());
+    assert!(
+        attempts < 40,
+        "{attempts} attempts: spinning\n{}",
+        bridge.log_text()
+    );
 
     kafka_acl(&[&["--remove", "--force"][..], &deny].concat());
     let mut reader = Reader::kafka(std::slice::from_ref(&topic)).await;
@@ -262,7 +286,11 @@ async fn kafka_refusal_of_every_event_pauses_the_watch_until_fixed() {
     bridge.wait_log("publishing again").await;
     let metrics = get(&address, "/metrics").await.1;
     assert_eq!(
-        sample(&metrics, "kube_event_bridge_watch_stalled", "reason=\"not_authorized\""),
+        sample(
+            &metrics,
+            "kube_event_bridge_watch_stalled",
+            "reason=\"not_authorized\""
+        ),
         Some(0.0),
         "{metrics}"
     );
@@ -309,7 +337,11 @@ async fn nats_publishing_that_keeps_failing_stalls_visibly_then_resumes() {
     assert!(why.contains("v1/configmaps"), "{why}");
     let metrics = get(&address, "/metrics").await.1;
     assert_eq!(
-        sample(&metrics, "kube_event_bridge_watch_stalled", "reason=\"publish_failing\""),
+        sample(
+            &metrics,
+            "kube_event_bridge_watch_stalled",
+            "reason=\"publish_failing\""
+        ),
         Some(1.0),
         "{metrics}"
     );
@@ -317,7 +349,9 @@ async fn nats_publishing_that_keeps_failing_stalls_visibly_then_resumes() {
         .wait_log("watch stalled: cannot publish; retrying until the cause is fixed")
         .await;
 
-    js.create_stream(stream_config).await.expect("recreate the stream");
+    js.create_stream(stream_config)
+        .await
+        .expect("recreate the stream");
     let mut reader = Reader::nats(&cluster).await;
     let events = reader
         .read_until(WAIT, |got| got.iter().any(|r| r.ext("name") == "stranded"))
