@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 /// Budget granularity: sizes are counted in KiB, rounded up.
 const UNIT: usize = 1024;
@@ -69,6 +69,33 @@ impl Budget {
     }
 }
 
+/// Forwards what arrives on `rx` to a channel of `capacity`, each item with its reservation of
+/// `size(item)` bytes, taken before it is queued: while the budget is spent, forwarding waits, and
+/// so does the sender behind `rx` once its own (small) channel is full. Ends when `rx` closes or
+/// the receiver is dropped.
+pub fn metered<T: Send + 'static>(
+    mut rx: mpsc::Receiver<T>,
+    capacity: usize,
+    budget: Budget,
+    size: fn(&T) -> usize,
+) -> mpsc::Receiver<(T, Reservation)> {
+    let (tx, out) = mpsc::channel(capacity);
+    tokio::spawn(async move {
+        while let Some(item) = rx.recv().await {
+            let bytes = size(&item);
+            let reservation = if bytes == 0 {
+                Reservation::none()
+            } else {
+                budget.reserve(bytes).await
+            };
+            if tx.send((item, reservation)).await.is_err() {
+                return;
+            }
+        }
+    });
+    out
+}
+
 /// The size of `value` serialized as JSON, without building the text.
 pub fn serialized_size(value: &impl serde::Serialize) -> usize {
     struct Count(usize);
@@ -117,6 +144,29 @@ mod tests {
         assert_eq!(budget.reserved_bytes(), 0);
         let _small = budget.reserve(1).await;
         assert_eq!(budget.reserved_bytes(), UNIT, "sizes round up to a unit");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn metered_items_wait_while_the_budget_is_spent() {
+        let (tx, rx) = mpsc::channel::<usize>(1);
+        let budget = Budget::new(8 * UNIT);
+        let mut out = metered(rx, 100, budget.clone(), |n| *n);
+        for _ in 0..4 {
+            tx.send(3 * UNIT).await.unwrap();
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let (first, r1) = out.recv().await.unwrap();
+        let (_, r2) = out.recv().await.unwrap();
+        assert_eq!(first, 3 * UNIT);
+        assert_eq!(
+            budget.reserved_bytes(),
+            6 * UNIT,
+            "a third would exceed 8 KiB"
+        );
+        assert!(out.try_recv().is_err(), "the third waits for room");
+        drop((r1, r2));
+        let (_, _r3) = out.recv().await.unwrap();
+        assert!(budget.reserved_bytes() >= 3 * UNIT);
     }
 
     #[test]

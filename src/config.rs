@@ -494,6 +494,12 @@ pub struct DeliveryConfig {
     /// Publishes awaiting acknowledgement per watch.
     #[serde(default = "default_max_in_flight")]
     pub max_in_flight: usize,
+    /// Bytes of objects per watch between reading them from the API server and the broker's
+    /// acknowledgement (queued, in flight, or in an open Kafka transaction); the watch pauses
+    /// while they are spent, so memory follows object sizes, not only event counts. LIST pages
+    /// are sized to a quarter of it. An object larger than the whole budget passes alone.
+    #[serde(default = "default_max_queue_bytes")]
+    pub max_queue_bytes: usize,
     /// How long SIGTERM waits for in-flight events before exiting.
     #[serde(default = "default_shutdown_grace_secs")]
     pub shutdown_grace_secs: u64,
@@ -504,6 +510,7 @@ impl Default for DeliveryConfig {
         Self {
             queue_capacity: default_queue_capacity(),
             max_in_flight: default_max_in_flight(),
+            max_queue_bytes: default_max_queue_bytes(),
             shutdown_grace_secs: default_shutdown_grace_secs(),
         }
     }
@@ -534,6 +541,12 @@ const fn default_ack_timeout_secs() -> u64 {
 /// About a second of a busy resource: enough to ride out short broker stalls.
 const fn default_queue_capacity() -> usize {
     1024
+}
+
+/// 64 MiB: thousands of ordinary objects, and a pod memory limit of 512 MiB holds it with room
+/// for the index and the broker client.
+const fn default_max_queue_bytes() -> usize {
+    64 << 20
 }
 
 /// Enough to keep a loopback broker busy; bounded so memory stays bounded.
@@ -663,6 +676,12 @@ impl ConfigFile {
         let d = &self.delivery;
         if d.queue_capacity == 0 {
             errors.push("delivery.queueCapacity: must be at least 1".into());
+        }
+        if !(1 << 20..=64 << 30).contains(&d.max_queue_bytes) {
+            errors.push(format!(
+                "delivery.maxQueueBytes: {} is out of range (1 MiB to 64 GiB)",
+                d.max_queue_bytes
+            ));
         }
         if d.max_in_flight == 0 {
             errors.push("delivery.maxInFlight: must be at least 1".into());

@@ -171,6 +171,8 @@ pub struct Event {
     pub data: Vec<u8>,
     /// When the change was received, for latency figures.
     pub received: Instant,
+    /// The watch's byte budget this event holds until it is settled (given back on drop).
+    pub budget: Option<crate::budget::Reservation>,
 }
 
 impl Event {
@@ -410,6 +412,7 @@ pub fn encode(
             truncated: false,
             data,
             received: Instant::now(),
+            budget: None,
         },
         object: published,
     })

@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
+use crate::budget::{self, Reservation};
 use crate::change::{Change, ChangeKind, Origin};
 use crate::checkpoint::{self, Checkpoint, Store};
 use crate::config::SnapshotPolicy;
@@ -259,7 +260,10 @@ impl Pipeline {
     /// Runs until the watch closes its side of the channel, then drains what is in flight and
     /// saves a last checkpoint. An error means this instance must stop (fenced, or the store
     /// failed in a way that leaves its state unknown).
-    pub async fn run(mut self, mut rx: mpsc::Receiver<Item>) -> Result<(), checkpoint::Error> {
+    pub async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<(Item, Reservation)>,
+    ) -> Result<(), checkpoint::Error> {
         let resumed = self.resume.take();
         let mut st = State {
             listed_once: resumed.is_some(),
@@ -343,14 +347,16 @@ impl Pipeline {
                 () = tokio::time::sleep_until(wake), if (pending || flushing) && idle => {}
                 () = tokio::time::sleep_until(heartbeat_wake.unwrap_or(wake)), if heartbeat_wake.is_some() && idle => {}
                 item = rx.recv(), if room && !due => {
-                    let Some(item) = item else { break };
+                    let Some((item, reservation)) = item else { break };
                     let step = self.classify(item, &mut st);
                     if let Some(rv) = step.position {
                         self.status.position.store(rv.parse().unwrap_or(0), Ordering::Relaxed);
                         st.position = Some(rv);
                     }
+                    // The item's budget goes with its event, if it makes one.
+                    let mut reservation = Some(reservation);
                     for change in step.change.into_iter().chain(step.deletes) {
-                        self.publish(change, &mut st).await?;
+                        self.publish(change, reservation.take(), &mut st).await?;
                     }
                 }
             }
@@ -366,7 +372,12 @@ impl Pipeline {
 
     /// Filters, encodes and sends one change. In diff mode, `st.previous` holds the last
     /// published version of each object.
-    async fn publish(&self, change: Change, st: &mut State) -> Result<(), checkpoint::Error> {
+    async fn publish(
+        &self,
+        change: Change,
+        budget: Option<Reservation>,
+        st: &mut State,
+    ) -> Result<(), checkpoint::Error> {
         self.status.observed[kind_index(change.kind)].fetch_add(1, Ordering::Relaxed);
         if change.origin == Origin::Repaired {
             self.status.repaired.fetch_add(1, Ordering::Relaxed);
@@ -378,7 +389,7 @@ impl Pipeline {
         let diff = self.info.payload == Mode::Diff;
         let uid = change.object.metadata.uid.as_deref().unwrap_or_default();
         let last = diff.then(|| st.previous.get(uid)).flatten();
-        let event = match encode::encode(&self.info, change, last.map(|b| &b[..])) {
+        let mut event = match encode::encode(&self.info, change, last.map(|b| &b[..])) {
             Ok(encoded) => {
                 if diff {
                     let uid: Box<str> = encoded.event.uid.as_str().into();
@@ -396,6 +407,7 @@ impl Pipeline {
                 return Ok(());
             }
         };
+        event.budget = budget;
         if !self.sink.ordered_in_flight() {
             // Never two publishes of one object awaiting acknowledgement at once.
             while st.flight.uids.contains_key(&event.uid) {
@@ -642,6 +654,14 @@ impl Pipeline {
         }
         st.last_commit = Instant::now();
         Ok(())
+    }
+}
+
+/// The bytes an item weighs in the watch's budget: its object's JSON size.
+pub fn item_bytes(item: &Item) -> usize {
+    match item {
+        Item::Event(_, object, _) | Item::Listed(object, _) => budget::serialized_size(object),
+        _ => 0,
     }
 }
 

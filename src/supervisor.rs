@@ -20,6 +20,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
+use crate::budget::{self, Budget};
 use crate::checkpoint::{self, WatchKey};
 use crate::config::Config;
 use crate::discovery::{self, ResolvedResource};
@@ -294,7 +295,15 @@ impl Supervisor {
             .await?;
         let resume = store.load().instrument(span.clone()).await?;
         let status = Arc::new(Status::default());
-        let (tx, rx) = mpsc::channel(config.delivery.queue_capacity);
+        // The watch hands each item over one at a time; it waits in the queue only once its
+        // bytes fit the watch's budget (`delivery.maxQueueBytes`).
+        let (tx, unmetered) = mpsc::channel(1);
+        let rx = budget::metered(
+            unmetered,
+            config.delivery.queue_capacity,
+            Budget::new(config.delivery.max_queue_bytes),
+            crate::pipeline::item_bytes,
+        );
         let start_rv = resume.as_ref().map(|c| c.resource_version.clone());
         let target = target(&self.client, r, namespace.as_deref(), self.refresh.clone());
         let cancel = self.stop.child_token();
