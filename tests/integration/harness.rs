@@ -172,6 +172,19 @@ impl Bridge {
         }
     }
 
+    /// The process's peak resident memory so far (`VmHWM`), in bytes.
+    pub fn peak_rss(&self) -> u64 {
+        let pid = self.child.as_ref().expect("the bridge runs").id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_else(|e| panic!("cannot read /proc/{pid}/status: {e}"));
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+            .expect("VmHWM in /proc/PID/status")
+    }
+
     /// Sends `signal` (`TERM`, `KILL`, `STOP`, `CONT`) to the process.
     pub fn signal(&self, signal: &str) {
         if let Some(child) = &self.child {

@@ -11,6 +11,7 @@ mod credentials;
 mod deploy;
 mod dynamic;
 mod harness;
+mod memory;
 mod shaping;
 mod stalls;
 mod support;

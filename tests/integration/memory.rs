@@ -1,0 +1,85 @@
+//! Memory follows the configuration, not the objects: a namespace of large Secrets (about
+//! 900 kB each, near the API server's limit) is listed and published by a bridge whose peak
+//! resident memory stays under the Helm chart's memory limit, because LIST pages are sized by
+//! bytes and `delivery.maxQueueBytes` bounds what is held between the API server and the broker.
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, PostParams};
+
+use crate::harness::{Bridge, Reader, SinkKind, sink_yaml};
+use crate::support::{kube_client, unique_name, unique_namespace};
+
+/// Secrets created, and the size of each one's value.
+const SECRETS: usize = 300;
+const SECRET_BYTES: usize = 900_000;
+
+/// The chart's `resources.limits.memory`, in bytes (a `Mi` quantity).
+fn chart_memory_limit() -> u64 {
+    let values = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/helm/kube-event-bridge/values.yaml"
+    ))
+    .expect("read the chart's values");
+    let limits = values
+        .split("limits:")
+        .nth(1)
+        .expect("resources.limits in the chart's values");
+    let mi: u64 = limits
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("memory:"))
+        .and_then(|m| m.trim().strip_suffix("Mi"))
+        .and_then(|m| m.parse().ok())
+        .expect("resources.limits.memory in Mi");
+    mi << 20
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_list_of_large_secrets_stays_under_the_charts_memory_limit() {
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, "bigsecrets").await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let value = ByteString(vec![b's'; SECRET_BYTES]);
+    for i in 0..SECRETS {
+        let secret = Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some(format!("s{i:04}")),
+                ..Default::default()
+            },
+            data: Some([("blob".to_string(), value.clone())].into()),
+            ..Default::default()
+        };
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap_or_else(|e| panic!("create secret {i}: {e}"));
+    }
+    let cluster = unique_name("c");
+    let config = format!(
+        "cluster: {cluster}\nresources:\n- {{apiVersion: v1, resource: secrets, namespaces: [{ns}]}}\n{}",
+        sink_yaml(SinkKind::Kafka, &cluster)
+    );
+    let topic = format!("k8s.{cluster}.core.secrets");
+    let mut bridge = Bridge::start(&config);
+    let mut reader = Reader::kafka(std::slice::from_ref(&topic)).await;
+    bridge.wait_synced(1).await;
+    let events = reader
+        .read_until(std::time::Duration::from_secs(120), |got| got.len() >= SECRETS)
+        .await;
+    assert_eq!(events.len(), SECRETS);
+    let peak = bridge.peak_rss();
+    let limit = chart_memory_limit();
+    eprintln!(
+        "{SECRETS} Secrets of {SECRET_BYTES} bytes ({} MiB) listed and published with a peak RSS of {} MiB (chart limit {} MiB)",
+        (SECRETS * SECRET_BYTES) >> 20,
+        peak >> 20,
+        limit >> 20
+    );
+    assert!(
+        peak < limit,
+        "peak resident memory {} MiB exceeds the chart's limit of {} MiB\nlog:\n{}",
+        peak >> 20,
+        limit >> 20,
+        bridge.log_text()
+    );
+}
