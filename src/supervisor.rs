@@ -292,10 +292,16 @@ impl Supervisor {
             .for_watch(&config, &self.sink, &key)
             .instrument(span.clone())
             .await?;
-        let resume = store.load().instrument(span.clone()).await?;
+        let info = Arc::new(ResourceInfo::new(&config.cluster, r, &self.api_server));
+        store.set_redacted(info.redacts());
         let status = Arc::new(Status::default());
+        // A checkpoint that cannot be decoded comes back as a repair (no resourceVersion: list).
+        let resume = store
+            .load(&status.checkpoints_corrupt)
+            .instrument(span.clone())
+            .await?;
         let (tx, rx) = mpsc::channel(config.delivery.queue_capacity);
-        let start_rv = resume.as_ref().map(|c| c.resource_version.clone());
+        let start_rv = resume.as_ref().and_then(|c| c.resource_version.clone());
         let target = target(&self.client, r, namespace.as_deref(), self.refresh.clone());
         let cancel = self.stop.child_token();
         self.generation += 1;
@@ -312,7 +318,7 @@ impl Supervisor {
             warn!(resource = %r.label(), "Secret redaction is OFF for this resource: secret values will be published in clear");
         }
         let pipeline = Pipeline {
-            info: Arc::new(ResourceInfo::new(&config.cluster, r, &self.api_server)),
+            info,
             events: r.config.events.clone(),
             sink,
             max_in_flight: config.delivery.max_in_flight,
