@@ -415,8 +415,15 @@ impl Store {
             Backend::File(s) => s.load().await?,
             Backend::Memory => None,
         };
+        let digests = self.digests;
         Ok(found.map(|found| match found {
-            Found::Intact(checkpoint) => checkpoint,
+            Found::Intact(mut checkpoint) => {
+                if !digests && checkpoint.known.has_digests() {
+                    // Written before the resource redacted: rewritten without them at the first save.
+                    checkpoint.known.mark_all_dirty();
+                }
+                checkpoint
+            }
             Found::Damaged { problem, known } => {
                 corrupt.fetch_add(1, Ordering::Relaxed);
                 error!(
@@ -672,6 +679,9 @@ mod tests {
         plain.save("1", &mut known).await.unwrap();
         let loaded = plain.load(&corrupt).await.unwrap().unwrap();
         assert_eq!(loaded.known.get("s").unwrap().digest, secret_digest);
+        // Redaction turned on later: the stored digests are rewritten away at the next save.
+        let mut loaded = store.load(&corrupt).await.unwrap().unwrap();
+        assert_eq!(loaded.known.take_dirty().len(), BUCKETS);
     }
 
     #[test]

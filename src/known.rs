@@ -255,6 +255,14 @@ impl KnownObjects {
         std::mem::take(&mut self.dirty)
     }
 
+    /// Whether any entry holds a content digest.
+    pub fn has_digests(&self) -> bool {
+        self.buckets
+            .iter()
+            .flat_map(HashMap::values)
+            .any(|e| e.digest != 0)
+    }
+
     /// Marks every bucket changed (a first checkpoint writes them all).
     pub fn mark_all_dirty(&mut self) {
         self.dirty = (0..BUCKETS).collect();
