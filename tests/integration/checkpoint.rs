@@ -607,6 +607,31 @@ async fn nats_damaged_checkpoint_bucket_is_repaired_keeping_the_rest() {
         "{}",
         second.log_text()
     );
+    // The repair's checkpoint swaps the damaged meta record (no fencing) and rewrites the
+    // broken bucket.
+    let meta_key = format!("{}.meta", key.id);
+    let broken_generation = generation.to_string();
+    let rewritten = crate::support::wait_until(
+        "the repaired checkpoint replaces the damaged one",
+        Duration::from_secs(60),
+        || {
+            let (kv, meta_key) = (kv.clone(), meta_key.clone());
+            let broken_generation = broken_generation.clone();
+            async move {
+                let stored = kv.get(meta_key).await.ok()??;
+                let meta: serde_json::Value = serde_json::from_slice(&stored).ok()?;
+                let now = meta["buckets"][broken.to_string()].as_str()?.to_string();
+                (now != broken_generation).then_some(meta)
+            }
+        },
+    )
+    .await;
+    assert_eq!(rewritten["version"], 2, "{rewritten}");
+    assert_eq!(rewritten["objects"], 4, "{rewritten}");
+    assert_eq!(
+        second.count_log("fenced: another instance owns this watch now"),
+        0
+    );
 }
 
 /// A checkpoint written for another cluster with the same `cluster` name is refused at start
