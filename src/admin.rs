@@ -328,6 +328,12 @@ impl State {
             s.checkpoints.load(Ordering::Relaxed).to_string()
         });
         m.per_watch(
+            "checkpoints_corrupt_total",
+            "counter",
+            "Stored checkpoints that could not be decoded; the watch listed again to repair.",
+            |s| s.checkpoints_corrupt.load(Ordering::Relaxed).to_string(),
+        );
+        m.per_watch(
             "checkpoint_age_seconds",
             "gauge",
             "Time since the last checkpoint was saved (-1 before the first).",

@@ -1,25 +1,36 @@
 //! Durable progress per watch: the resourceVersion up to which every event is acknowledged, plus
 //! the known-object index needed to find deletions after a long gap. Stored where the events go:
 //!
-//! - Kafka: records in a compacted topic, written in the same transaction as the events they
-//!   cover (one `transactional.id` per watch, which also fences an older instance);
-//! - NATS JetStream: a KV bucket; index buckets are written under fresh keys, then the meta record
-//!   is swapped with compare-and-swap on its revision, which fences a stale writer;
-//! - stdout: an optional local file, replaced atomically.
+//! - Kafka ([`kafka`]): records in a compacted single-partition topic, written in the same
+//!   transaction as the events they cover (one `transactional.id` per watch, which also fences an
+//!   older instance);
+//! - NATS JetStream ([`nats`]): a KV bucket; index buckets are written under fresh keys, then the
+//!   meta record is swapped with compare-and-swap on its revision, which fences a stale writer;
+//! - stdout ([`file`]): an optional local file, replaced atomically.
 //!
 //! A checkpoint is only saved when every event before it has been acknowledged (see
-//! [`crate::pipeline`]).
+//! [`crate::pipeline`]). It belongs to one cluster: the meta record carries the uid of the
+//! cluster's `kube-system` namespace, and a checkpoint of another cluster is refused.
+//!
+//! A checkpoint that cannot be decoded never keeps the bridge down: [`Store::load`] logs it,
+//! counts it and hands the watch a repair (see [`Checkpoint::resource_version`]).
+
+pub mod file;
+pub mod kafka;
+pub mod nats;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use async_nats::jetstream::kv;
-use bytes::Bytes;
+use k8s_openapi::api::core::v1::Namespace;
 use serde::{Deserialize, Serialize};
+use tracing::error;
 
-use crate::known::{BUCKETS, KnownObjects};
-use crate::sink::kafka::KafkaSink;
+pub use file::FileStore;
+pub use kafka::KafkaStore;
+pub use nats::{NatsStore, nats_bucket};
+
+use crate::known::{BUCKETS, Encoding, KnownObjects};
 
 /// Errors of loading or saving checkpoints.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +49,37 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// The stored checkpoint was written for another cluster that has the same `cluster` name.
+    #[error(
+        "checkpoint of watch {watch} belongs to another cluster: `cluster: {cluster}` names the \
+         cluster whose kube-system namespace has uid {actual}, but the checkpoint was written for \
+         uid {stored}; give each cluster its own `cluster` name, or delete the checkpoint \
+         (`kube-event-bridge snapshot`) if the cluster was rebuilt"
+    )]
+    OtherCluster {
+        /// The watch.
+        watch: String,
+        /// The configured `cluster` name.
+        cluster: String,
+        /// The uid stored in the checkpoint.
+        stored: String,
+        /// The uid of this cluster's kube-system namespace.
+        actual: String,
+    },
+    /// The cluster's identity could not be read.
+    #[error(
+        "cannot read the uid of namespace kube-system, the cluster identity checkpoints are tied \
+         to (the bridge needs `get` on namespaces/kube-system)"
+    )]
+    Identity(#[source] kube::Error),
+    /// The Kafka checkpoint topic cannot hold checkpoints safely.
+    #[error("checkpoint topic {topic}: {problem}")]
+    Topic {
+        /// The topic (`checkpoint.kafkaTopic`).
+        topic: String,
+        /// What is wrong, and the fix.
+        problem: String,
+    },
     /// The store failed.
     #[error("checkpoint store {store}: {message}")]
     Store {
@@ -50,6 +92,27 @@ pub enum Error {
 
 /// A `Result` with this module's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The cluster checkpoints belong to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cluster {
+    /// The configured `cluster` name.
+    pub name: String,
+    /// The uid of its `kube-system` namespace, which lives as long as the cluster.
+    pub uid: String,
+}
+
+impl Cluster {
+    /// Reads the identity of the cluster `client` talks to (one GET of namespace `kube-system`).
+    pub async fn identify(name: &str, client: &kube::Client) -> Result<Self> {
+        let api: kube::Api<Namespace> = kube::Api::all(client.clone());
+        let ns = api.get("kube-system").await.map_err(Error::Identity)?;
+        Ok(Self {
+            name: name.into(),
+            uid: ns.metadata.uid.unwrap_or_default(),
+        })
+    }
+}
 
 /// The identity of a watch, stable across restarts: cluster, resource, namespace and selectors.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,58 +180,274 @@ impl WatchKey {
 /// What a checkpoint holds.
 #[derive(Debug)]
 pub struct Checkpoint {
-    /// Every event up to here is acknowledged.
-    pub resource_version: String,
+    /// Every event up to here is acknowledged. `None` for a repair: the stored checkpoint could
+    /// not be decoded, so the watch lists again (a relist, published as `repaired`) and diffs the
+    /// listing against [`Checkpoint::known`], which holds the part of the index that could be
+    /// read (possibly nothing: then every listed object is published as a repaired `added`).
+    pub resource_version: Option<String>,
     /// The objects known at that point.
     pub known: KnownObjects,
 }
 
+/// The version of the meta records (and bucket encoding) this build writes. Version 1 (text
+/// buckets) is still read; its first save rewrites every bucket in version 2.
+const VERSION: u32 = 2;
+
 /// The meta record.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Meta {
     version: u32,
     watch: String,
     resource_version: String,
     objects: usize,
-    /// NATS only: the key suffix holding each non-empty bucket.
+    /// NATS only: the key suffix (generation) holding each non-empty bucket.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     buckets: BTreeMap<usize, String>,
+    /// The uid of the cluster's kube-system namespace; absent in checkpoints written before
+    /// checkpoints were tied to a cluster (those are adopted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cluster_uid: Option<String>,
+}
+
+impl Meta {
+    /// A meta record for the current state of `known`.
+    fn new(
+        key: &WatchKey,
+        cluster: Option<&Cluster>,
+        resource_version: &str,
+        known: &KnownObjects,
+    ) -> Self {
+        Self {
+            version: VERSION,
+            watch: key.description.clone(),
+            resource_version: resource_version.into(),
+            objects: known.len(),
+            buckets: BTreeMap::new(),
+            cluster_uid: cluster.map(|c| c.uid.clone()),
+        }
+    }
+
+    /// Decodes a stored meta record; anything unexpected is [`Error::Corrupt`].
+    fn decode(key: &WatchKey, stored: &[u8]) -> Result<Self> {
+        let meta: Meta = serde_json::from_slice(stored)
+            .map_err(|e| corrupt(key, format!("meta record: {e}")))?;
+        if !(1..=VERSION).contains(&meta.version) {
+            return Err(corrupt(
+                key,
+                format!(
+                    "meta record version {} is unknown (this build reads 1 to {VERSION})",
+                    meta.version
+                ),
+            ));
+        }
+        for (b, generation) in &meta.buckets {
+            if *b >= BUCKETS {
+                return Err(corrupt(
+                    key,
+                    format!("meta record names bucket {b}, out of range"),
+                ));
+            }
+            if generation.len() != 16 || !generation.bytes().all(|c| c.is_ascii_hexdigit()) {
+                return Err(corrupt(
+                    key,
+                    format!(
+                        "meta record names bucket {b} generation {generation:?}, not 16 hex digits"
+                    ),
+                ));
+            }
+        }
+        Ok(meta)
+    }
+
+    /// Refuses a checkpoint of another cluster with the same name.
+    fn check_cluster(&self, key: &WatchKey, cluster: Option<&Cluster>) -> Result<()> {
+        match (&self.cluster_uid, cluster) {
+            (Some(stored), Some(c)) if *stored != c.uid => Err(Error::OtherCluster {
+                watch: key.description.clone(),
+                cluster: c.name.clone(),
+                stored: stored.clone(),
+                actual: c.uid.clone(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    fn encoding(&self) -> Encoding {
+        if self.version == 1 {
+            Encoding::Text
+        } else {
+            Encoding::Json
+        }
+    }
+
+    fn to_bytes(&self) -> Vec<u8> {
+        // Strings and integers always serialize.
+        serde_json::to_vec(self).expect("meta serializes")
+    }
+}
+
+/// A stored checkpoint, decoded.
+#[derive(Debug)]
+enum Found {
+    /// Everything decoded.
+    Intact(Checkpoint),
+    /// Not everything could be decoded: what is wrong, and the part of the index that could.
+    Damaged {
+        /// An [`Error::Corrupt`].
+        problem: Error,
+        /// The buckets that decoded.
+        known: KnownObjects,
+    },
+}
+
+impl Found {
+    /// A checkpoint whose meta record cannot be decoded: its index is unusable (which encoding
+    /// its buckets use, or where they are, is unknown).
+    fn unreadable(problem: Error) -> Self {
+        Found::Damaged {
+            problem,
+            known: KnownObjects::default(),
+        }
+    }
+
+    /// Decodes the index `meta` describes from its bucket records (`None`: a record the meta
+    /// record names is missing). `problems` are those already found reading the records. A
+    /// bucket that cannot be decoded stays empty and makes the checkpoint damaged.
+    fn assemble<'a>(
+        key: &WatchKey,
+        meta: Meta,
+        buckets: impl IntoIterator<Item = (usize, Option<&'a [u8]>)>,
+        mut problems: Vec<String>,
+    ) -> Self {
+        let mut known = KnownObjects::default();
+        for (b, stored) in buckets {
+            match stored {
+                None => problems.push(format!("bucket {b} is missing")),
+                Some(stored) => {
+                    if let Err(e) = known.decode_bucket(b, stored, meta.encoding()) {
+                        problems.push(e.to_string());
+                    }
+                }
+            }
+        }
+        if problems.is_empty() && meta.objects != known.len() {
+            problems.push(format!(
+                "meta record says {} objects, buckets hold {}",
+                meta.objects,
+                known.len()
+            ));
+        }
+        if let Some(first) = problems.first() {
+            let more = match problems.len() {
+                1 => String::new(),
+                n => format!(" (and {} more problems)", n - 1),
+            };
+            return Found::Damaged {
+                problem: corrupt(key, format!("{first}{more}")),
+                known,
+            };
+        }
+        if meta.version < VERSION {
+            // Rewrite every bucket in the current encoding at the first save.
+            known.mark_all_dirty();
+        }
+        Found::Intact(Checkpoint {
+            resource_version: Some(meta.resource_version),
+            known,
+        })
+    }
 }
 
 /// Where one watch's checkpoints live.
 #[derive(Debug)]
 #[expect(clippy::large_enum_variant, reason = "one value per watch")]
-pub enum Store {
+pub enum Backend {
     /// Kafka: compacted topic, in the events' transaction.
     Kafka(KafkaStore),
     /// NATS JetStream KV.
     Nats(NatsStore),
     /// A local file.
     File(FileStore),
-    /// Not persisted (stdout without a checkpoint file).
+    /// Not persisted (stdout without a checkpoint file, or checkpoints disabled).
     Memory,
 }
 
+/// One watch's checkpoint store.
+#[derive(Debug)]
+pub struct Store {
+    backend: Backend,
+    /// Whether content digests are stored (see [`Store::set_redacted`]).
+    digests: bool,
+}
+
 impl Store {
-    /// Loads the last saved checkpoint, if any.
-    pub async fn load(&mut self) -> Result<Option<Checkpoint>> {
-        match self {
-            Store::Kafka(s) => s.load().await,
-            Store::Nats(s) => s.load().await,
-            Store::File(s) => s.load().await,
-            Store::Memory => Ok(None),
+    /// A store on `backend`.
+    pub fn new(backend: Backend) -> Self {
+        Self {
+            backend,
+            digests: true,
         }
+    }
+
+    /// Declares that the watched resource's events hide values (Secret data, `redact`
+    /// pointers). Its content digests are then kept in memory only, and stored as 0 (unknown):
+    /// a digest is a fast hash of the whole object before redaction, so whoever can read the
+    /// checkpoint topic or bucket could test guesses of the hidden values against it offline.
+    /// Keying the digest with a per-process secret would also prevent that, but a stored digest
+    /// is only ever compared after a restart, when a new process would have a new key: it could
+    /// never match, so storing nothing loses nothing. Within a run noise suppression is
+    /// unchanged; after a restart the first update of each such object is published even if
+    /// only noise changed.
+    pub fn set_redacted(&mut self, redacted: bool) {
+        self.digests = !redacted;
+    }
+
+    /// Loads the last saved checkpoint, if any. A checkpoint that cannot be decoded (corrupt,
+    /// or of an unknown version) is logged at error level, counted in `corrupt` and returned as
+    /// a repair (no resourceVersion, the part of the index that could be read), so the watch
+    /// lists again instead of keeping the bridge down. Errors are the store's failures, fencing
+    /// and a checkpoint of another cluster.
+    pub async fn load(&mut self, corrupt: &AtomicU64) -> Result<Option<Checkpoint>> {
+        let found = match &mut self.backend {
+            Backend::Kafka(s) => s.load().await?,
+            Backend::Nats(s) => s.load().await?,
+            Backend::File(s) => s.load().await?,
+            Backend::Memory => None,
+        };
+        let digests = self.digests;
+        Ok(found.map(|found| match found {
+            Found::Intact(mut checkpoint) => {
+                if !digests && checkpoint.known.has_digests() {
+                    // Written before the resource redacted: rewritten without them at the first save.
+                    checkpoint.known.mark_all_dirty();
+                }
+                checkpoint
+            }
+            Found::Damaged { problem, known } => {
+                corrupt.fetch_add(1, Ordering::Relaxed);
+                error!(
+                    error = %problem,
+                    objects_recovered = known.len(),
+                    "checkpoint cannot be decoded: listing again to repair, the listing is published as repaired"
+                );
+                Checkpoint {
+                    resource_version: None,
+                    known,
+                }
+            }
+        }))
     }
 
     /// Saves progress up to `resource_version`: the changed index buckets and the meta record.
     /// Called only when every event before it is acknowledged.
     pub async fn save(&mut self, resource_version: &str, known: &mut KnownObjects) -> Result<()> {
-        match self {
-            Store::Kafka(s) => s.save(resource_version, known).await,
-            Store::Nats(s) => s.save(resource_version, known).await,
-            Store::File(s) => s.save(resource_version, known).await,
-            Store::Memory => {
+        let digests = self.digests;
+        match &mut self.backend {
+            Backend::Kafka(s) => s.save(resource_version, known, digests).await,
+            Backend::Nats(s) => s.save(resource_version, known, digests).await,
+            Backend::File(s) => s.save(resource_version, known, digests).await,
+            Backend::Memory => {
                 known.take_dirty();
                 Ok(())
             }
@@ -179,47 +458,17 @@ impl Store {
     /// instance that owns the watch is fenced by this (Kafka: a newer transactional producer;
     /// NATS: the meta revision changes) and exits, to be restarted.
     pub async fn reset(&mut self) -> Result<()> {
-        match self {
-            Store::Kafka(s) => {
-                let mut records: Vec<(String, Option<Vec<u8>>)> = (0..BUCKETS)
-                    .map(|b| (format!("{}/b/{b}", s.key.id), None))
-                    .collect();
-                records.push((format!("{}/meta", s.key.id), None));
-                s.sink
-                    .commit_tombstones(&s.topic, records)
-                    .await
-                    .map_err(|e| Error::Store {
-                        store: "kafka",
-                        message: e.to_string(),
-                    })
-            }
-            Store::Nats(s) => {
-                s.kv.purge(format!("{}.meta", s.key.id))
-                    .await
-                    .map_err(NatsStore::err)
-            }
-            Store::File(s) => match tokio::fs::remove_file(&s.path).await {
-                Ok(()) => Ok(()),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(FileStore::err(e)),
-            },
-            Store::Memory => Ok(()),
+        match &mut self.backend {
+            Backend::Kafka(s) => s.reset().await,
+            Backend::Nats(s) => s.reset().await,
+            Backend::File(s) => s.reset().await,
+            Backend::Memory => Ok(()),
         }
     }
 
     /// Whether checkpoints survive a restart.
     pub fn durable(&self) -> bool {
-        !matches!(self, Store::Memory)
-    }
-}
-
-fn meta(key: &WatchKey, resource_version: &str, known: &KnownObjects) -> Meta {
-    Meta {
-        version: 1,
-        watch: key.description.clone(),
-        resource_version: resource_version.into(),
-        objects: known.len(),
-        buckets: BTreeMap::new(),
+        !matches!(self.backend, Backend::Memory)
     }
 }
 
@@ -230,311 +479,56 @@ fn corrupt(key: &WatchKey, message: impl std::fmt::Display) -> Error {
     }
 }
 
-/// Kafka checkpoints: `{id}/meta` and `{id}/b/{bucket}` records in a compacted topic.
-#[derive(Debug)]
-pub struct KafkaStore {
-    /// The watch.
-    pub key: WatchKey,
-    /// The watch's transactional sink (events and checkpoints share its transactions).
-    pub sink: Arc<KafkaSink>,
-    /// The compacted checkpoint topic.
-    pub topic: String,
-}
-
-impl KafkaStore {
-    async fn load(&self) -> Result<Option<Checkpoint>> {
-        let prefix = format!("{}/", self.key.id);
-        let records = self
-            .sink
-            .read_compacted(&self.topic, &prefix)
-            .await
-            .map_err(|e| Error::Store {
-                store: "kafka",
-                message: e.to_string(),
-            })?;
-        let Some(meta_bytes) = records.get(&format!("{prefix}meta")) else {
-            return Ok(None);
-        };
-        let meta: Meta = serde_json::from_slice(meta_bytes).map_err(|e| corrupt(&self.key, e))?;
-        let mut known = KnownObjects::default();
-        for b in 0..BUCKETS {
-            if let Some(text) = records.get(&format!("{prefix}b/{b}")) {
-                known
-                    .decode_bucket(b, &String::from_utf8_lossy(text))
-                    .map_err(|e| corrupt(&self.key, e))?;
-            }
-        }
-        loaded(&self.key, meta, known)
-    }
-
-    async fn save(&self, resource_version: &str, known: &mut KnownObjects) -> Result<()> {
-        let mut records = Vec::new();
-        for b in known.take_dirty() {
-            records.push((
-                format!("{}/b/{b}", self.key.id),
-                known.encode_bucket(b).into_bytes(),
-            ));
-        }
-        let m =
-            serde_json::to_vec(&meta(&self.key, resource_version, known)).expect("meta serializes");
-        records.push((format!("{}/meta", self.key.id), m));
-        self.sink
-            .commit_with(&self.topic, records)
-            .await
-            .map_err(|e| match e {
-                crate::sink::kafka::CommitError::Fenced => Error::Fenced {
-                    watch: self.key.description.clone(),
-                },
-                other => Error::Store {
-                    store: "kafka",
-                    message: other.to_string(),
-                },
-            })
-    }
-}
-
-/// Checks a loaded index against its meta record and wraps it as the loaded checkpoint (nothing
-/// dirty: it is what the store holds).
-fn loaded(key: &WatchKey, meta: Meta, mut known: KnownObjects) -> Result<Option<Checkpoint>> {
-    known.take_dirty();
-    if meta.objects != known.len() {
-        return Err(corrupt(
-            key,
-            format!(
-                "meta says {} objects, buckets hold {}",
-                meta.objects,
-                known.len()
-            ),
-        ));
-    }
-    Ok(Some(Checkpoint {
-        resource_version: meta.resource_version,
-        known,
-    }))
-}
-
-/// NATS checkpoints in a KV bucket: `{id}.meta` (compare-and-swap) and `{id}.b{bucket}.{generation}`.
-#[derive(Debug)]
-pub struct NatsStore {
-    /// The watch.
-    pub key: WatchKey,
-    /// The KV bucket.
-    pub kv: kv::Store,
-    revision: Option<u64>,
-    buckets: BTreeMap<usize, String>,
-}
-
-impl NatsStore {
-    /// A store for one watch in `kv`.
-    pub fn new(key: WatchKey, kv: kv::Store) -> Self {
-        Self {
-            key,
-            kv,
-            revision: None,
-            buckets: BTreeMap::new(),
-        }
-    }
-
-    fn err(e: impl std::fmt::Display) -> Error {
-        Error::Store {
-            store: "nats",
-            message: e.to_string(),
-        }
-    }
-
-    async fn load(&mut self) -> Result<Option<Checkpoint>> {
-        let Some(entry) = self
-            .kv
-            .entry(format!("{}.meta", self.key.id))
-            .await
-            .map_err(Self::err)?
-        else {
-            return Ok(None);
-        };
-        if entry.value.is_empty() {
-            return Ok(None);
-        }
-        let meta: Meta = serde_json::from_slice(&entry.value).map_err(|e| corrupt(&self.key, e))?;
-        let mut known = KnownObjects::default();
-        for (b, generation) in &meta.buckets {
-            let text = self
-                .kv
-                .get(format!("{}.b{b}.{generation}", self.key.id))
-                .await
-                .map_err(Self::err)?
-                .ok_or_else(|| {
-                    corrupt(
-                        &self.key,
-                        format!("bucket {b} generation {generation} is missing"),
-                    )
-                })?;
-            known
-                .decode_bucket(*b, &String::from_utf8_lossy(&text))
-                .map_err(|e| corrupt(&self.key, e))?;
-        }
-        self.revision = Some(entry.revision);
-        self.buckets = meta.buckets.clone();
-        loaded(&self.key, meta, known)
-    }
-
-    async fn save(&mut self, resource_version: &str, known: &mut KnownObjects) -> Result<()> {
-        let generation = format!("{:016x}", random_u64());
-        let mut buckets = self.buckets.clone();
-        let mut replaced = Vec::new();
-        for b in known.take_dirty() {
-            let text = known.encode_bucket(b);
-            if let Some(old) = buckets.remove(&b) {
-                replaced.push(format!("{}.b{b}.{old}", self.key.id));
-            }
-            if !text.is_empty() {
-                self.kv
-                    .put(
-                        format!("{}.b{b}.{generation}", self.key.id),
-                        Bytes::from(text),
-                    )
-                    .await
-                    .map_err(Self::err)?;
-                buckets.insert(b, generation.clone());
-            }
-        }
-        let mut m = meta(&self.key, resource_version, known);
-        m.buckets = buckets.clone();
-        let value = Bytes::from(serde_json::to_vec(&m).expect("meta serializes"));
-        let meta_key = format!("{}.meta", self.key.id);
-        let revision = match self.revision {
-            Some(rev) => self.kv.update(&meta_key, value, rev).await.map_err(|e| {
-                if e.kind() == kv::UpdateErrorKind::WrongLastRevision {
-                    Error::Fenced {
-                        watch: self.key.description.clone(),
-                    }
-                } else {
-                    Self::err(e)
-                }
-            })?,
-            None => self.kv.create(&meta_key, value).await.map_err(|e| {
-                if e.kind() == kv::CreateErrorKind::AlreadyExists {
-                    Error::Fenced {
-                        watch: self.key.description.clone(),
-                    }
-                } else {
-                    Self::err(e)
-                }
-            })?,
-        };
-        self.revision = Some(revision);
-        self.buckets = buckets;
-        for key in replaced {
-            // Best effort: an orphaned old generation is harmless, only space.
-            let _ = self.kv.purge(key).await;
-        }
-        Ok(())
-    }
-}
-
-/// Opens (creating if allowed) the KV bucket for checkpoints.
-pub async fn nats_bucket(js: &async_nats::jetstream::Context, name: &str) -> Result<kv::Store> {
-    match js.get_key_value(name).await {
-        Ok(store) => Ok(store),
-        Err(_) => js
-            .create_key_value(kv::Config {
-                bucket: name.into(),
-                history: 1,
-                description: "kube-event-bridge checkpoints".into(),
-                ..Default::default()
-            })
-            .await
-            .map_err(NatsStore::err),
-    }
-}
-
-/// A checkpoint file for the stdout sink: the meta record as the first line, then one
-/// `bucket\tline` per object; replaced atomically (write, fsync, rename).
-#[derive(Debug)]
-pub struct FileStore {
-    /// The watch.
-    pub key: WatchKey,
-    /// The file (one per watch, named after its id, in the configured directory).
-    pub path: PathBuf,
-}
-
-impl FileStore {
-    fn err(e: impl std::fmt::Display) -> Error {
-        Error::Store {
-            store: "file",
-            message: e.to_string(),
-        }
-    }
-
-    async fn load(&self) -> Result<Option<Checkpoint>> {
-        let text = match tokio::fs::read_to_string(&self.path).await {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(Self::err(format!("{}: {e}", self.path.display()))),
-        };
-        let (head, body) = text.split_once('\n').unwrap_or((&text, ""));
-        let meta: Meta = serde_json::from_str(head).map_err(|e| corrupt(&self.key, e))?;
-        let mut per_bucket: BTreeMap<usize, String> = BTreeMap::new();
-        for line in body.lines() {
-            let (b, rest) = line
-                .split_once('\t')
-                .ok_or_else(|| corrupt(&self.key, "line without bucket"))?;
-            let b: usize = b.parse().map_err(|e| corrupt(&self.key, e))?;
-            let text = per_bucket.entry(b).or_default();
-            text.push_str(rest);
-            text.push('\n');
-        }
-        let mut known = KnownObjects::default();
-        for (b, text) in per_bucket {
-            if b >= BUCKETS {
-                return Err(corrupt(&self.key, format!("bucket {b} out of range")));
-            }
-            known
-                .decode_bucket(b, &text)
-                .map_err(|e| corrupt(&self.key, e))?;
-        }
-        loaded(&self.key, meta, known)
-    }
-
-    async fn save(&self, resource_version: &str, known: &mut KnownObjects) -> Result<()> {
-        known.take_dirty();
-        let mut out = serde_json::to_string(&meta(&self.key, resource_version, known))
-            .expect("meta serializes");
-        out.push('\n');
-        for b in 0..BUCKETS {
-            for line in known.encode_bucket(b).lines() {
-                out.push_str(&format!("{b}\t{line}\n"));
-            }
-        }
-        let tmp = self.path.with_extension("tmp");
-        let path = self.path.clone();
-        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(out.as_bytes())?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &path)
-        })
-        .await
-        .map_err(Self::err)?
-        .map_err(|e| Self::err(format!("{}: {e}", self.path.display())))
-    }
-}
-
-fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    h.finish()
-}
-
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
+    use proptest::prelude::*;
+
     use super::*;
+    use crate::known::bucket_of;
+
+    fn key() -> WatchKey {
+        WatchKey::new(
+            "dev",
+            "rbac.authorization.k8s.io/v1",
+            "roles",
+            None,
+            None,
+            None,
+        )
+    }
+
+    fn cluster(uid: &str) -> Cluster {
+        Cluster {
+            name: "dev".into(),
+            uid: uid.into(),
+        }
+    }
+
+    fn file_store(dir: &tempfile::TempDir, cluster: Option<Cluster>) -> Store {
+        Store::new(Backend::File(FileStore {
+            key: key(),
+            path: dir.path().join("cp"),
+            cluster,
+        }))
+    }
+
+    fn sample() -> KnownObjects {
+        let mut known = KnownObjects::default();
+        for i in 0..500 {
+            known.observe(
+                &format!("u{i}"),
+                &format!("{i}"),
+                Some("ns"),
+                &format!("n{i}"),
+                u64::from(i as u32) + 1,
+            );
+        }
+        known.observe("odd", "9", Some("team a"), "read only", 0);
+        known.observe("odder", "10", None, "system:aggregate\tto \"edit\"\n", 0);
+        known
+    }
 
     #[test]
     fn watch_keys_are_stable_and_distinct() {
@@ -555,29 +549,280 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn file_store_round_trips_atomically() {
+    async fn file_store_round_trips_odd_names_atomically() {
         let dir = tempfile::tempdir().unwrap();
-        let key = WatchKey::new("dev", "v1", "configmaps", None, None, None);
-        let mut store = Store::File(FileStore {
-            key: key.clone(),
-            path: dir.path().join("cp"),
-        });
-        assert!(store.load().await.unwrap().is_none());
+        let mut store = file_store(&dir, Some(cluster("uid-1")));
+        let corrupt = AtomicU64::new(0);
+        assert!(store.load(&corrupt).await.unwrap().is_none());
+        let mut known = sample();
+        store.save("777", &mut known).await.unwrap();
+        let loaded = store.load(&corrupt).await.unwrap().unwrap();
+        assert_eq!(loaded.resource_version.as_deref(), Some("777"));
+        assert_eq!(loaded.known.len(), 502);
+        for uid in ["u42", "odd", "odder"] {
+            assert_eq!(loaded.known.get(uid), known.get(uid));
+        }
+        assert!(!dir.path().join("cp.tmp").exists());
+        assert_eq!(corrupt.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test]
+    async fn a_corrupt_file_is_a_counted_repair_keeping_what_decodes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = file_store(&dir, None);
+        let mut known = sample();
+        store.save("5", &mut known).await.unwrap();
+        let path = dir.path().join("cp");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let broken_bucket = bucket_of("u42");
+        let damaged: String = text
+            .lines()
+            .map(|l| {
+                if l.starts_with(&format!("{broken_bucket}\t")) {
+                    format!("{broken_bucket}\tnot json\n")
+                } else {
+                    format!("{l}\n")
+                }
+            })
+            .collect();
+        std::fs::write(&path, damaged).unwrap();
+        let corrupt = AtomicU64::new(0);
+        let repair = store.load(&corrupt).await.unwrap().unwrap();
+        assert_eq!(repair.resource_version, None, "a repair lists again");
+        assert!(repair.known.get("u42").is_none(), "its bucket is unusable");
+        assert_eq!(
+            repair.known.get("u7"),
+            known.get("u7"),
+            "other buckets kept"
+        );
+        assert_eq!(corrupt.load(Ordering::Relaxed), 1);
+
+        std::fs::write(&path, b"\xff\xfe garbage").unwrap();
+        let repair = store.load(&corrupt).await.unwrap().unwrap();
+        assert_eq!(repair.resource_version, None);
+        assert!(repair.known.is_empty(), "no meta record: nothing usable");
+        assert_eq!(corrupt.load(Ordering::Relaxed), 2);
+    }
+
+    #[tokio::test]
+    async fn version_one_files_load_and_are_rewritten_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (bucket_of("ua"), bucket_of("ub"));
+        let v1 = format!(
+            "{{\"version\":1,\"watch\":\"w\",\"resourceVersion\":\"40\",\"objects\":2}}\n\
+             {a}\tua 3 ns a 1f\n{b}\tub 4 - b\n"
+        );
+        std::fs::write(dir.path().join("cp"), v1).unwrap();
+        let mut store = file_store(&dir, Some(cluster("uid-1")));
+        let corrupt = AtomicU64::new(0);
+        let mut loaded = store.load(&corrupt).await.unwrap().unwrap();
+        assert_eq!(loaded.resource_version.as_deref(), Some("40"));
+        assert_eq!(loaded.known.get("ua").unwrap().digest, 0x1f);
+        assert_eq!(loaded.known.take_dirty().len(), BUCKETS, "rewritten whole");
+        store.save("41", &mut loaded.known).await.unwrap();
+        let text = std::fs::read_to_string(dir.path().join("cp")).unwrap();
+        assert!(text.starts_with("{\"version\":2,"), "{text}");
+        assert!(text.contains("\"clusterUid\":\"uid-1\""), "adopted: {text}");
+        assert_eq!(store.load(&corrupt).await.unwrap().unwrap().known.len(), 2);
+        assert_eq!(corrupt.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_of_another_cluster_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut known = sample();
+        file_store(&dir, Some(cluster("uid-1")))
+            .save("5", &mut known)
+            .await
+            .unwrap();
+        let corrupt = AtomicU64::new(0);
+        let err = file_store(&dir, Some(cluster("uid-2")))
+            .load(&corrupt)
+            .await
+            .unwrap_err();
+        let message = err.to_string();
+        assert!(matches!(err, Error::OtherCluster { .. }), "{message}");
+        for part in ["uid-1", "uid-2", "cluster: dev"] {
+            assert!(message.contains(part), "{message}");
+        }
+        assert!(
+            file_store(&dir, Some(cluster("uid-1")))
+                .load(&corrupt)
+                .await
+                .unwrap()
+                .is_some()
+        );
+    }
+
+    #[tokio::test]
+    async fn digests_of_redacted_resources_stay_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = file_store(&dir, None);
+        store.set_redacted(true);
+        let secret_digest = 0x5ec2_e7d1_9e57_0001_u64;
         let mut known = KnownObjects::default();
-        for i in 0..500 {
-            known.observe(
-                &format!("u{i}"),
-                &format!("{i}"),
-                Some("ns"),
-                &format!("n{i}"),
-                0,
+        known.observe("s", "1", Some("ns"), "db", secret_digest);
+        store.save("1", &mut known).await.unwrap();
+        let text = std::fs::read_to_string(dir.path().join("cp")).unwrap();
+        assert!(!text.contains(&secret_digest.to_string()), "{text}");
+        assert_eq!(known.get("s").unwrap().digest, secret_digest, "in memory");
+        let corrupt = AtomicU64::new(0);
+        let loaded = store.load(&corrupt).await.unwrap().unwrap();
+        assert_eq!(
+            loaded.known.get("s").unwrap().digest,
+            0,
+            "stored as unknown"
+        );
+
+        // Not redacted: the digest is stored, so noise stays suppressed across restarts.
+        let mut plain = file_store(&dir, None);
+        plain.save("1", &mut known).await.unwrap();
+        let loaded = plain.load(&corrupt).await.unwrap().unwrap();
+        assert_eq!(loaded.known.get("s").unwrap().digest, secret_digest);
+        // Redaction turned on later: the stored digests are rewritten away at the next save.
+        let mut loaded = store.load(&corrupt).await.unwrap().unwrap();
+        assert_eq!(loaded.known.take_dirty().len(), BUCKETS);
+    }
+
+    #[test]
+    fn meta_records_out_of_range_or_of_unknown_versions_are_corrupt() {
+        let k = key();
+        for bad in [
+            r#"{"version":3,"watch":"w","resourceVersion":"1","objects":0}"#,
+            r#"{"version":0,"watch":"w","resourceVersion":"1","objects":0}"#,
+            r#"{"version":2,"watch":"w","resourceVersion":"1","objects":0,"buckets":{"256":"0123456789abcdef"}}"#,
+            r#"{"version":2,"watch":"w","resourceVersion":"1","objects":0,"buckets":{"3":"a.b >"}}"#,
+            r#"{"version":2}"#,
+        ] {
+            assert!(
+                matches!(Meta::decode(&k, bad.as_bytes()), Err(Error::Corrupt { .. })),
+                "{bad}"
             );
         }
-        store.save("777", &mut known).await.unwrap();
-        let loaded = store.load().await.unwrap().unwrap();
-        assert_eq!(loaded.resource_version, "777");
-        assert_eq!(loaded.known.len(), 500);
-        assert_eq!(loaded.known.get("u42"), known.get("u42"));
-        assert!(!dir.path().join("cp.tmp").exists());
+        let good = r#"{"version":2,"watch":"w","resourceVersion":"1","objects":0,"buckets":{"255":"0123456789abcdef"}}"#;
+        assert!(Meta::decode(&k, good.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn kafka_records_decode_and_stray_records_damage() {
+        let k = key();
+        let mut known = sample();
+        let meta = Meta::new(&k, None, "9", &known);
+        let mut records: HashMap<String, Vec<u8>> = (0..BUCKETS)
+            .map(|b| (format!("{}/b/{b}", k.id), known.encode_bucket(b, true)))
+            .collect();
+        records.insert(format!("{}/meta", k.id), meta.to_bytes());
+        known.take_dirty();
+        match kafka::decode(&k, None, &records).unwrap() {
+            Some(Found::Intact(c)) => {
+                assert_eq!(c.known.len(), known.len());
+                assert_eq!(c.known.get("odder"), known.get("odder"));
+            }
+            other => panic!("{other:?}"),
+        }
+        records.insert(format!("{}/b/x", k.id), Vec::new());
+        assert!(matches!(
+            kafka::decode(&k, None, &records).unwrap(),
+            Some(Found::Damaged { .. })
+        ));
+        records.remove(&format!("{}/meta", k.id));
+        assert!(kafka::decode(&k, None, &records).unwrap().is_none());
+    }
+
+    /// Every decoder of stored data, fed arbitrary input, ends in a checkpoint or a
+    /// [`Error::Corrupt`]: never a panic, never another error.
+    fn assert_corrupt_or_intact(found: Found) -> std::result::Result<(), TestCaseError> {
+        match found {
+            Found::Intact(_) => Ok(()),
+            Found::Damaged {
+                problem: Error::Corrupt { .. },
+                ..
+            } => Ok(()),
+            Found::Damaged { problem, .. } => Err(TestCaseError::fail(problem.to_string())),
+        }
+    }
+
+    /// Meta records that decode as JSON, with fields anywhere in their range.
+    fn meta_json() -> impl Strategy<Value = Vec<u8>> {
+        (
+            any::<u32>(),
+            any::<String>(),
+            any::<usize>(),
+            proptest::collection::btree_map(0usize..300, "[0-9a-f]{16}|.{0,20}", 0..4),
+            proptest::option::of(any::<String>()),
+        )
+            .prop_map(|(version, rv, objects, buckets, uid)| {
+                serde_json::to_vec(&serde_json::json!({
+                    "version": version % 4,
+                    "watch": "w",
+                    "resourceVersion": rv,
+                    "objects": objects % 4,
+                    "buckets": buckets,
+                    "clusterUid": uid,
+                }))
+                .unwrap()
+            })
+    }
+
+    fn bytes() -> impl Strategy<Value = Vec<u8>> {
+        proptest::collection::vec(any::<u8>(), 0..200)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        #[test]
+        fn meta_decoder_never_panics(stored in prop_oneof![bytes(), meta_json()]) {
+            match Meta::decode(&key(), &stored) {
+                Ok(_) | Err(Error::Corrupt { .. }) => {}
+                Err(e) => return Err(TestCaseError::fail(e.to_string())),
+            }
+        }
+
+        #[test]
+        fn file_decoder_never_panics(
+            meta in prop_oneof![bytes(), meta_json()],
+            lines in proptest::collection::vec((0usize..300, bytes()), 0..4),
+            raw in bytes(),
+        ) {
+            let mut stored = meta;
+            stored.push(b'\n');
+            for (b, line) in lines {
+                stored.extend_from_slice(format!("{b}\t").as_bytes());
+                stored.extend_from_slice(&line);
+                stored.push(b'\n');
+            }
+            stored.extend_from_slice(&raw);
+            assert_corrupt_or_intact(file::decode(&key(), None, &stored).unwrap())?;
+        }
+
+        #[test]
+        fn kafka_and_nats_decoders_never_panic(
+            meta in prop_oneof![bytes(), meta_json()],
+            buckets in proptest::collection::vec(("[0-9]{1,3}|.{0,4}", bytes()), 0..4),
+        ) {
+            let k = key();
+            let mut records: HashMap<String, Vec<u8>> = buckets
+                .iter()
+                .map(|(b, v)| (format!("{}/b/{b}", k.id), v.clone()))
+                .collect();
+            records.insert(format!("{}/meta", k.id), meta.clone());
+            let found = kafka::decode(&k, None, &records).unwrap().unwrap();
+            assert_corrupt_or_intact(found)?;
+            // NATS: the meta record names the buckets, fetched by generation.
+            let found = match Meta::decode(&k, &meta) {
+                Ok(m) => {
+                    let named: Vec<(usize, Option<&[u8]>)> = m
+                        .buckets
+                        .keys()
+                        .zip(buckets.iter().map(|(_, v)| Some(&v[..])).chain(std::iter::repeat(None)))
+                        .map(|(b, v)| (*b, v))
+                        .collect();
+                    Found::assemble(&k, m, named, Vec::new())
+                }
+                Err(e) => Found::unreadable(e),
+            };
+            assert_corrupt_or_intact(found)?;
+        }
     }
 }

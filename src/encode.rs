@@ -134,6 +134,12 @@ impl ResourceInfo {
             knative_plural: knative::guess_plural(&api.kind),
         }
     }
+
+    /// Whether events hide values (Secret data, `redact` pointers): nothing derived from them,
+    /// such as content digests, may then leave the process.
+    pub fn redacts(&self) -> bool {
+        self.redact_secret_data || !self.redact.is_empty()
+    }
 }
 
 /// One encoded CloudEvent.

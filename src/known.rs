@@ -41,13 +41,74 @@ pub enum Seen {
     Touched,
 }
 
+/// How a stored bucket is written: checkpoint meta records carry the version that says which.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    /// Checkpoint version 1: a line `uid resourceVersion namespace|- name [digest]` per object.
+    /// Ambiguous for names with spaces (RBAC objects may have them), so only read, never written.
+    Text,
+    /// Checkpoint version 2: a JSON list of `[uid, resourceVersion, namespace|null, name, digest]`
+    /// (digest 0: unknown), sorted by uid. JSON strings round-trip every string the API server
+    /// accepts; an empty bucket is an empty record.
+    Json,
+}
+
 /// Errors of decoding a stored bucket.
 #[derive(Debug, thiserror::Error)]
-#[error("bucket line {line}: expected `uid resourceVersion namespace|- name [digest]`")]
-pub struct DecodeError {
-    /// 1-based line number.
-    pub line: usize,
+pub enum DecodeError {
+    /// The bucket number is not below [`BUCKETS`].
+    #[error("bucket {bucket} is out of range (there are {BUCKETS})")]
+    Range {
+        /// The bucket number.
+        bucket: usize,
+    },
+    /// A text bucket is not UTF-8.
+    #[error("bucket {bucket} is not UTF-8")]
+    Utf8 {
+        /// The bucket number.
+        bucket: usize,
+    },
+    /// A line of a text bucket does not have the expected fields.
+    #[error(
+        "bucket {bucket} line {line}: expected `uid resourceVersion namespace|- name [digest]`"
+    )]
+    Line {
+        /// The bucket number.
+        bucket: usize,
+        /// 1-based line number.
+        line: usize,
+    },
+    /// A JSON bucket is not a list of `[uid, resourceVersion, namespace|null, name, digest]`.
+    #[error(
+        "bucket {bucket} is not a JSON list of [uid, resourceVersion, namespace|null, name, digest]"
+    )]
+    Json {
+        /// The bucket number.
+        bucket: usize,
+        /// The cause.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// An object's uid belongs in another bucket (it could never be found there).
+    #[error("bucket {bucket} holds an object of bucket {belongs}")]
+    Misplaced {
+        /// The bucket number.
+        bucket: usize,
+        /// The bucket its uid belongs in.
+        belongs: usize,
+    },
+    /// The same uid twice.
+    #[error("bucket {bucket} holds one uid twice")]
+    Duplicate {
+        /// The bucket number.
+        bucket: usize,
+    },
 }
+
+/// One stored object of a [`Encoding::Json`] bucket.
+type Record<'a> = (&'a str, &'a str, Option<&'a str>, &'a str, u64);
+/// The same, decoded (strings with escapes cannot be borrowed).
+type OwnedRecord = (Box<str>, Box<str>, Option<Box<str>>, Box<str>, u64);
 
 type Bucket = HashMap<Box<str>, Entry>;
 
@@ -194,69 +255,76 @@ impl KnownObjects {
         std::mem::take(&mut self.dirty)
     }
 
+    /// Whether any entry holds a content digest.
+    pub fn has_digests(&self) -> bool {
+        self.buckets
+            .iter()
+            .flat_map(HashMap::values)
+            .any(|e| e.digest != 0)
+    }
+
     /// Marks every bucket changed (a first checkpoint writes them all).
     pub fn mark_all_dirty(&mut self) {
         self.dirty = (0..BUCKETS).collect();
     }
 
-    /// One bucket as text: a line `uid resourceVersion namespace|- name [digest]` per object
-    /// (the digest in hex when known), sorted. Names, namespaces, uids and resourceVersions never
-    /// contain spaces or newlines.
-    pub fn encode_bucket(&self, b: usize) -> String {
-        let mut lines: Vec<String> = self.buckets[b]
+    /// One bucket in the current [`Encoding::Json`]; empty when the bucket is. Content digests
+    /// are written only if `digests` (see [`crate::checkpoint::Store::set_redacted`]): else 0,
+    /// unknown.
+    pub fn encode_bucket(&self, b: usize, digests: bool) -> Vec<u8> {
+        if self.buckets[b].is_empty() {
+            return Vec::new();
+        }
+        let mut records: Vec<Record<'_>> = self.buckets[b]
             .iter()
             .map(|(uid, e)| {
-                let mut line = format!(
-                    "{uid} {} {} {}",
-                    e.resource_version,
-                    e.namespace.as_deref().unwrap_or("-"),
-                    e.name
-                );
-                if e.digest != 0 {
-                    line.push_str(&format!(" {:x}", e.digest));
-                }
-                line
+                (
+                    &**uid,
+                    &*e.resource_version,
+                    e.namespace.as_deref(),
+                    &*e.name,
+                    if digests { e.digest } else { 0 },
+                )
             })
             .collect();
-        lines.sort_unstable();
-        let mut out = lines.join("\n");
-        if !out.is_empty() {
-            out.push('\n');
-        }
-        out
+        records.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        // Serializing strings and integers into memory cannot fail.
+        serde_json::to_vec(&records).expect("bucket serializes")
     }
 
-    /// Loads one bucket's text (replacing what the index held for that bucket).
-    pub fn decode_bucket(&mut self, b: usize, text: &str) -> Result<(), DecodeError> {
-        let mut bucket = Bucket::new();
-        for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.is_empty()) {
-            let mut parts = line.split(' ');
-            let (Some(uid), Some(rv), Some(ns), Some(name), digest, None) = (
-                parts.next(),
-                parts.next(),
-                parts.next(),
-                parts.next(),
-                parts.next(),
-                parts.next(),
-            ) else {
-                return Err(DecodeError { line: i + 1 });
+    /// Loads one stored bucket (replacing what the index held for that bucket). On error the
+    /// index is unchanged.
+    pub fn decode_bucket(
+        &mut self,
+        b: usize,
+        stored: &[u8],
+        encoding: Encoding,
+    ) -> Result<(), DecodeError> {
+        if b >= BUCKETS {
+            return Err(DecodeError::Range { bucket: b });
+        }
+        let records = match encoding {
+            Encoding::Text => decode_text(b, stored)?,
+            Encoding::Json if stored.is_empty() => Vec::new(),
+            Encoding::Json => serde_json::from_slice::<Vec<OwnedRecord>>(stored)
+                .map_err(|source| DecodeError::Json { bucket: b, source })?,
+        };
+        let mut bucket = Bucket::with_capacity(records.len());
+        for (uid, rv, ns, name, digest) in records {
+            let belongs = bucket_of(&uid);
+            if belongs != b {
+                return Err(DecodeError::Misplaced { bucket: b, belongs });
+            }
+            let namespace = ns.map(|ns| self.intern(&ns));
+            let entry = Entry {
+                resource_version: rv,
+                namespace,
+                name,
+                digest,
             };
-            let digest = match digest {
-                None => 0,
-                Some(hex) => {
-                    u64::from_str_radix(hex, 16).map_err(|_| DecodeError { line: i + 1 })?
-                }
-            };
-            let namespace = (ns != "-").then(|| self.intern(ns));
-            bucket.insert(
-                uid.into(),
-                Entry {
-                    resource_version: rv.into(),
-                    namespace,
-                    name: name.into(),
-                    digest,
-                },
-            );
+            if bucket.insert(uid, entry).is_some() {
+                return Err(DecodeError::Duplicate { bucket: b });
+            }
         }
         self.buckets[b] = bucket;
         Ok(())
@@ -270,6 +338,36 @@ impl KnownObjects {
         self.namespaces.insert(arc.clone());
         arc
     }
+}
+
+/// The records of a version-1 text bucket.
+fn decode_text(b: usize, stored: &[u8]) -> Result<Vec<OwnedRecord>, DecodeError> {
+    let text = std::str::from_utf8(stored).map_err(|_| DecodeError::Utf8 { bucket: b })?;
+    let mut records = Vec::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.is_empty()) {
+        let bad = || DecodeError::Line {
+            bucket: b,
+            line: i + 1,
+        };
+        let mut parts = line.split(' ');
+        let (Some(uid), Some(rv), Some(ns), Some(name), digest, None) = (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+        ) else {
+            return Err(bad());
+        };
+        let digest = match digest {
+            None => 0,
+            Some(hex) => u64::from_str_radix(hex, 16).map_err(|_| bad())?,
+        };
+        let ns = (ns != "-").then(|| ns.into());
+        records.push((uid.into(), rv.into(), ns, name.into(), digest));
+    }
+    Ok(records)
 }
 
 #[cfg(test)]
@@ -339,19 +437,98 @@ mod tests {
             Seen::Changed,
             "0 is unknown"
         );
-        let text = k.encode_bucket(bucket_of("u"));
+        let stored = k.encode_bucket(bucket_of("u"), true);
         let mut back = KnownObjects::default();
-        back.decode_bucket(bucket_of("u"), &text).unwrap();
+        back.decode_bucket(bucket_of("u"), &stored, Encoding::Json)
+            .unwrap();
         assert_eq!(back.get("u"), k.get("u"));
-        back.decode_bucket(bucket_of("u"), "u 1 - a 1f\n").unwrap();
+    }
+
+    #[test]
+    fn version_one_text_buckets_still_load() {
+        let mut back = KnownObjects::default();
+        back.decode_bucket(bucket_of("u"), b"u 1 - a 1f\n", Encoding::Text)
+            .unwrap();
         assert_eq!(back.get("u").unwrap().digest, 0x1f);
-        back.decode_bucket(bucket_of("v"), "v 2 ns b\n").unwrap();
+        assert!(back.get("u").unwrap().namespace.is_none());
+        back.decode_bucket(bucket_of("v"), b"v 2 ns b\n", Encoding::Text)
+            .unwrap();
         assert_eq!(
             back.get("v").unwrap().digest,
             0,
             "checkpoints written before digests load"
         );
-        assert!(back.decode_bucket(0, "u 1 - a zz\n").is_err());
+        assert_eq!(back.get("v").unwrap().namespace.as_deref(), Some("ns"));
+        for bad in [
+            &b"u 1 - a zz\n"[..],
+            b"only three fields",
+            b"u 1 - read only x y",
+        ] {
+            assert!(matches!(
+                back.decode_bucket(bucket_of("u"), bad, Encoding::Text),
+                Err(DecodeError::Line { line: 1, .. })
+            ));
+        }
+        assert!(matches!(
+            back.decode_bucket(bucket_of("u"), b"\xff", Encoding::Text),
+            Err(DecodeError::Utf8 { .. })
+        ));
+    }
+
+    #[test]
+    fn names_with_spaces_round_trip() {
+        let mut k = KnownObjects::default();
+        k.observe("u1", "7", Some("ns"), "read only", 9);
+        k.observe("u2", "8", None, "system:aggregate to edit\t\n\"x\"", 0);
+        let mut back = KnownObjects::default();
+        for b in 0..BUCKETS {
+            back.decode_bucket(b, &k.encode_bucket(b, true), Encoding::Json)
+                .unwrap();
+        }
+        assert_eq!(back.get("u1"), k.get("u1"));
+        assert_eq!(back.get("u2"), k.get("u2"));
+    }
+
+    #[test]
+    fn digests_are_left_out_on_request() {
+        let mut k = KnownObjects::default();
+        k.observe("u", "1", None, "a", 0x0123_4567_89ab_cdef);
+        let b = bucket_of("u");
+        let stored = k.encode_bucket(b, false);
+        assert!(
+            !String::from_utf8_lossy(&stored).contains(&0x0123_4567_89ab_cdef_u64.to_string()),
+            "{}",
+            String::from_utf8_lossy(&stored)
+        );
+        let mut back = KnownObjects::default();
+        back.decode_bucket(b, &stored, Encoding::Json).unwrap();
+        assert_eq!(back.get("u").unwrap().digest, 0, "stored as unknown");
+        assert_eq!(
+            k.get("u").unwrap().digest,
+            0x0123_4567_89ab_cdef,
+            "kept in memory"
+        );
+    }
+
+    #[test]
+    fn misplaced_duplicate_and_out_of_range_records_are_refused() {
+        let mut k = KnownObjects::default();
+        let other = (bucket_of("u") + 1) % BUCKETS;
+        let record = br#"[["u","1",null,"a",0]]"#;
+        assert!(matches!(
+            k.decode_bucket(other, record, Encoding::Json),
+            Err(DecodeError::Misplaced { .. })
+        ));
+        let twice = br#"[["u","1",null,"a",0],["u","2",null,"a",0]]"#;
+        assert!(matches!(
+            k.decode_bucket(bucket_of("u"), twice, Encoding::Json),
+            Err(DecodeError::Duplicate { .. })
+        ));
+        assert!(matches!(
+            k.decode_bucket(BUCKETS, record, Encoding::Json),
+            Err(DecodeError::Range { .. })
+        ));
+        assert!(k.is_empty(), "nothing loaded from a refused bucket");
     }
 
     #[test]
@@ -388,13 +565,17 @@ mod tests {
 
         let mut copy = KnownObjects::default();
         for b in 0..BUCKETS {
-            copy.decode_bucket(b, &k.encode_bucket(b)).unwrap();
+            copy.decode_bucket(b, &k.encode_bucket(b, true), Encoding::Json)
+                .unwrap();
         }
         assert_eq!(copy.len(), 1000);
         assert_eq!(copy.get("uid-7"), k.get("uid-7"));
         assert_eq!(copy.get("uid-8").unwrap().namespace.as_deref(), Some("ns"));
         assert!(copy.get("uid-9").unwrap().namespace.is_none());
-        assert!(copy.decode_bucket(0, "only three fields").is_err());
+        assert!(
+            copy.decode_bucket(0, b"only three fields", Encoding::Json)
+                .is_err()
+        );
     }
 
     #[test]
@@ -411,12 +592,59 @@ mod tests {
             );
         }
         let largest = (0..BUCKETS)
-            .map(|b| k.encode_bucket(b).len())
+            .map(|b| k.encode_bucket(b, true).len())
             .max()
             .unwrap();
-        let total: usize = (0..BUCKETS).map(|b| k.encode_bucket(b).len()).sum();
+        let total: usize = (0..BUCKETS).map(|b| k.encode_bucket(b, true).len()).sum();
         // Kafka's default message.max.bytes and NATS's default max_payload are about 1 MB.
         assert!(largest < 64 * 1024, "largest bucket record {largest} bytes");
         assert!(total < 12 * 1024 * 1024, "whole index {total} bytes");
+    }
+
+    /// Strings the API server accepts in names of path-segment objects (RBAC), namespaces, uids
+    /// and resourceVersions, weighted towards the characters a text format trips on.
+    fn field() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        prop_oneof![
+            any::<String>(),
+            r#"[ \t\n\r\\"'{}\[\],:%a-zA-Z0-9é😀-]{0,16}"#,
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn every_field_round_trips(
+            objects in proptest::collection::vec(
+                (field(), field(), proptest::option::of(field()), field(), proptest::prelude::any::<u64>()),
+                0..24,
+            )
+        ) {
+            let mut k = KnownObjects::default();
+            for (uid, rv, ns, name, digest) in &objects {
+                k.remove(uid);
+                k.observe(uid, rv, ns.as_deref(), name, *digest);
+            }
+            let mut back = KnownObjects::default();
+            for b in 0..BUCKETS {
+                back.decode_bucket(b, &k.encode_bucket(b, true), Encoding::Json).unwrap();
+            }
+            proptest::prop_assert_eq!(back.len(), k.len());
+            for (uid, ..) in &objects {
+                proptest::prop_assert_eq!(back.get(uid), k.get(uid));
+            }
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic_the_bucket_decoder(
+            b in 0..BUCKETS + 8,
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256),
+            json in proptest::prelude::any::<bool>(),
+        ) {
+            let mut k = KnownObjects::default();
+            let encoding = if json { Encoding::Json } else { Encoding::Text };
+            let _ = k.decode_bucket(b, &bytes, encoding);
+        }
     }
 }

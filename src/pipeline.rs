@@ -65,6 +65,8 @@ pub struct Status {
     pub relists: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
     /// Checkpoints saved.
     pub checkpoints: AtomicU64,
+    /// Stored checkpoints that could not be decoded (the watch relisted to repair).
+    pub checkpoints_corrupt: AtomicU64,
     /// Events queued or awaiting acknowledgement.
     pub queue_depth: AtomicU64,
     /// Publish latency histogram: cumulative counts per [`LATENCY_BUCKETS`] bound.
@@ -266,9 +268,10 @@ impl Pipeline {
     ) -> Result<(), checkpoint::Error> {
         let resumed = self.resume.take();
         let mut st = State {
+            // A repair (a checkpoint that could not be decoded) lists as after a lost history.
             listed_once: resumed.is_some(),
-            position: resumed.as_ref().map(|c| c.resource_version.clone()),
-            committed: resumed.as_ref().map(|c| c.resource_version.clone()),
+            position: resumed.as_ref().and_then(|c| c.resource_version.clone()),
+            committed: resumed.as_ref().and_then(|c| c.resource_version.clone()),
             known: resumed.map(|c| c.known).unwrap_or_default(),
             listing: None,
             sync_pending: false,
@@ -284,7 +287,7 @@ impl Pipeline {
             self.status.set_checkpointed(rv);
             self.status.synced.store(true, Ordering::Relaxed);
         } else if self.store.durable() {
-            // Everything a first checkpoint holds is new.
+            // Everything a first checkpoint holds is new (after a repair: replaces what was stored).
             st.known.mark_all_dirty();
         }
         let transactional = self.sink.transactional().is_some();
@@ -506,8 +509,8 @@ impl Pipeline {
             Item::ListEnd(rv) => {
                 let gone = st.known.finish_relist();
                 st.listing = None;
-                if !st.listed_once {
-                    st.listed_once = true;
+                st.listed_once = true;
+                if !self.status.synced.load(Ordering::Relaxed) {
                     st.sync_pending = true;
                 }
                 Step {

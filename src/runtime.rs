@@ -13,7 +13,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::checkpoint::{self, FileStore, KafkaStore, NatsStore, Store, WatchKey};
+use crate::checkpoint::{
+    self, Backend, Cluster, FileStore, KafkaStore, NatsStore, Store, WatchKey,
+};
 use crate::config::{self as cfg, Config, KubernetesConfig};
 use crate::discovery::{self, ResolvedResource};
 use crate::leader::{self, Leadership};
@@ -126,7 +128,7 @@ pub async fn reset_checkpoints(
     let client = client(&config.kubernetes).await?;
     let resources = discovery::resolve(&client, &config.resources).await?;
     let shared = Arc::new(AnySink::connect(&config.sink).await?);
-    let stores = Stores::prepare(config, &shared).await?;
+    let stores = Stores::prepare(config, &shared, &client).await?;
     let mut selected = HashMap::new();
     for r in resources.iter().filter(|r| r.label() == resource) {
         if let Some(selector) = &r.config.namespace_selector
@@ -229,7 +231,7 @@ impl Bridge {
             resources = resources.len(),
             "sink connected"
         );
-        let stores = Stores::prepare(&config, &shared).await?;
+        let stores = Stores::prepare(&config, &shared, &client).await?;
         let stop = CancellationToken::new();
         let mut supervisor = Supervisor::new(Parts {
             config: Arc::new(config),
@@ -285,8 +287,14 @@ impl Bridge {
 }
 
 /// What the checkpoint stores of all watches share.
+pub(crate) struct Stores {
+    kind: StoresKind,
+    /// The cluster checkpoints are tied to (`None` when nothing is durable).
+    cluster: Option<Cluster>,
+}
+
 #[expect(clippy::large_enum_variant, reason = "one value per process")]
-pub(crate) enum Stores {
+enum StoresKind {
     /// Per-watch transactional producers writing to this topic.
     Kafka { topic: String },
     /// One KV bucket.
@@ -298,21 +306,27 @@ pub(crate) enum Stores {
 }
 
 impl Stores {
-    async fn prepare(config: &Config, shared: &Arc<AnySink>) -> Result<Self> {
+    /// Prepares the checkpoint store (creating or checking the Kafka topic, opening the KV bucket
+    /// or the directory) and reads the identity of the cluster checkpoints are tied to.
+    async fn prepare(config: &Config, shared: &Arc<AnySink>, client: &Client) -> Result<Self> {
         let c = &config.checkpoint;
-        if !c.enabled {
-            return Ok(Stores::Memory);
+        let durable =
+            c.enabled && !matches!(shared.as_ref(), AnySink::Stdout(_) if c.directory.is_none());
+        if !durable {
+            return Ok(Stores {
+                kind: StoresKind::Memory,
+                cluster: None,
+            });
         }
+        let cluster = Cluster::identify(&config.cluster, client).await?;
         let store_err = |store: &'static str, e: &dyn std::fmt::Display| checkpoint::Error::Store {
             store,
             message: e.to_string(),
         };
-        Ok(match shared.as_ref() {
+        let kind = match shared.as_ref() {
             AnySink::Kafka(k) => {
-                k.ensure_compacted_topic(&c.kafka_topic)
-                    .await
-                    .map_err(|e| store_err("kafka", &e))?;
-                Stores::Kafka {
+                checkpoint::kafka::ensure_topic(k.consumer_config(), &c.kafka_topic).await?;
+                StoresKind::Kafka {
                     topic: c.kafka_topic.clone(),
                 }
             }
@@ -320,17 +334,19 @@ impl Stores {
                 let js = n
                     .jetstream()
                     .ok_or_else(|| store_err("nats", &"core NATS cannot checkpoint"))?;
-                Stores::Nats(checkpoint::nats_bucket(js, &c.nats_bucket).await?)
+                StoresKind::Nats(checkpoint::nats_bucket(js, &c.nats_bucket).await?)
             }
-            AnySink::Stdout(_) => match &c.directory {
-                Some(dir) => {
-                    tokio::fs::create_dir_all(dir)
-                        .await
-                        .map_err(|e| store_err("file", &format!("{}: {e}", dir.display())))?;
-                    Stores::Files(dir.clone())
-                }
-                None => Stores::Memory,
-            },
+            AnySink::Stdout(_) => {
+                let dir = c.directory.clone().unwrap_or_default();
+                tokio::fs::create_dir_all(&dir)
+                    .await
+                    .map_err(|e| store_err("file", &format!("{}: {e}", dir.display())))?;
+                StoresKind::Files(dir)
+            }
+        };
+        Ok(Stores {
+            kind,
+            cluster: Some(cluster),
         })
     }
 
@@ -342,8 +358,9 @@ impl Stores {
         shared: &Arc<AnySink>,
         key: &WatchKey,
     ) -> Result<(Arc<AnySink>, Store)> {
-        Ok(match self {
-            Stores::Kafka { topic } => {
+        let cluster = self.cluster.clone();
+        let (sink, backend) = match &self.kind {
+            StoresKind::Kafka { topic } => {
                 let cfg::Sink::Kafka {
                     config: kafka,
                     topic: template,
@@ -354,26 +371,29 @@ impl Stores {
                 let id = format!("kube-event-bridge.{}", key.id);
                 let producer =
                     Arc::new(KafkaSink::new_transactional(kafka, template.clone(), &id).await?);
-                let store = Store::Kafka(KafkaStore {
+                let backend = Backend::Kafka(KafkaStore {
                     key: key.clone(),
                     sink: producer.clone(),
                     topic: topic.clone(),
+                    cluster,
                 });
-                (Arc::new(AnySink::Kafka(producer)), store)
+                (Arc::new(AnySink::Kafka(producer)), backend)
             }
-            Stores::Nats(kv) => (
+            StoresKind::Nats(kv) => (
                 shared.clone(),
-                Store::Nats(NatsStore::new(key.clone(), kv.clone())),
+                Backend::Nats(NatsStore::new(key.clone(), kv.clone(), cluster)),
             ),
-            Stores::Files(dir) => (
+            StoresKind::Files(dir) => (
                 shared.clone(),
-                Store::File(FileStore {
+                Backend::File(FileStore {
                     key: key.clone(),
                     path: dir.join(format!("{}.checkpoint", key.id)),
+                    cluster,
                 }),
             ),
-            Stores::Memory => (shared.clone(), Store::Memory),
-        })
+            StoresKind::Memory => (shared.clone(), Backend::Memory),
+        };
+        Ok((sink, Store::new(backend)))
     }
 }
 

@@ -293,8 +293,14 @@ impl Supervisor {
             .for_watch(&config, &self.sink, &key)
             .instrument(span.clone())
             .await?;
-        let resume = store.load().instrument(span.clone()).await?;
+        let info = Arc::new(ResourceInfo::new(&config.cluster, r, &self.api_server));
+        store.set_redacted(info.redacts());
         let status = Arc::new(Status::default());
+        // A checkpoint that cannot be decoded comes back as a repair (no resourceVersion: list).
+        let resume = store
+            .load(&status.checkpoints_corrupt)
+            .instrument(span.clone())
+            .await?;
         // The watch hands each item over one at a time; it waits in the queue only once its
         // bytes fit the watch's budget (`delivery.maxQueueBytes`).
         let (tx, unmetered) = mpsc::channel(1);
@@ -304,7 +310,7 @@ impl Supervisor {
             Budget::new(config.delivery.max_queue_bytes),
             crate::pipeline::item_bytes,
         );
-        let start_rv = resume.as_ref().map(|c| c.resource_version.clone());
+        let start_rv = resume.as_ref().and_then(|c| c.resource_version.clone());
         let target = target(&self.client, r, namespace.as_deref(), self.refresh.clone());
         let cancel = self.stop.child_token();
         self.generation += 1;
@@ -321,7 +327,7 @@ impl Supervisor {
             warn!(resource = %r.label(), "Secret redaction is OFF for this resource: secret values will be published in clear");
         }
         let pipeline = Pipeline {
-            info: Arc::new(ResourceInfo::new(&config.cluster, r, &self.api_server)),
+            info,
             events: r.config.events.clone(),
             sink,
             max_in_flight: config.delivery.max_in_flight,

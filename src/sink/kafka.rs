@@ -3,15 +3,10 @@
 
 use std::time::Duration;
 
-use std::collections::HashMap;
-
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
-use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use tracing::warn;
 
 use super::{Delivered, Error, Outcome, Pending, Result, ready};
@@ -288,86 +283,9 @@ impl KafkaSink {
         .map_err(classify_commit)
     }
 
-    /// Reads a compacted topic (partition 0) to its end with `read_committed` and returns the last
-    /// value of every key starting with `prefix`.
-    pub async fn read_compacted(
-        &self,
-        topic: &str,
-        prefix: &str,
-    ) -> Result<HashMap<String, Vec<u8>>, KafkaError> {
-        let mut config = self.consumer_config();
-        config.set(
-            "group.id",
-            format!("kube-event-bridge-checkpoint-{}", std::process::id()),
-        );
-        let (topic, prefix) = (topic.to_string(), prefix.to_string());
-        tokio::task::spawn_blocking(move || {
-            let consumer: BaseConsumer = config.create()?;
-            let (_, high) = consumer.fetch_watermarks(&topic, 0, TRANSACTION_TIMEOUT)?;
-            let mut out = HashMap::new();
-            if high == 0 {
-                return Ok(out);
-            }
-            let mut tpl = TopicPartitionList::new();
-            tpl.add_partition_offset(&topic, 0, Offset::Beginning)?;
-            consumer.assign(&tpl)?;
-            let deadline = std::time::Instant::now() + TRANSACTION_TIMEOUT;
-            loop {
-                if let Some(m) = consumer.poll(Duration::from_millis(200)) {
-                    let m = m?;
-                    if let Some(key) = m
-                        .key()
-                        .map(String::from_utf8_lossy)
-                        .filter(|k| k.starts_with(&prefix))
-                    {
-                        match m.payload() {
-                            Some(v) => out.insert(key.into_owned(), v.to_vec()),
-                            None => out.remove(key.as_ref()),
-                        };
-                    }
-                }
-                let position = consumer.position()?;
-                let at = position
-                    .find_partition(&topic, 0)
-                    .and_then(|p| match p.offset() {
-                        Offset::Offset(o) => Some(o),
-                        _ => None,
-                    });
-                if at.is_some_and(|o| o >= high) {
-                    return Ok(out);
-                }
-                if std::time::Instant::now() > deadline {
-                    return Err(KafkaError::MessageConsumption(
-                        RDKafkaErrorCode::OperationTimedOut,
-                    ));
-                }
-            }
-        })
-        .await
-        .expect("read task")
-    }
-
-    /// Creates `topic` as a compacted single-partition topic if it does not exist.
-    pub async fn ensure_compacted_topic(&self, topic: &str) -> Result<(), KafkaError> {
-        let admin: AdminClient<DefaultClientContext> = self.consumer_config().create()?;
-        let new =
-            NewTopic::new(topic, 1, TopicReplication::Fixed(-1)).set("cleanup.policy", "compact");
-        let results = admin
-            .create_topics(
-                [&new],
-                &AdminOptions::new().operation_timeout(Some(TRANSACTION_TIMEOUT)),
-            )
-            .await?;
-        for r in results {
-            match r {
-                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((_, code)) => return Err(KafkaError::AdminOp(code)),
-            }
-        }
-        Ok(())
-    }
-
-    fn consumer_config(&self) -> ClientConfig {
+    /// Client settings for consumers and admin clients (the checkpoint topic): the producer's
+    /// settings, secrets from files included, without the producer-only ones.
+    pub(crate) fn consumer_config(&self) -> ClientConfig {
         consumer_settings(self.settings.clone())
     }
 

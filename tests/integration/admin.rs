@@ -55,6 +55,7 @@ pub const METRICS: &[&str] = &[
     "kube_event_bridge_watch_restarts_total",
     "kube_event_bridge_relists_total",
     "kube_event_bridge_checkpoints_total",
+    "kube_event_bridge_checkpoints_corrupt_total",
     "kube_event_bridge_checkpoint_age_seconds",
     "kube_event_bridge_checkpoint_lag_resource_versions",
 ];

@@ -1,12 +1,18 @@
 //! Checkpoints end to end: a restarted bridge resumes from its checkpoint without a LIST, publishes
-//! exactly what changed while it was down, and replays nothing.
+//! exactly what changed while it was down, and replays nothing; odd object names round-trip; a
+//! checkpoint that cannot be decoded is repaired by a relist; a checkpoint of another cluster and
+//! an unsafe Kafka checkpoint topic are refused.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use cloudevents::AttributesReader;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::api::rbac::v1::{ClusterRole, Role};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube_event_bridge::checkpoint::{Backend, NatsStore, Store, WatchKey};
+use kube_event_bridge::known::{KnownObjects, bucket_of};
+use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
 use serde_json::json;
 
 use crate::harness::{Bridge, Reader, SinkKind, sink_yaml, summary};
@@ -264,4 +270,483 @@ async fn kafka_forced_snapshot_fences_and_republishes() {
         "{}",
         summary(&events)
     );
+}
+
+/// The checkpoint file of the only watch of a bridge using `dir` as `checkpoint.directory`.
+fn checkpoint_file(dir: &std::path::Path) -> std::path::PathBuf {
+    let files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "checkpoint"))
+        .collect();
+    assert_eq!(files.len(), 1, "one watch, one checkpoint file: {files:?}");
+    files[0].clone()
+}
+
+/// Stops a bridge with SIGTERM and asserts it exits 0.
+async fn stop(bridge: &mut Bridge) {
+    bridge.signal("TERM");
+    let status = bridge
+        .wait_exit(Duration::from_secs(30))
+        .await
+        .expect("exit after SIGTERM");
+    assert!(status.success(), "{}", bridge.log_text());
+}
+
+/// A counter of the bridge's `/metrics`, summed over its samples.
+async fn metric(bridge: &Bridge, name: &str) -> f64 {
+    let address = bridge.admin_address().await;
+    let (_, body) = crate::admin::get(&address, "/metrics").await;
+    let scrape = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string())))
+        .expect("metrics parse");
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name)
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
+            _ => 0.0,
+        })
+        .sum()
+}
+
+/// RBAC objects may have names with spaces, tabs, line breaks, quotes and any other character
+/// but `/` and `%`: their checkpoint round-trips, and a restart resumes from it without a LIST.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_odd_rbac_names_resume_without_relisting() {
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, "oddnames").await;
+    let cluster = unique_name("c");
+    let label = unique_name("odd");
+    let config = format!(
+        "cluster: {cluster}\nresources:\n\
+         - {{apiVersion: rbac.authorization.k8s.io/v1, resource: roles, namespaces: [{ns}]}}\n\
+         - {{apiVersion: rbac.authorization.k8s.io/v1, resource: clusterroles, labelSelector: keb-test={label}}}\n{}",
+        sink_yaml(SinkKind::Kafka, &cluster)
+    );
+    let roles: Api<Role> = Api::namespaced(client.clone(), &ns);
+    let cluster_roles: Api<ClusterRole> = Api::all(client.clone());
+    let pp = PostParams::default();
+    let role: Role = serde_json::from_value(json!({"metadata": {"name": "read only"}})).unwrap();
+    let role = roles.create(&pp, &role).await.unwrap();
+    let odd_name = format!("{label} odd:\t\"quoted\" & ünïçode, {{json}} [x] \\ 😀\nend");
+    let odd: ClusterRole = serde_json::from_value(
+        json!({"metadata": {"name": odd_name, "labels": {"keb-test": label}}}),
+    )
+    .unwrap();
+    let odd = cluster_roles.create(&pp, &odd).await.unwrap();
+    let topics = vec![
+        format!("k8s.{cluster}.rbac.authorization.k8s.io.roles"),
+        format!("k8s.{cluster}.rbac.authorization.k8s.io.clusterroles"),
+    ];
+    let mut reader = Reader::kafka(&topics).await;
+
+    let mut first = Bridge::start(&config);
+    first.wait_synced(2).await;
+    let snapshot = reader
+        .read_until(Duration::from_secs(60), |got| got.len() >= 2)
+        .await;
+    let names: BTreeSet<String> = snapshot.iter().map(|r| r.ext("name")).collect();
+    assert_eq!(
+        names,
+        BTreeSet::from(["read only".to_string(), odd_name.clone()]),
+        "{}",
+        summary(&snapshot)
+    );
+    stop(&mut first).await;
+
+    // While the bridge is down.
+    // kube-rs puts names in request paths as they are: encode them.
+    let path = |name: &str| utf8_percent_encode(name, NON_ALPHANUMERIC).to_string();
+    let patched = roles
+        .patch(
+            &path("read only"),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"changed": "yes"}}})),
+        )
+        .await
+        .unwrap();
+    cluster_roles
+        .delete(&path(&odd_name), &DeleteParams::default())
+        .await
+        .unwrap();
+
+    let second = Bridge::start(&config);
+    let mut events = reader
+        .read_until(Duration::from_secs(60), |got| got.len() >= 2)
+        .await;
+    events.extend(reader.drain(Duration::from_secs(2)).await);
+    let got: BTreeSet<(String, String, String, String)> = events
+        .iter()
+        .map(|r| {
+            (
+                r.ext("uid"),
+                r.ext("name"),
+                r.change().to_string(),
+                r.ext("origin"),
+            )
+        })
+        .collect();
+    let want = BTreeSet::from([
+        (
+            role.metadata.uid.clone().unwrap(),
+            "read only".to_string(),
+            "modified".to_string(),
+            "live".to_string(),
+        ),
+        (
+            odd.metadata.uid.clone().unwrap(),
+            odd_name.clone(),
+            "deleted".to_string(),
+            "live".to_string(),
+        ),
+    ]);
+    assert_eq!(got, want, "{}", summary(&events));
+    assert_eq!(events.len(), 2, "nothing replayed:\n{}", summary(&events));
+    let modified = events.iter().find(|r| r.change() == "modified").unwrap();
+    assert_eq!(
+        modified.ext("resourceversion"),
+        patched.metadata.resource_version.unwrap()
+    );
+    assert_eq!(
+        second.count_log("resuming from checkpoint"),
+        2,
+        "{}",
+        second.log_text()
+    );
+    assert_eq!(second.count_log("listed"), 0, "{}", second.log_text());
+    assert_eq!(
+        metric(&second, "kube_event_bridge_checkpoints_corrupt_total").await,
+        0.0
+    );
+}
+
+/// A checkpoint file that cannot be decoded at all: the bridge starts anyway, says so at error
+/// level naming the watch, counts it, lists again and publishes the whole listing as repaired;
+/// the next start resumes from the checkpoint it wrote since.
+#[tokio::test(flavor = "multi_thread")]
+async fn stdout_corrupt_checkpoint_file_is_repaired_by_a_relist() {
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, "corruptfile").await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "cluster: dev\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n\
+         sink: {{stdout: {{}}}}\ncheckpoint: {{directory: {}}}\n",
+        dir.path().display()
+    );
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let pp = PostParams::default();
+    cms.create(&pp, &cm("a")).await.unwrap();
+    let mut first = Bridge::start(&config);
+    first.wait_synced(1).await;
+    stop(&mut first).await;
+
+    let path = checkpoint_file(dir.path());
+    std::fs::write(&path, b"\x00\xffnot a checkpoint\n7\tnor a bucket\n").unwrap();
+    cms.create(&pp, &cm("b")).await.unwrap();
+
+    let mut second = Bridge::start(&config);
+    second.wait_synced(1).await;
+    let mut reader = Reader::stdout(&second);
+    let events = reader
+        .read_until(Duration::from_secs(60), |got| got.len() >= 2)
+        .await;
+    let got: BTreeSet<(String, String, String)> = events
+        .iter()
+        .map(|r| (r.ext("name"), r.change().to_string(), r.ext("origin")))
+        .collect();
+    let want: BTreeSet<(String, String, String)> = ["a", "b"]
+        .iter()
+        .map(|n| (n.to_string(), "added".into(), "repaired".into()))
+        .collect();
+    assert_eq!(got, want, "{}", summary(&events));
+    let log = second.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("checkpoint cannot be decoded"))
+        .unwrap_or_else(|| panic!("no corrupt-checkpoint line:\n{log}"));
+    assert!(line.contains("\"level\":\"ERROR\""), "{line}");
+    assert!(
+        line.contains(&format!("v1/configmaps/{ns}")),
+        "names the watch: {line}"
+    );
+    assert_eq!(second.count_log("listed"), 1, "{log}");
+    assert_eq!(
+        metric(&second, "kube_event_bridge_checkpoints_corrupt_total").await,
+        1.0
+    );
+    assert_eq!(
+        metric(&second, "kube_event_bridge_events_repaired_total").await,
+        2.0
+    );
+    stop(&mut second).await;
+
+    let mut third = Bridge::start(&config);
+    third.wait_log("resuming from checkpoint").await;
+    cms.create(&pp, &cm("c")).await.unwrap();
+    let mut reader = Reader::stdout(&third);
+    let events = reader
+        .read_until(Duration::from_secs(60), |got| !got.is_empty())
+        .await;
+    assert_eq!(events[0].ext("name"), "c", "{}", summary(&events));
+    assert_eq!(third.count_log("listed"), 0, "{}", third.log_text());
+    assert_eq!(
+        metric(&third, "kube_event_bridge_checkpoints_corrupt_total").await,
+        0.0
+    );
+    stop(&mut third).await;
+}
+
+/// A NATS checkpoint with one undecodable bucket record: the buckets that decode still serve
+/// the relist diff, so only the objects of the broken bucket are published again (as repaired
+/// adds), changes made meanwhile arrive as repaired, and nothing else is repeated.
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_damaged_checkpoint_bucket_is_repaired_keeping_the_rest() {
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, "corruptkv").await;
+    let cluster = unique_name("c");
+    let config = format!(
+        "cluster: {cluster}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n{}",
+        sink_yaml(SinkKind::Nats, &cluster)
+    );
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let pp = PostParams::default();
+    let mut uids = Vec::new();
+    for name in ["a", "b", "c", "d"] {
+        let created = cms.create(&pp, &cm(name)).await.unwrap();
+        uids.push((name, created.metadata.uid.unwrap()));
+    }
+    let mut first = Bridge::start(&config);
+    let mut reader = Reader::nats(&cluster).await;
+    first.wait_synced(1).await;
+    reader
+        .read_until(Duration::from_secs(60), |got| got.len() >= 4)
+        .await;
+    stop(&mut first).await;
+
+    // Break the bucket holding "a".
+    let key = WatchKey::new(&cluster, "v1", "configmaps", Some(&ns), None, None);
+    let kv = async_nats::jetstream::new(crate::support::nats_client().await)
+        .get_key_value("kube-event-bridge")
+        .await
+        .expect("the checkpoint bucket");
+    let meta: serde_json::Value =
+        serde_json::from_slice(&kv.get(format!("{}.meta", key.id)).await.unwrap().unwrap())
+            .unwrap();
+    let broken = bucket_of(&uids[0].1);
+    let generation = meta["buckets"][broken.to_string()].as_str().unwrap();
+    kv.put(
+        format!("{}.b{broken}.{generation}", key.id),
+        "[[\"not\", \"a record".into(),
+    )
+    .await
+    .unwrap();
+    // While the bridge is down: "a" (in the broken bucket) and "d" change.
+    let mut changed = BTreeMap::new();
+    for name in ["a", "d"] {
+        let patched = cms
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"data": {"v": "1"}})),
+            )
+            .await
+            .unwrap();
+        changed.insert(name, patched.metadata.resource_version.unwrap());
+    }
+
+    let mut second = Bridge::start(&config);
+    second.wait_synced(1).await;
+    // Objects of the broken bucket are unknown: published as repaired adds. The unchanged ones
+    // carry the id of their first event, so JetStream drops them as duplicates; the changed ones
+    // arrive. Objects of the buckets that decoded are diffed: "d" is a repaired modify.
+    let unknown: BTreeSet<&str> = uids
+        .iter()
+        .filter(|(_, uid)| bucket_of(uid) == broken)
+        .map(|(name, _)| *name)
+        .collect();
+    let want: BTreeSet<(String, String)> = ["a", "d"]
+        .iter()
+        .map(|n| {
+            let change = if unknown.contains(n) {
+                "added"
+            } else {
+                "modified"
+            };
+            (n.to_string(), change.to_string())
+        })
+        .collect();
+    let mut events = reader
+        .read_until(Duration::from_secs(60), |got| got.len() >= want.len())
+        .await;
+    events.extend(reader.drain(Duration::from_secs(2)).await);
+    let got: BTreeSet<(String, String)> = events
+        .iter()
+        .map(|r| (r.ext("name"), r.change().to_string()))
+        .collect();
+    assert_eq!(got, want, "{}", summary(&events));
+    assert_eq!(events.len(), want.len(), "{}", summary(&events));
+    for r in &events {
+        assert_eq!(r.ext("origin"), "repaired", "{}", summary(&events));
+        assert_eq!(r.ext("resourceversion"), changed[r.ext("name").as_str()]);
+    }
+    let repaired = (unknown.len() + usize::from(!unknown.contains("d"))) as f64;
+    assert_eq!(
+        metric(&second, "kube_event_bridge_events_repaired_total").await,
+        repaired,
+        "the broken bucket's objects and the changed one"
+    );
+    assert_eq!(
+        metric(&second, "kube_event_bridge_checkpoints_corrupt_total").await,
+        1.0
+    );
+    assert!(
+        second
+            .log_text()
+            .contains(&format!("bucket {broken} is not a JSON list")),
+        "{}",
+        second.log_text()
+    );
+    // The repair's checkpoint swaps the damaged meta record (no fencing) and rewrites the
+    // broken bucket.
+    let meta_key = format!("{}.meta", key.id);
+    let broken_generation = generation.to_string();
+    let rewritten = crate::support::wait_until(
+        "the repaired checkpoint replaces the damaged one",
+        Duration::from_secs(60),
+        || {
+            let (kv, meta_key) = (kv.clone(), meta_key.clone());
+            let broken_generation = broken_generation.clone();
+            async move {
+                let stored = kv.get(meta_key).await.ok()??;
+                let meta: serde_json::Value = serde_json::from_slice(&stored).ok()?;
+                let now = meta["buckets"][broken.to_string()].as_str()?.to_string();
+                (now != broken_generation).then_some(meta)
+            }
+        },
+    )
+    .await;
+    assert_eq!(rewritten["version"], 2, "{rewritten}");
+    assert_eq!(rewritten["objects"], 4, "{rewritten}");
+    assert_eq!(
+        second.count_log("fenced: another instance owns this watch now"),
+        0
+    );
+}
+
+/// A checkpoint written for another cluster with the same `cluster` name is refused at start
+/// with an error naming both kube-system uids and the `cluster` field.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_checkpoint_of_another_cluster_is_refused() {
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, "othercluster").await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "cluster: dev\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n\
+         sink: {{stdout: {{}}}}\ncheckpoint: {{directory: {}}}\n",
+        dir.path().display()
+    );
+    let mut first = Bridge::start(&config);
+    first.wait_synced(1).await;
+    stop(&mut first).await;
+    let ours = Api::<Namespace>::all(client.clone())
+        .get("kube-system")
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    let path = checkpoint_file(dir.path());
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        text.contains(&format!("\"clusterUid\":\"{ours}\"")),
+        "{text}"
+    );
+    let foreign = "00000000-0000-0000-0000-00000000f00d";
+    std::fs::write(&path, text.replace(&ours, foreign)).unwrap();
+
+    let mut second = Bridge::start(&config);
+    let status = second
+        .wait_exit(Duration::from_secs(60))
+        .await
+        .expect("refused at start");
+    assert!(!status.success());
+    let log = second.log_text();
+    for part in [
+        ours.as_str(),
+        foreign,
+        "cluster: dev",
+        "belongs to another cluster",
+    ] {
+        assert!(log.contains(part), "{part} missing from:\n{log}");
+    }
+}
+
+/// An existing Kafka checkpoint topic must have one partition and `cleanup.policy=compact`;
+/// otherwise the bridge refuses to start, naming the topic, what is wrong and the fix.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_checkpoint_topic_must_be_compacted_with_one_partition() {
+    let cluster = unique_name("c");
+    for (partitions, problem) in [(2, "has 2 partitions"), (1, "cleanup.policy is \"delete\"")] {
+        let topic = unique_name("keb-checkpoints");
+        crate::support::create_topic(&topic, partitions).await;
+        let config = format!(
+            "cluster: {cluster}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [default]}}\n\
+             checkpoint: {{kafkaTopic: {topic}}}\n{}",
+            sink_yaml(SinkKind::Kafka, &cluster)
+        );
+        let mut bridge = Bridge::start(&config);
+        let status = bridge
+            .wait_exit(Duration::from_secs(60))
+            .await
+            .expect("refused at start");
+        assert!(!status.success());
+        let log = bridge.log_text();
+        for part in [format!("checkpoint topic {topic}"), problem.to_string()] {
+            assert!(log.contains(&part), "{part} missing from:\n{log}");
+        }
+    }
+}
+
+/// NATS: a compare-and-swap of the meta record whose write happened but whose reply was lost is
+/// recognised as this instance's own write, not taken for fencing; a foreign write still fences.
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_lost_reply_to_a_successful_swap_is_not_fencing() {
+    let kv = async_nats::jetstream::new(crate::support::nats_client().await);
+    let kv = kube_event_bridge::checkpoint::nats_bucket(&kv, "kube-event-bridge")
+        .await
+        .unwrap();
+    let key = WatchKey::new(&unique_name("c"), "v1", "configmaps", None, None, None);
+    let store = |kv: &async_nats::jetstream::kv::Store| {
+        Store::new(Backend::Nats(NatsStore::new(key.clone(), kv.clone(), None)))
+    };
+    let mut known = KnownObjects::default();
+    known.observe("u", "1", Some("ns"), "read only", 0);
+    known.mark_all_dirty();
+    let mut writer = store(&kv);
+    writer.save("1", &mut known).await.unwrap();
+
+    // Nothing dirty: the next meta record is predictable. Its write lands, its reply is lost.
+    let meta_key = format!("{}.meta", key.id);
+    let current = kv.get(&meta_key).await.unwrap().unwrap();
+    let next = String::from_utf8(current.to_vec())
+        .unwrap()
+        .replace("\"resourceVersion\":\"1\"", "\"resourceVersion\":\"2\"");
+    kv.put(&meta_key, next.into()).await.unwrap();
+    writer
+        .save("2", &mut known)
+        .await
+        .expect("our own write is not fencing");
+    writer
+        .save("3", &mut known)
+        .await
+        .expect("and saving goes on");
+
+    kv.put(&meta_key, "{\"foreign\":true}".into())
+        .await
+        .unwrap();
+    assert!(matches!(
+        writer.save("4", &mut known).await,
+        Err(kube_event_bridge::checkpoint::Error::Fenced { .. })
+    ));
 }

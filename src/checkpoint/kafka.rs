@@ -1,0 +1,260 @@
+//! Kafka checkpoints: records `{id}/meta` and `{id}/b/{bucket}` in a compacted topic with one
+//! partition, written in the transaction of the events they cover.
+//!
+//! The topic must keep the last record of every key for ever (`cleanup.policy=compact`; with
+//! `delete` retention would silently drop the checkpoints of quiet watches) and keep one watch's
+//! records in order (one partition), so an existing topic is checked for both at start.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+
+use super::{Cluster, Error, Found, Meta, Result, WatchKey};
+use crate::known::{BUCKETS, KnownObjects};
+use crate::sink::kafka::{CommitError, KafkaSink};
+
+/// How long reading the topic or an admin request may take.
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One watch's Kafka checkpoints.
+#[derive(Debug)]
+pub struct KafkaStore {
+    /// The watch.
+    pub key: WatchKey,
+    /// The watch's transactional sink (events and checkpoints share its transactions).
+    pub sink: Arc<KafkaSink>,
+    /// The compacted checkpoint topic.
+    pub topic: String,
+    /// The cluster the checkpoint belongs to (`None`: not checked, not recorded).
+    pub cluster: Option<Cluster>,
+}
+
+fn store_err(e: impl std::fmt::Display) -> Error {
+    Error::Store {
+        store: "kafka",
+        message: e.to_string(),
+    }
+}
+
+impl KafkaStore {
+    pub(super) async fn load(&self) -> Result<Option<Found>> {
+        let prefix = format!("{}/", self.key.id);
+        let records = read_compacted(self.sink.consumer_config(), &self.topic, &prefix)
+            .await
+            .map_err(store_err)?;
+        decode(&self.key, self.cluster.as_ref(), &records)
+    }
+
+    pub(super) async fn save(
+        &self,
+        resource_version: &str,
+        known: &mut KnownObjects,
+        digests: bool,
+    ) -> Result<()> {
+        let mut records = Vec::new();
+        for b in known.take_dirty() {
+            records.push((
+                format!("{}/b/{b}", self.key.id),
+                known.encode_bucket(b, digests),
+            ));
+        }
+        let meta = Meta::new(&self.key, self.cluster.as_ref(), resource_version, known);
+        records.push((format!("{}/meta", self.key.id), meta.to_bytes()));
+        self.sink
+            .commit_with(&self.topic, records)
+            .await
+            .map_err(|e| match e {
+                CommitError::Fenced => Error::Fenced {
+                    watch: self.key.description.clone(),
+                },
+                other => store_err(other),
+            })
+    }
+
+    pub(super) async fn reset(&self) -> Result<()> {
+        let mut records: Vec<(String, Option<Vec<u8>>)> = (0..BUCKETS)
+            .map(|b| (format!("{}/b/{b}", self.key.id), None))
+            .collect();
+        records.push((format!("{}/meta", self.key.id), None));
+        self.sink
+            .commit_tombstones(&self.topic, records)
+            .await
+            .map_err(store_err)
+    }
+}
+
+/// Decodes the records of one watch (key → last value, keys starting with `{id}/`). Never
+/// panics; anything unexpected makes the checkpoint damaged.
+pub(super) fn decode(
+    key: &WatchKey,
+    cluster: Option<&Cluster>,
+    records: &HashMap<String, Vec<u8>>,
+) -> Result<Option<Found>> {
+    let prefix = format!("{}/", key.id);
+    let Some(meta) = records.get(&format!("{prefix}meta")) else {
+        return Ok(None);
+    };
+    let meta = match Meta::decode(key, meta) {
+        Ok(meta) => meta,
+        Err(e) => return Ok(Some(Found::unreadable(e))),
+    };
+    meta.check_cluster(key, cluster)?;
+    let mut buckets = Vec::new();
+    let mut problems = Vec::new();
+    for (k, v) in records {
+        let Some(rest) = k.strip_prefix(&prefix) else {
+            continue;
+        };
+        if rest == "meta" {
+            continue;
+        }
+        match rest
+            .strip_prefix("b/")
+            .and_then(|b| b.parse::<usize>().ok())
+        {
+            Some(b) => buckets.push((b, Some(&v[..]))),
+            None => problems.push(format!("record {k:?} is neither meta nor a bucket")),
+        }
+    }
+    Ok(Some(Found::assemble(key, meta, buckets, problems)))
+}
+
+/// Reads the compacted single-partition `topic` to its end with `read_committed` and returns the
+/// last value of every key starting with `prefix` (a tombstone removes its key).
+async fn read_compacted(
+    config: ClientConfig,
+    topic: &str,
+    prefix: &str,
+) -> Result<HashMap<String, Vec<u8>>, KafkaError> {
+    let mut config = config;
+    config.set(
+        "group.id",
+        format!("kube-event-bridge-checkpoint-{}", std::process::id()),
+    );
+    let (topic, prefix) = (topic.to_string(), prefix.to_string());
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = config.create()?;
+        let (_, high) = consumer.fetch_watermarks(&topic, 0, TIMEOUT)?;
+        let mut out = HashMap::new();
+        if high == 0 {
+            return Ok(out);
+        }
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&topic, 0, Offset::Beginning)?;
+        consumer.assign(&tpl)?;
+        let deadline = std::time::Instant::now() + TIMEOUT;
+        loop {
+            if let Some(m) = consumer.poll(Duration::from_millis(200)) {
+                let m = m?;
+                if let Some(key) = m
+                    .key()
+                    .map(String::from_utf8_lossy)
+                    .filter(|k| k.starts_with(&prefix))
+                {
+                    match m.payload() {
+                        Some(v) => out.insert(key.into_owned(), v.to_vec()),
+                        None => out.remove(key.as_ref()),
+                    };
+                }
+            }
+            let position = consumer.position()?;
+            let at = position
+                .find_partition(&topic, 0)
+                .and_then(|p| match p.offset() {
+                    Offset::Offset(o) => Some(o),
+                    _ => None,
+                });
+            if at.is_some_and(|o| o >= high) {
+                return Ok(out);
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(KafkaError::MessageConsumption(
+                    RDKafkaErrorCode::OperationTimedOut,
+                ));
+            }
+        }
+    })
+    .await
+    .expect("read task")
+}
+
+/// Creates `topic` as a compacted single-partition topic, or checks that the existing one is
+/// (`config`: the client settings of consumers and admin clients).
+pub async fn ensure_topic(config: ClientConfig, topic: &str) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = config.create().map_err(store_err)?;
+    let new = NewTopic::new(topic, 1, TopicReplication::Fixed(-1)).set("cleanup.policy", "compact");
+    let options = AdminOptions::new().operation_timeout(Some(TIMEOUT));
+    let results = admin
+        .create_topics([&new], &options)
+        .await
+        .map_err(store_err)?;
+    for r in results {
+        match r {
+            Ok(_) => return Ok(()),
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((_, code)) => return Err(store_err(KafkaError::AdminOp(code))),
+        }
+    }
+    let refuse = |problem: String| Error::Topic {
+        topic: topic.into(),
+        problem,
+    };
+    let partitions = partition_count(config, topic).await.map_err(store_err)?;
+    if partitions != 1 {
+        return Err(refuse(format!(
+            "has {partitions} partitions, checkpoints need exactly 1 (a watch's records must stay \
+             in one ordered partition); delete the topic or set checkpoint.kafkaTopic to a new \
+             name, and the bridge creates it with 1 partition and cleanup.policy=compact"
+        )));
+    }
+    let described = admin
+        .describe_configs([&ResourceSpecifier::Topic(topic)], &options)
+        .await
+        .map_err(store_err)?;
+    let policy = match described.into_iter().next() {
+        Some(Ok(resource)) => resource
+            .get("cleanup.policy")
+            .and_then(|e| e.value.clone())
+            .unwrap_or_default(),
+        Some(Err(code)) => return Err(store_err(KafkaError::AdminOp(code))),
+        None => String::new(),
+    };
+    if policy != "compact" {
+        return Err(refuse(format!(
+            "cleanup.policy is {policy:?}, checkpoints need \"compact\" (otherwise retention \
+             deletes the checkpoints of quiet watches and they list again); fix it with \
+             `kafka-configs.sh --alter --entity-type topics --entity-name {topic} --add-config \
+             cleanup.policy=compact`"
+        )));
+    }
+    Ok(())
+}
+
+/// The number of partitions of an existing topic.
+async fn partition_count(config: ClientConfig, topic: &str) -> Result<usize, KafkaError> {
+    let topic = topic.to_string();
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = config.create()?;
+        let metadata = consumer.fetch_metadata(Some(&topic), TIMEOUT)?;
+        let found = metadata.topics().iter().find(|t| t.name() == topic);
+        match found {
+            Some(t) if t.error().is_none() => Ok(t.partitions().len()),
+            Some(t) => Err(KafkaError::MetadataFetch(
+                t.error()
+                    .map(Into::into)
+                    .unwrap_or(RDKafkaErrorCode::Unknown),
+            )),
+            None => Err(KafkaError::MetadataFetch(
+                RDKafkaErrorCode::UnknownTopicOrPartition,
+            )),
+        }
+    })
+    .await
+    .expect("metadata task")
+}
