@@ -586,6 +586,15 @@ pub struct Config {
     pub discovery: DiscoveryConfig,
 }
 
+impl Config {
+    /// Whether checkpoints are kept somewhere durable (a broker, or the stdout sink's directory);
+    /// they are then tied to the cluster's identity (the uid of namespace `kube-system`).
+    pub fn keeps_checkpoints(&self) -> bool {
+        self.checkpoint.enabled
+            && !(matches!(self.sink, Sink::Stdout) && self.checkpoint.directory.is_none())
+    }
+}
+
 /// The validated sink.
 #[derive(Debug, Clone)]
 pub enum Sink {

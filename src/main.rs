@@ -294,7 +294,13 @@ async fn rbac(config: &Config, service_account: &str, namespace: &str) -> Result
         .then(|| election.namespace.as_deref().unwrap_or(namespace));
     print!(
         "{}",
-        kube_event_bridge::rbac::render(&resolved, service_account, namespace, lease_namespace)
+        kube_event_bridge::rbac::render(
+            &resolved,
+            service_account,
+            namespace,
+            lease_namespace,
+            config.keeps_checkpoints()
+        )
     );
     Ok(())
 }

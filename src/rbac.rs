@@ -121,12 +121,22 @@ pub fn lease_role_name(service_account: &str, namespace: &str) -> String {
     format!("{}:leader-election", role_name(service_account, namespace))
 }
 
+/// The namespace whose uid identifies the cluster checkpoints belong to.
+pub const IDENTITY_NAMESPACE: &str = "kube-system";
+
+/// The Role (in [`IDENTITY_NAMESPACE`]) that lets the bridge read that namespace alone.
+pub fn identity_role_name(service_account: &str, namespace: &str) -> String {
+    format!("{}:cluster-identity", role_name(service_account, namespace))
+}
+
 /// Renders the RBAC objects the bridge needs when it runs as `service_account` in `namespace`,
 /// reading `resources` (resolved through discovery), as multi-document YAML: a commented
 /// header, then the ClusterRole and ClusterRoleBinding (only if some resource is watched in
 /// every namespace or is cluster-scoped), a Role and RoleBinding per namespace with fixed-
 /// namespace resources, and, when leader election is on (`lease_namespace` is where its Lease
-/// lives), the leader-election Role and RoleBinding there.
+/// lives), the leader-election Role and RoleBinding there. When checkpoints are kept
+/// (`checkpoints`), a Role in `kube-system` grants `get` on that one Namespace (by name), whose
+/// uid ties checkpoints to the cluster.
 ///
 /// The ServiceAccount itself is not rendered (a Helm chart or `kubectl create serviceaccount`
 /// owns it). The output is deterministic: objects and rules are sorted.
@@ -135,6 +145,7 @@ pub fn render(
     service_account: &str,
     namespace: &str,
     lease_namespace: Option<&str>,
+    checkpoints: bool,
 ) -> String {
     let perms = permissions(resources);
     let name = role_name(service_account, namespace);
@@ -188,7 +199,7 @@ pub fn render(
             docs.push(yaml(&RoleBinding {
                 metadata: meta(&lease, Some(lease_ns)),
                 role_ref: role_ref("Role", &lease),
-                subjects: Some(vec![subject]),
+                subjects: Some(vec![subject.clone()]),
             }));
             out.push_str(&format!(
                 ", {} on leases in {lease_ns}.\n",
@@ -196,6 +207,27 @@ pub fn render(
             ));
         }
         None => out.push_str(" (leader election off: no Lease access).\n"),
+    }
+    if checkpoints {
+        let identity = identity_role_name(service_account, namespace);
+        docs.push(yaml(&Role {
+            metadata: meta(&identity, Some(IDENTITY_NAMESPACE)),
+            rules: Some(vec![PolicyRule {
+                api_groups: Some(vec![String::new()]),
+                resources: Some(vec!["namespaces".into()]),
+                resource_names: Some(vec![IDENTITY_NAMESPACE.into()]),
+                verbs: vec!["get".into()],
+                ..PolicyRule::default()
+            }]),
+        }));
+        docs.push(yaml(&RoleBinding {
+            metadata: meta(&identity, Some(IDENTITY_NAMESPACE)),
+            role_ref: role_ref("Role", &identity),
+            subjects: Some(vec![subject]),
+        }));
+        out.push_str(&format!(
+            "# get on namespace {IDENTITY_NAMESPACE}, whose uid ties checkpoints to this cluster.\n"
+        ));
     }
     for doc in docs {
         out.push_str("---\n");
@@ -418,7 +450,7 @@ mod tests {
             p.namespaced,
             [("shop".to_string(), grants(&[("apps", &["deployments"])]))].into()
         );
-        let text = render(&rs, "keb", "ops", Some("ops"));
+        let text = render(&rs, "keb", "ops", Some("ops"), false);
         let d = docs(&text);
         for doc in d
             .iter()
@@ -458,7 +490,7 @@ mod tests {
 
     #[test]
     fn only_leases_get_a_verb_beyond_list_and_watch() {
-        let text = render(&core_wildcard(), "keb", "ops", Some("ops"));
+        let text = render(&core_wildcard(), "keb", "ops", Some("ops"), false);
         let verbs: BTreeSet<String> = docs(&text)
             .iter()
             .flat_map(|doc| doc["rules"].as_sequence().cloned().unwrap_or_default())
@@ -503,7 +535,7 @@ mod tests {
                 ("CronTab", "crontabs", true),
             ],
         );
-        let text = render(&rs, "bridge", "ops", Some("ops"));
+        let text = render(&rs, "bridge", "ops", Some("ops"), false);
         let d = docs(&text);
         let kinds: Vec<String> = d.iter().map(summary).collect();
         assert_eq!(
@@ -551,7 +583,7 @@ mod tests {
                 ("Secret", "secrets", true),
             ],
         );
-        let d = docs(&render(&rs, "keb", "keb-system", Some("keb-system")));
+        let d = docs(&render(&rs, "keb", "keb-system", Some("keb-system"), false));
         let kinds: Vec<String> = d.iter().map(summary).collect();
         assert_eq!(
             kinds,
@@ -597,7 +629,7 @@ mod tests {
             "cluster: dev\nresources: [{apiVersion: v1, resource: configmaps}]\n",
             &[("ConfigMap", "configmaps", true)],
         );
-        let text = render(&rs, "sa", "home", Some("home"));
+        let text = render(&rs, "sa", "home", Some("home"), false);
         assert!(
             text.starts_with(
                 "# RBAC for kube-event-bridge running as system:serviceaccount:home:sa"
@@ -630,7 +662,7 @@ mod tests {
             "cluster: dev\nresources: [{apiVersion: v1, resource: configmaps}]\n",
             &[("ConfigMap", "configmaps", true)],
         );
-        let elsewhere = docs(&render(&rs, "sa", "home", Some("elections")));
+        let elsewhere = docs(&render(&rs, "sa", "home", Some("elections"), false));
         let lease = elsewhere
             .iter()
             .find(|x| x["kind"] == "Role")
@@ -640,7 +672,7 @@ mod tests {
             lease["metadata"]["name"],
             "kube-event-bridge:home:sa:leader-election"
         );
-        let text = render(&rs, "sa", "home", None);
+        let text = render(&rs, "sa", "home", None, false);
         let kinds: Vec<String> = docs(&text).iter().map(summary).collect();
         assert_eq!(
             kinds,
@@ -659,8 +691,36 @@ mod tests {
             ("Secret", "secrets", true),
             ("Namespace", "namespaces", false),
         ];
-        let a = render(&resolved(STDOUT_EXAMPLE, &api), "x", "y", None);
-        let b = render(&resolved(STDOUT_EXAMPLE, &api), "x", "y", None);
+        let a = render(&resolved(STDOUT_EXAMPLE, &api), "x", "y", None, false);
+        let b = render(&resolved(STDOUT_EXAMPLE, &api), "x", "y", None, false);
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn kept_checkpoints_add_get_on_the_kube_system_namespace_alone() {
+        let rs = resolved(
+            STDOUT_EXAMPLE,
+            &[
+                ("ConfigMap", "configmaps", true),
+                ("Secret", "secrets", true),
+                ("Namespace", "namespaces", false),
+            ],
+        );
+        let without = render(&rs, "sa", "home", None, false);
+        assert!(!without.contains(IDENTITY_NAMESPACE), "{without}");
+        let d = docs(&render(&rs, "sa", "home", None, true));
+        let role = d
+            .iter()
+            .find(|d| d["kind"] == "Role" && d["metadata"]["namespace"] == IDENTITY_NAMESPACE)
+            .expect("a Role in kube-system");
+        assert_eq!(role["metadata"]["name"], identity_role_name("sa", "home"));
+        let rule = &role["rules"][0];
+        assert_eq!(rule["resources"][0], "namespaces");
+        assert_eq!(rule["resourceNames"][0], IDENTITY_NAMESPACE);
+        assert_eq!(rule["verbs"].as_sequence().map(Vec::len), Some(1));
+        assert_eq!(rule["verbs"][0], "get");
+        assert!(d.iter().any(|d| d["kind"] == "RoleBinding"
+            && d["metadata"]["namespace"] == IDENTITY_NAMESPACE
+            && d["subjects"][0]["name"] == "sa"));
     }
 }

@@ -310,9 +310,7 @@ impl Stores {
     /// or the directory) and reads the identity of the cluster checkpoints are tied to.
     async fn prepare(config: &Config, shared: &Arc<AnySink>, client: &Client) -> Result<Self> {
         let c = &config.checkpoint;
-        let durable =
-            c.enabled && !matches!(shared.as_ref(), AnySink::Stdout(_) if c.directory.is_none());
-        if !durable {
+        if !config.keeps_checkpoints() {
             return Ok(Stores {
                 kind: StoresKind::Memory,
                 cluster: None,

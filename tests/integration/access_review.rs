@@ -255,7 +255,7 @@ async fn a_core_wildcard_grants_list_and_watch_on_its_resources_and_nothing_dang
         )
         .await
         .expect("create the ServiceAccount");
-    let rendered = rbac::render(&resolved, sa, &home, Some(&home));
+    let rendered = rbac::render(&resolved, sa, &home, Some(&home), true);
     assert!(
         !rendered.contains("'*'"),
         "a wildcard is granted by name, never \"*\":\n{rendered}"
@@ -351,8 +351,17 @@ fn questions(resolved: &[ResolvedResource], home: &str, shop: &str, other: &str)
         "serviceaccounts",
         Some(home),
     ));
-    // No `get` of the kube-system Namespace: nothing in the bridge reads it.
-    q.push(Access::new("get", "", "namespaces", None).named("kube-system"));
+    // Checkpoints are tied to the cluster's identity: `get` of the kube-system Namespace by
+    // name (a namespace's own attributes carry it as their namespace), and of no other.
+    q.push(
+        Access::new("get", "", "namespaces", Some("kube-system"))
+            .named("kube-system")
+            .allowed(),
+    );
+    q.push(Access::new("get", "", "namespaces", Some("default")).named("default"));
+    q.push(Access::new("list", "", "namespaces", Some("kube-system")));
+    q.push(Access::new("get", "", "secrets", Some("kube-system")));
+    q.push(Access::new("get", "", "configmaps", Some("kube-system")).named("x"));
     // CRDs, followed because of the wildcard: list and watch only.
     let crds = "customresourcedefinitions";
     q.push(Access::new("list", rbac::CRD_GROUP, crds, None).allowed());

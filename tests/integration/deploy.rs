@@ -706,6 +706,25 @@ async fn helm_renders_every_documented_values_file_with_the_rbac_src_rbac_comput
             rbac::permissions(&resolved),
             "{what}: chart RBAC differs from src/rbac.rs"
         );
+        let identity = docs
+            .iter()
+            .find(|d| kind(d) == "Role" && name(d) == rbac::identity_role_name(&sa, &namespace));
+        assert_eq!(
+            identity.is_some(),
+            config.keeps_checkpoints(),
+            "{what}: the Role reading namespace kube-system comes with kept checkpoints"
+        );
+        if let Some(identity) = identity {
+            assert_eq!(
+                identity["metadata"]["namespace"].as_str(),
+                Some(rbac::IDENTITY_NAMESPACE)
+            );
+            assert_eq!(
+                identity["rules"][0]["resourceNames"][0],
+                rbac::IDENTITY_NAMESPACE
+            );
+            assert_eq!(strings(&identity["rules"][0]["verbs"]), ["get"]);
+        }
         let lease_role = rbac::lease_role_name(&sa, &namespace);
         let lease = docs
             .iter()
@@ -1252,7 +1271,13 @@ async fn apply_rendered_rbac(
     let lease_namespace = election
         .enabled
         .then(|| election.namespace.as_deref().unwrap_or(home));
-    let rendered = rbac::render(&resolved, sa, home, lease_namespace);
+    let rendered = rbac::render(
+        &resolved,
+        sa,
+        home,
+        lease_namespace,
+        config.keeps_checkpoints(),
+    );
     create_service_account(kubectl, home, sa).await;
     kube(kubectl, &["apply", "-f", "-"], Some(&rendered)).await;
     (resolved, rendered)
@@ -1449,7 +1474,13 @@ async fn docs_show_the_rbac_rendered_for_the_stdout_example() {
     let resolved = discovery::resolve(&client, &config.resources)
         .await
         .unwrap();
-    let rendered = rbac::render(&resolved, "kube-event-bridge", "kube-event-bridge", None);
+    let rendered = rbac::render(
+        &resolved,
+        "kube-event-bridge",
+        "kube-event-bridge",
+        None,
+        config.keeps_checkpoints(),
+    );
     let docs = read(&repo().join("docs/deploy.md"));
     assert!(
         docs.contains(&rendered),
@@ -1480,7 +1511,7 @@ fn permissions_of_hand_resolved_resources_match_grants() {
             namespaced,
         })
         .collect();
-    let docs = documents(&rbac::render(&resolved, "sa", "ns", None));
+    let docs = documents(&rbac::render(&resolved, "sa", "ns", None, false));
     let grants =
         |g: &str, p: &str| -> Grants { [(g.to_string(), BTreeSet::from([p.to_string()]))].into() };
     assert_eq!(

@@ -64,7 +64,9 @@ async fn a_list_of_large_secrets_stays_under_the_charts_memory_limit() {
     let mut reader = Reader::kafka(std::slice::from_ref(&topic)).await;
     bridge.wait_synced(1).await;
     let events = reader
-        .read_until(std::time::Duration::from_secs(120), |got| got.len() >= SECRETS)
+        .read_until(std::time::Duration::from_secs(120), |got| {
+            got.len() >= SECRETS
+        })
         .await;
     assert_eq!(events.len(), SECRETS);
     let peak = bridge.peak_rss();

@@ -53,6 +53,17 @@ kube-event-bridge:<release namespace>:<service account>.
 {{- end }}
 
 {{/*
+"true" when the bridge keeps checkpoints somewhere durable (checkpoint.enabled, and a broker
+sink or a checkpoint.directory for stdout), else "": they are tied to the cluster's identity,
+the uid of namespace kube-system, which the bridge then reads.
+*/}}
+{{- define "kube-event-bridge.keepsCheckpoints" -}}
+{{- $enabled := dig "checkpoint" "enabled" true .Values.config }}
+{{- $stdout := not (or (dig "sink" "kafka" nil .Values.config) (dig "sink" "nats" nil .Values.config)) }}
+{{- if and $enabled (or (not $stdout) (dig "checkpoint" "directory" nil .Values.config)) }}true{{ end }}
+{{- end }}
+
+{{/*
 "true" when the bridge's config enables leader election, else "".
 */}}
 {{- define "kube-event-bridge.leaderElection" -}}
