@@ -298,3 +298,57 @@ async fn renew(api: Api<Lease>, s: Settings, leadership: Leadership) {
     }
     leadership.lost.cancel();
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(code: u16) -> kube::Error {
+        kube::Error::Api(Box::new(
+            serde_json::from_value(serde_json::json!({"code": code, "message": "m"})).unwrap(),
+        ))
+    }
+
+    #[test]
+    fn server_errors_throttling_and_broken_connections_are_transient() {
+        for code in [408, 429, 500, 502, 503, 504] {
+            assert!(is_transient(&api(code)), "{code}");
+        }
+        let reset = std::io::Error::other("connection reset");
+        assert!(is_transient(&kube::Error::ReadEvents(reset)));
+        assert!(is_transient(&kube::Error::Service(
+            "connection refused".into()
+        )));
+        for code in [400, 401, 403, 404, 422] {
+            assert!(!is_transient(&api(code)), "{code}");
+        }
+        assert!(!is_transient(&kube::Error::TlsRequired));
+    }
+
+    #[test]
+    fn a_refusal_names_the_lease_and_what_is_missing() {
+        let s = Settings {
+            namespace: "ops".into(),
+            name: "keb".into(),
+            identity: "me".into(),
+            lease_duration: Duration::from_secs(15),
+            retry_period: Duration::from_secs(2),
+        };
+        let forbidden = fatal(&s, api(403)).to_string();
+        assert!(
+            forbidden.starts_with("lease ops/keb: forbidden"),
+            "{forbidden}"
+        );
+        assert!(
+            forbidden
+                .contains("get, create and update on leases.coordination.k8s.io in namespace ops"),
+            "{forbidden}"
+        );
+        let missing = fatal(&s, api(404)).to_string();
+        assert!(
+            missing.contains("namespace ops does not exist"),
+            "{missing}"
+        );
+        assert!(matches!(fatal(&s, api(401)), Error::Api { .. }));
+    }
+}

@@ -10,5 +10,6 @@ mod credentials;
 mod deploy;
 mod dynamic;
 mod harness;
+mod resilience;
 mod shaping;
 mod support;
