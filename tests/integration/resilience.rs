@@ -229,6 +229,43 @@ async fn sigterm_while_a_follower_waits_exits_cleanly() {
     assert_eq!(bridge.count_log("leadership acquired"), 0);
 }
 
+/// A follower whose identity may not touch the Lease fails at once, saying which Lease and which
+/// RBAC it needs: waiting would not heal that.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_follower_without_lease_rights_fails_naming_the_rbac_it_needs() {
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, "forbidden").await;
+    let dir = tempfile::tempdir().unwrap();
+    // The test identity may impersonate; the bridge acts as a user no RBAC grants anything.
+    let text = std::fs::read_to_string(crate::support::env().kubeconfig).unwrap();
+    let mut kubeconfig: serde_json::Value = serde_yaml::from_str(&text).unwrap();
+    kubeconfig["users"][0]["user"]["as"] = "keb-without-lease-rights".into();
+    let path = dir.path().join("kubeconfig-without-lease-rights");
+    std::fs::write(&path, kubeconfig.to_string()).unwrap();
+    let config = follower_config(
+        &ns,
+        "keb-lease",
+        dir.path(),
+        &format!("kubernetes: {{kubeconfig: {}}}\n", path.display()),
+    );
+    let mut bridge = Bridge::start(&config);
+    let status = bridge
+        .wait_exit(Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|| panic!("no exit within 60 s; log:\n{}", bridge.log_text()));
+    assert!(!status.success());
+    let log = bridge.log_text();
+    let want = format!(
+        "error: lease {ns}/keb-lease: forbidden: the bridge's ServiceAccount needs get, create and update on leases.coordination.k8s.io in namespace {ns}"
+    );
+    assert!(log.contains(&want), "{want}\nnot in:\n{log}");
+    assert_eq!(
+        bridge.count_log("lease request failed while waiting for leadership, retrying"),
+        0,
+        "a refusal is not retried:\n{log}"
+    );
+}
+
 /// A TCP proxy that holds every connection, unanswered, until released: an API server that is
 /// slow to answer during the bridge's start.
 struct Gate {
