@@ -313,7 +313,7 @@ impl State {
             "counter",
             "Watch restarts by reason.",
             "reason",
-            &["gone", "forbidden", "not_found", "request", "status"],
+            &crate::watch::RESTART_REASONS,
             |s, _, r| by_reason(&s.restarts, r),
         );
         m.per_label(

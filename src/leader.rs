@@ -15,10 +15,41 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-/// Errors of leader election.
+use crate::watch::Backoff;
+
+/// Errors of leader election that waiting will not heal; transient ones (5xx, 429, timeouts,
+/// connection errors) are retried with backoff and never surface.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The Lease API failed in a way that is not a lost race.
+    /// The bridge's identity may not read or write the Lease: RBAC is missing.
+    #[error(
+        "lease {namespace}/{name}: forbidden: the bridge's ServiceAccount needs get, create and \
+         update on leases.coordination.k8s.io in namespace {namespace} \
+         (`kube-event-bridge rbac` prints the Role)"
+    )]
+    Forbidden {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// The cause.
+        #[source]
+        source: kube::Error,
+    },
+    /// The Lease's namespace does not exist.
+    #[error(
+        "lease {namespace}/{name}: namespace {namespace} does not exist (leaderElection.namespace)"
+    )]
+    NamespaceNotFound {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// The cause.
+        #[source]
+        source: kube::Error,
+    },
+    /// The Lease API failed in a way that retrying will not fix (bad credentials, invalid request).
     #[error("lease {namespace}/{name}")]
     Api {
         /// Namespace.
@@ -29,6 +60,24 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+}
+
+/// A `Result` with this module's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Whether a failed Lease request may succeed when repeated: server errors, throttling,
+/// timeouts and connection errors heal; refusals of this request or identity do not.
+fn is_transient(error: &kube::Error) -> bool {
+    match error {
+        kube::Error::Api(s) => matches!(s.code, 408 | 429 | 500..=599),
+        kube::Error::HyperError(_)
+        | kube::Error::Service(_)
+        | kube::Error::ReadEvents(_)
+        | kube::Error::SerdeError(_)
+        | kube::Error::FromUtf8(_)
+        | kube::Error::Auth(_) => true,
+        _ => false,
+    }
 }
 
 /// Leader election settings.
@@ -80,13 +129,10 @@ fn now() -> MicroTime {
 }
 
 /// Waits until this replica holds the lease, then keeps renewing it in the background.
-pub async fn acquire(client: Client, s: Settings) -> Result<Leadership, Error> {
+/// Transient API errors while waiting are logged and retried with backoff; only an error that
+/// will not heal (RBAC, a missing namespace, bad credentials) is returned.
+pub async fn acquire(client: Client, s: Settings) -> Result<Leadership> {
     let api: Api<Lease> = Api::namespaced(client, &s.namespace);
-    let err = |source| Error::Api {
-        namespace: s.namespace.clone(),
-        name: s.name.clone(),
-        source,
-    };
     let leadership = Leadership {
         lost: CancellationToken::new(),
         epoch: Instant::now(),
@@ -95,55 +141,104 @@ pub async fn acquire(client: Client, s: Settings) -> Result<Leadership, Error> {
     // The holder's lease is judged expired by how long its resourceVersion has not changed, as
     // observed here: no clock comparison with other nodes.
     let mut observed: Option<(String, Instant)> = None;
+    let mut backoff = Backoff::default();
     info!(lease = %s.name, namespace = %s.namespace, identity = %s.identity, "waiting for leadership");
     loop {
-        let attempt = Instant::now();
-        match api.get_opt(&s.name).await.map_err(err)? {
-            None => {
-                let lease = lease_for(&s, None, 0);
-                match api.create(&PostParams::default(), &lease).await {
-                    Ok(_) => break,
-                    Err(kube::Error::Api(e)) if e.code == 409 => {}
-                    Err(e) => return Err(err(e)),
-                }
+        let delay = match try_acquire(&api, &s, &mut observed).await {
+            Ok(true) => break,
+            Ok(false) => {
+                backoff.reset();
+                s.retry_period
             }
-            Some(current) => {
-                let spec = current.spec.clone().unwrap_or_default();
-                let rv = current
-                    .metadata
-                    .resource_version
-                    .clone()
-                    .unwrap_or_default();
-                let holder = spec.holder_identity.clone().unwrap_or_default();
-                let changed = observed.as_ref().is_none_or(|(seen, _)| *seen != rv);
-                if changed {
-                    observed = Some((rv.clone(), Instant::now()));
-                }
-                let held_for = observed
-                    .as_ref()
-                    .map(|(_, at)| at.elapsed())
-                    .unwrap_or_default();
-                let duration =
-                    Duration::from_secs(spec.lease_duration_seconds.unwrap_or(15).max(1) as u64);
-                if holder.is_empty() || holder == s.identity || held_for >= duration {
-                    let transitions =
-                        spec.lease_transitions.unwrap_or(0) + i32::from(holder != s.identity);
-                    let lease = lease_for(&s, Some(rv), transitions);
-                    match api.replace(&s.name, &PostParams::default(), &lease).await {
-                        Ok(_) => break,
-                        Err(kube::Error::Api(e)) if e.code == 409 => {}
-                        Err(e) => return Err(err(e)),
-                    }
-                }
+            Err(source) if is_transient(&source) => {
+                let delay = backoff.next_delay().max(s.retry_period);
+                warn!(
+                    lease = %s.name,
+                    namespace = %s.namespace,
+                    error = %source,
+                    retry_in_ms = delay.as_millis() as u64,
+                    "lease request failed while waiting for leadership, retrying"
+                );
+                delay
             }
-        }
-        tokio::time::sleep(s.retry_period).await;
-        let _ = attempt;
+            Err(source) => return Err(fatal(&s, source)),
+        };
+        tokio::time::sleep(delay).await;
     }
     leadership.renewed(s.lease_duration, Instant::now());
     info!(lease = %s.name, identity = %s.identity, "leadership acquired");
     tokio::spawn(renew(api, s, leadership.clone()));
     Ok(leadership)
+}
+
+/// One attempt to take the lease: true when taken, false when someone else holds it (or won a
+/// race for it).
+async fn try_acquire(
+    api: &Api<Lease>,
+    s: &Settings,
+    observed: &mut Option<(String, Instant)>,
+) -> Result<bool, kube::Error> {
+    let lost_race = |e: &kube::Error| matches!(e, kube::Error::Api(e) if e.code == 409);
+    let Some(current) = api.get_opt(&s.name).await? else {
+        return match api
+            .create(&PostParams::default(), &lease_for(s, None, 0))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if lost_race(&e) => Ok(false),
+            Err(e) => Err(e),
+        };
+    };
+    let spec = current.spec.clone().unwrap_or_default();
+    let rv = current
+        .metadata
+        .resource_version
+        .clone()
+        .unwrap_or_default();
+    let holder = spec.holder_identity.clone().unwrap_or_default();
+    if observed.as_ref().is_none_or(|(seen, _)| *seen != rv) {
+        *observed = Some((rv.clone(), Instant::now()));
+    }
+    let held_for = observed
+        .as_ref()
+        .map(|(_, at)| at.elapsed())
+        .unwrap_or_default();
+    let duration = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(15).max(1) as u64);
+    if !(holder.is_empty() || holder == s.identity || held_for >= duration) {
+        return Ok(false);
+    }
+    let transitions = spec.lease_transitions.unwrap_or(0) + i32::from(holder != s.identity);
+    let lease = lease_for(s, Some(rv), transitions);
+    match api.replace(&s.name, &PostParams::default(), &lease).await {
+        Ok(_) => Ok(true),
+        // Deleted since the read: also a race, the next attempt creates it.
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+        Err(e) if lost_race(&e) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// The error for a Lease request that retrying will not fix.
+fn fatal(s: &Settings, source: kube::Error) -> Error {
+    let (namespace, name) = (s.namespace.clone(), s.name.clone());
+    match &source {
+        kube::Error::Api(status) if status.code == 403 => Error::Forbidden {
+            namespace,
+            name,
+            source,
+        },
+        // Only a create answers 404 here: the namespace is missing.
+        kube::Error::Api(status) if status.code == 404 => Error::NamespaceNotFound {
+            namespace,
+            name,
+            source,
+        },
+        _ => Error::Api {
+            namespace,
+            name,
+            source,
+        },
+    }
 }
 
 fn lease_for(s: &Settings, resource_version: Option<String>, transitions: i32) -> Lease {
@@ -202,4 +297,58 @@ async fn renew(api: Api<Lease>, s: Settings, leadership: Leadership) {
         }
     }
     leadership.lost.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(code: u16) -> kube::Error {
+        kube::Error::Api(Box::new(
+            serde_json::from_value(serde_json::json!({"code": code, "message": "m"})).unwrap(),
+        ))
+    }
+
+    #[test]
+    fn server_errors_throttling_and_broken_connections_are_transient() {
+        for code in [408, 429, 500, 502, 503, 504] {
+            assert!(is_transient(&api(code)), "{code}");
+        }
+        let reset = std::io::Error::other("connection reset");
+        assert!(is_transient(&kube::Error::ReadEvents(reset)));
+        assert!(is_transient(&kube::Error::Service(
+            "connection refused".into()
+        )));
+        for code in [400, 401, 403, 404, 422] {
+            assert!(!is_transient(&api(code)), "{code}");
+        }
+        assert!(!is_transient(&kube::Error::TlsRequired));
+    }
+
+    #[test]
+    fn a_refusal_names_the_lease_and_what_is_missing() {
+        let s = Settings {
+            namespace: "ops".into(),
+            name: "keb".into(),
+            identity: "me".into(),
+            lease_duration: Duration::from_secs(15),
+            retry_period: Duration::from_secs(2),
+        };
+        let forbidden = fatal(&s, api(403)).to_string();
+        assert!(
+            forbidden.starts_with("lease ops/keb: forbidden"),
+            "{forbidden}"
+        );
+        assert!(
+            forbidden
+                .contains("get, create and update on leases.coordination.k8s.io in namespace ops"),
+            "{forbidden}"
+        );
+        let missing = fatal(&s, api(404)).to_string();
+        assert!(
+            missing.contains("namespace ops does not exist"),
+            "{missing}"
+        );
+        assert!(matches!(fatal(&s, api(401)), Error::Api { .. }));
+    }
 }

@@ -7,7 +7,9 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use kube_event_bridge::config::{Config, ConfigFile, Sink};
 use kube_event_bridge::discovery::{self, ResolvedResource};
+use kube_event_bridge::leader::Leadership;
 use kube_event_bridge::{admin, runtime, schema, tail};
+use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
 #[derive(Parser)]
@@ -206,6 +208,9 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 async fn run(path: &std::path::Path) -> Result<(), String> {
+    // Signals are ours from the first instant: one arriving during start-up stops it cleanly
+    // instead of killing the process half-way.
+    let stop = listen_for_signals().map_err(|e| format!("cannot listen for signals: {e}"))?;
     let config = load(path)?;
     let grace = Duration::from_secs(config.delivery.shutdown_grace_secs);
     let delay = Duration::from_secs(config.admin.shutdown_delay_secs);
@@ -216,15 +221,54 @@ async fn run(path: &std::path::Path) -> Result<(), String> {
     if config.leader_election.enabled {
         admin.set_role(admin::Role::Follower);
     }
-    let leadership = runtime::elect(&config).await.map_err(|e| chain(&e))?;
+    // Waiting for leadership holds nothing: a signal simply ends the wait.
+    let leadership = tokio::select! {
+        elected = runtime::elect(&config) => elected.map_err(|e| chain(&e))?,
+        () = stop.cancelled() => {
+            admin.shutting_down();
+            info!("stopped before start-up finished: nothing to drain");
+            info!("shutdown complete");
+            return Ok(());
+        }
+    };
     if leadership.is_some() {
         admin.set_role(admin::Role::Leader);
     }
     let watches = admin.clone();
     let on_change = Box::new(move |w| watches.set_watches(w));
-    let mut bridge = runtime::Bridge::start(config, leadership.clone(), on_change)
-        .await
-        .map_err(|e| chain(&e))?;
+    let started = runtime::Bridge::start(config, leadership.clone(), on_change);
+    tokio::pin!(started);
+    // A signal during start lets the start finish (it may have begun writing to the broker and
+    // the checkpoint store), then drains: no half-written state, within the grace period.
+    let deadline = tokio::select! {
+        bridge = &mut started => {
+            let bridge = bridge.map_err(|e| chain(&e))?;
+            return serve_until_stopped(bridge, leadership, &admin, &stop, delay, grace).await;
+        }
+        () = stop.cancelled() => tokio::time::Instant::now() + grace,
+    };
+    admin.shutting_down();
+    info!("signal during start-up: finishing the start, then draining");
+    let Ok(bridge) = tokio::time::timeout_at(deadline, started).await else {
+        return Err("shutdown grace period exceeded during start-up".into());
+    };
+    let bridge = bridge.map_err(|e| chain(&e))?;
+    drain(
+        bridge,
+        deadline.saturating_duration_since(tokio::time::Instant::now()),
+    )
+    .await
+}
+
+/// Runs the started bridge until the first signal, then drains it.
+async fn serve_until_stopped(
+    mut bridge: runtime::Bridge,
+    leadership: Option<Leadership>,
+    admin: &admin::State,
+    stop: &CancellationToken,
+    delay: Duration,
+    grace: Duration,
+) -> Result<(), String> {
     let lost = async {
         match &leadership {
             Some(l) => l.lost().await,
@@ -233,16 +277,10 @@ async fn run(path: &std::path::Path) -> Result<(), String> {
     };
     tokio::pin!(lost);
     tokio::select! {
-        () = shutdown_signal() => {}
+        () = stop.cancelled() => {}
         failure = bridge.failure() => return Err(failure),
         () = &mut lost => return Err(LEADERSHIP_LOST.into()),
     }
-    // A second signal exits at once.
-    tokio::spawn(async {
-        shutdown_signal().await;
-        error!("second signal: exiting without draining");
-        std::process::exit(130);
-    });
     admin.shutting_down();
     if !delay.is_zero() {
         info!(
@@ -255,6 +293,11 @@ async fn run(path: &std::path::Path) -> Result<(), String> {
             () = &mut lost => return Err(LEADERSHIP_LOST.into()),
         }
     }
+    drain(bridge, grace).await
+}
+
+/// Stops the watches and drains what is in flight within `grace`.
+async fn drain(bridge: runtime::Bridge, grace: Duration) -> Result<(), String> {
     if bridge.shutdown(grace).await {
         info!("shutdown complete");
         Ok(())
@@ -265,14 +308,29 @@ async fn run(path: &std::path::Path) -> Result<(), String> {
 
 const LEADERSHIP_LOST: &str = "leadership lost: exiting so that a restart waits as a follower";
 
-async fn shutdown_signal() {
+/// Installs the SIGTERM and SIGINT handlers. The returned token is cancelled by the first
+/// signal (shut down cleanly); a second signal exits at once without draining.
+fn listen_for_signals() -> std::io::Result<CancellationToken> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => info!(signal = "SIGTERM", "signal received"),
-        _ = int.recv() => info!(signal = "SIGINT", "signal received"),
-    }
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let stop = CancellationToken::new();
+    let first = stop.clone();
+    tokio::spawn(async move {
+        for second in [false, true] {
+            let name = tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+            };
+            if second {
+                error!(signal = name, "second signal: exiting without draining");
+                std::process::exit(130);
+            }
+            info!(signal = name, "signal received");
+            first.cancel();
+        }
+    });
+    Ok(stop)
 }
 
 /// Resolves the configured resources through discovery.

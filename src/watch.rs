@@ -5,11 +5,18 @@
 //! kube-runtime's `watcher` cannot start from a saved resourceVersion nor expose bookmarks, so
 //! this is a small loop over `Api::list` and `Api::watch`. Its output is a stream of [`Item`]s
 //! on a bounded channel: a full channel pauses the watch (backpressure, never loss).
+//!
+//! A watch that fails the same way again and again never spins: an event that cannot be
+//! decoded, or a watch that ends at once without delivering anything, resumes with
+//! [`Backoff`], counted in the watch's restarts and logged. A resourceVersion the API server
+//! has not reached (its etcd was restored from a backup) is treated like 410 Gone: the API
+//! server would otherwise hold the watch open, silently, until its history catches up.
 
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, TypeMeta, WatchEvent, WatchParams};
+use kube::core::Status as ApiStatus;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -19,16 +26,42 @@ use std::sync::Arc;
 use crate::change::ChangeKind;
 use crate::pipeline::{Status, count};
 
-/// Why a watch could not go on; each is logged and retried with backoff, never fatal.
+/// Every reason a watch restart is counted under (`kube_event_bridge_watch_restarts_total`).
+pub const RESTART_REASONS: [&str; 8] = [
+    "gone",
+    "too_large",
+    "forbidden",
+    "not_found",
+    "request",
+    "status",
+    "decode",
+    "dropped",
+];
+
+/// A watch that stayed open this long, or delivered anything, was healthy: if it then drops, it
+/// resumes at once. One that ends sooner with nothing delivered resumes with backoff.
+const HEALTHY_WATCH: Duration = Duration::from_secs(10);
+
+/// Why a watch could not go on; each is logged and retried (with backoff, or by relisting),
+/// never fatal.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The API server answered 410 Gone: the resourceVersion is older than its watch history.
     #[error("resourceVersion {0} is too old (410 Gone)")]
     Gone(String),
+    /// The API server has not reached the resourceVersion (504 `ResourceVersionTooLarge`): its
+    /// etcd was restored from a backup older than the resourceVersion.
+    #[error("resourceVersion {rv} is ahead of the API server: {message}")]
+    TooLarge {
+        /// The resourceVersion asked for.
+        rv: String,
+        /// The API server's message (`Too large resource version: 2000000000, current: 1234`).
+        message: String,
+    },
     /// A request failed.
     #[error("{reason} request failed")]
     Request {
-        /// `list` or `watch`.
+        /// `list`, `watch` or `probe`.
         reason: &'static str,
         /// The cause.
         #[source]
@@ -44,16 +77,29 @@ pub enum Error {
         /// Message.
         message: String,
     },
+    /// What the API server sent could not be decoded.
+    #[error("cannot decode {what}")]
+    Decode {
+        /// `a watch event` or `a LIST response`.
+        what: &'static str,
+        /// The cause.
+        #[source]
+        source: kube::Error,
+    },
+    /// The watch ended soon after it was opened without delivering anything.
+    #[error("the watch ended at once without delivering anything")]
+    Unproductive(#[source] Option<kube::Error>),
     /// The pipeline behind the watch has stopped.
     #[error("the pipeline stopped")]
     Closed,
 }
 
 impl Error {
-    /// A short, closed-set label for logs and metrics.
+    /// A short, closed-set label for logs and metrics (one of [`RESTART_REASONS`], or `closed`).
     pub fn reason(&self) -> &'static str {
         match self {
             Error::Gone(_) => "gone",
+            Error::TooLarge { .. } => "too_large",
             Error::Request {
                 source: kube::Error::Api(s),
                 ..
@@ -65,9 +111,42 @@ impl Error {
             Error::Request { .. } => "request",
             Error::Status { code: 404, .. } => "not_found",
             Error::Status { .. } => "status",
+            Error::Decode { .. } => "decode",
+            Error::Unproductive(_) => "dropped",
             Error::Closed => "closed",
         }
     }
+
+    /// The error an error status of the API server stands for, at resourceVersion `rv`: 410
+    /// Gone and 504 "Too large resource version" relist; anything else is a [`Error::Status`].
+    fn from_status(status: ApiStatus, rv: &str) -> Self {
+        if status.code == 410 {
+            Error::Gone(rv.to_string())
+        } else if is_too_large(&status) {
+            Error::TooLarge {
+                rv: rv.to_string(),
+                message: status.message,
+            }
+        } else {
+            Error::Status {
+                code: status.code,
+                reason: status.reason,
+                message: status.message,
+            }
+        }
+    }
+}
+
+/// Whether the API server refused a resourceVersion it has not reached: 504 `Timeout` with the
+/// cause `ResourceVersionTooLarge` (`k8s.io/apiserver/pkg/storage.NewTooLargeResourceVersionError`),
+/// or, from servers that send no cause, the message client-go's reflector also matches.
+fn is_too_large(status: &ApiStatus) -> bool {
+    let cause = status.details.as_ref().is_some_and(|d| {
+        d.causes
+            .iter()
+            .any(|c| c.reason == "ResourceVersionTooLarge")
+    });
+    cause || (status.code == 504 && status.message.contains("Too large resource version"))
 }
 
 /// What a watch sends down the pipeline, in order. The pipeline owns the known-object index and
@@ -118,56 +197,117 @@ pub async fn run(
     status: Arc<Status>,
 ) {
     let mut backoff = Backoff::default();
+    // Whether the API server must first show it has reached the resourceVersion: one from a
+    // checkpoint, or after a watch that dropped or delivered nothing (it may have been
+    // restored from a backup meanwhile, and would then hold the watch open, silently).
+    let mut verify = resource_version.is_some();
     loop {
         let step = async {
             match resource_version.clone() {
-                None => list(&target, &tx)
-                    .await
-                    .map(|rv| resource_version = Some(rv)),
-                Some(rv) => watch(&target, &tx, &rv, &mut resource_version).await,
+                None => list(&target, &tx).await.map(|rv| {
+                    resource_version = Some(rv);
+                    false
+                }),
+                Some(rv) => {
+                    if verify {
+                        probe(&target, &rv).await?;
+                    }
+                    watch(&target, &tx, &rv, &mut resource_version).await
+                }
             }
         };
         let result = tokio::select! {
             () = shutdown.cancelled() => return,
             r = step => r,
         };
-        match result {
-            Ok(()) => backoff.reset(),
+        let error = match result {
+            Ok(suspect) => {
+                backoff.reset();
+                verify = suspect;
+                continue;
+            }
             Err(Error::Closed) => return,
-            Err(Error::Gone(rv)) => {
-                count(&status.restarts, "gone");
+            Err(error) => error,
+        };
+        verify = true;
+        count(&status.restarts, error.reason());
+        match error {
+            Error::Gone(rv) => {
                 info!(rv = %rv, "watch history lost, relisting");
                 resource_version = None;
+                continue;
             }
-            Err(error) if error.reason() == "not_found" => {
-                count(&status.restarts, error.reason());
-                let delay = backoff.next_delay();
-                info!(
-                    error = %error,
-                    retry_in_ms = delay.as_millis() as u64,
-                    "resource not found: asking discovery whether it is gone"
-                );
-                target.not_found.notify_one();
-                tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    () = tokio::time::sleep(delay) => {}
-                }
-            }
-            Err(error) => {
-                count(&status.restarts, error.reason());
-                let delay = backoff.next_delay();
+            Error::TooLarge { rv, message } => {
                 warn!(
-                    error = %error,
-                    reason = error.reason(),
-                    retry_in_ms = delay.as_millis() as u64,
-                    "watch failed"
+                    rv = %rv,
+                    error = %message,
+                    "resourceVersion is ahead of the API server (etcd restored from a backup?), relisting"
                 );
-                tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    () = tokio::time::sleep(delay) => {}
-                }
+                resource_version = None;
+                continue;
             }
+            _ => {}
         }
+        let delay = backoff.next_delay();
+        if error.reason() == "not_found" {
+            info!(
+                error = %error,
+                retry_in_ms = delay.as_millis() as u64,
+                "resource not found: asking discovery whether it is gone"
+            );
+            target.not_found.notify_one();
+        } else {
+            warn!(
+                error = %error,
+                cause = error_cause(&error),
+                reason = error.reason(),
+                retry_in_ms = delay.as_millis() as u64,
+                "watch failed"
+            );
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+/// The chain of causes under `error`, `a: b`, for the log.
+fn error_cause(error: &Error) -> String {
+    let mut out = Vec::new();
+    let mut source = std::error::Error::source(error);
+    while let Some(s) = source {
+        out.push(s.to_string());
+        source = s.source();
+    }
+    out.join(": ")
+}
+
+/// Checks that the API server has reached `rv`. A watch from a resourceVersion it has not reached
+/// is accepted and then held open, silently, until its history catches up, so the watch itself
+/// cannot tell. The current resourceVersion (a consistent LIST of one object's metadata) can:
+/// when `rv` is ahead of it, the answer is what a LIST `NotOlderThan` `rv` would give after
+/// a 3-second wait, 504 "Too large resource version". Opaque (non-numeric) resourceVersions
+/// cannot be compared and are trusted.
+async fn probe(target: &Target, rv: &str) -> Result<(), Error> {
+    let Ok(wanted) = rv.parse::<u64>() else {
+        return Ok(());
+    };
+    let page = target
+        .api
+        .list_metadata(&ListParams::default().limit(1))
+        .await
+        .map_err(|source| Error::Request {
+            reason: "probe",
+            source,
+        })?;
+    let current = page.metadata.resource_version.unwrap_or_default();
+    match current.parse::<u64>() {
+        Ok(current) if current < wanted => Err(Error::TooLarge {
+            rv: rv.to_string(),
+            message: format!("Too large resource version: {wanted}, current: {current}"),
+        }),
+        _ => Ok(()),
     }
 }
 
@@ -188,9 +328,15 @@ async fn list(target: &Target, tx: &mpsc::Sender<Item>) -> Result<String, Error>
             Ok(page) => page,
             Err(source) => {
                 send(tx, Item::ListAbort).await?;
-                return Err(Error::Request {
-                    reason: "list",
-                    source,
+                return Err(match source {
+                    kube::Error::SerdeError(_) => Error::Decode {
+                        what: "a LIST response",
+                        source,
+                    },
+                    source => Error::Request {
+                        reason: "list",
+                        source,
+                    },
                 });
             }
         };
@@ -215,13 +361,16 @@ async fn send(tx: &mpsc::Sender<Item>, item: Item) -> Result<(), Error> {
 }
 
 /// Watches from `rv` until the stream ends (server timeout, dropped connection) or fails,
-/// keeping `position` at the last resourceVersion sent.
+/// keeping `position` at the last resourceVersion sent. Returns whether the API server's
+/// position is suspect (the connection dropped, or nothing arrived) and must be verified before
+/// the next watch; a watch that ended at once with nothing delivered is an
+/// [`Error::Unproductive`].
 async fn watch(
     target: &Target,
     tx: &mpsc::Sender<Item>,
     rv: &str,
     position: &mut Option<String>,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     let mut params = WatchParams::default().timeout(target.watch_timeout_secs);
     if let Some(l) = &target.label_selector {
         params = params.labels(l);
@@ -229,57 +378,134 @@ async fn watch(
     if let Some(f) = &target.field_selector {
         params = params.fields(f);
     }
+    let opened = Instant::now();
     let stream = target
         .api
         .watch(&params, rv)
         .await
         .map_err(|source| match source {
-            kube::Error::Api(s) if s.code == 410 => Error::Gone(rv.to_string()),
+            kube::Error::Api(s) if s.code == 410 || is_too_large(&s) => Error::from_status(*s, rv),
             source => Error::Request {
                 reason: "watch",
                 source,
             },
         })?;
     debug!(rv, "watching");
-    let mut stream = std::pin::pin!(stream.into_stream());
+    let ended = follow(stream.into_stream(), &target.types, tx, position).await?;
+    let healthy = ended.delivered > 0 || opened.elapsed() >= HEALTHY_WATCH;
+    match ended.dropped {
+        _ if !healthy => Err(Error::Unproductive(ended.dropped)),
+        Some(error) => {
+            debug!(error = %error, "watch connection dropped, resuming");
+            Ok(true)
+        }
+        None => Ok(ended.delivered == 0),
+    }
+}
+
+/// How a watch stream ended without failing.
+#[derive(Debug)]
+struct Ended {
+    /// Items sent down the pipeline.
+    delivered: usize,
+    /// The connection error that ended it, `None` if the server ended it.
+    dropped: Option<kube::Error>,
+}
+
+/// Sends the events of one watch stream down the pipeline until it ends.
+async fn follow(
+    stream: impl Stream<Item = Result<WatchEvent<DynamicObject>, kube::Error>>,
+    types: &TypeMeta,
+    tx: &mpsc::Sender<Item>,
+    position: &mut Option<String>,
+) -> Result<Ended, Error> {
+    let mut stream = std::pin::pin!(stream);
+    let mut delivered = 0;
     while let Some(event) = stream.next().await {
-        let event = match event {
-            Ok(e) => e,
-            Err(source) => {
-                // A dropped connection: resume from the last resourceVersion.
-                debug!(error = %source, "watch stream ended with an error");
-                return Ok(());
+        let item = match step(event, position.as_deref().unwrap_or_default())? {
+            Step::Event(kind, mut object, rv) => {
+                *position = Some(rv);
+                object.types.get_or_insert_with(|| types.clone());
+                Item::Event(kind, object, SystemTime::now())
             }
-        };
-        let observed = SystemTime::now();
-        let (kind, mut object) = match event {
-            WatchEvent::Added(o) => (ChangeKind::Added, o),
-            WatchEvent::Modified(o) => (ChangeKind::Modified, o),
-            WatchEvent::Deleted(o) => (ChangeKind::Deleted, o),
-            WatchEvent::Bookmark(b) => {
-                *position = Some(b.metadata.resource_version.clone());
-                send(tx, Item::Progress(b.metadata.resource_version)).await?;
-                continue;
+            Step::Progress(rv) => {
+                *position = Some(rv.clone());
+                Item::Progress(rv)
             }
-            WatchEvent::Error(s) if s.code == 410 => {
-                return Err(Error::Gone(position.clone().unwrap_or_default()));
-            }
-            WatchEvent::Error(s) => {
-                return Err(Error::Status {
-                    code: s.code,
-                    reason: s.reason,
-                    message: s.message,
+            Step::Skip => continue,
+            Step::Dropped(error) => {
+                return Ok(Ended {
+                    delivered,
+                    dropped: Some(error),
                 });
             }
         };
-        let Some((_, rv)) = ids(&object.metadata) else {
-            continue;
-        };
-        *position = Some(rv.to_string());
-        object.types.get_or_insert_with(|| target.types.clone());
-        send(tx, Item::Event(kind, object, observed)).await?;
+        send(tx, item).await?;
+        delivered += 1;
     }
-    Ok(())
+    Ok(Ended {
+        delivered,
+        dropped: None,
+    })
+}
+
+/// What one item of a watch stream asks for.
+#[derive(Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one value at a time, its object moved on at once"
+)]
+enum Step {
+    /// Send this change; the watch is then at this resourceVersion.
+    Event(ChangeKind, DynamicObject, String),
+    /// Nothing changed up to this resourceVersion (a bookmark).
+    Progress(String),
+    /// Nothing to do (an object without identity, logged).
+    Skip,
+    /// The connection dropped: resume from the last resourceVersion.
+    Dropped(kube::Error),
+}
+
+/// Classifies one item of a watch stream, the watch being at `position`: kube-client yields a
+/// line it cannot decode as `SerdeError`, an error status sent instead of an event as `Api`,
+/// and a broken connection as `ReadEvents` (or another transport error).
+fn step(
+    event: Result<WatchEvent<DynamicObject>, kube::Error>,
+    position: &str,
+) -> Result<Step, Error> {
+    let (kind, object) = match event {
+        Ok(WatchEvent::Added(o)) => (ChangeKind::Added, o),
+        Ok(WatchEvent::Modified(o)) => (ChangeKind::Modified, o),
+        Ok(WatchEvent::Deleted(o)) => (ChangeKind::Deleted, o),
+        Ok(WatchEvent::Bookmark(b)) => return Ok(Step::Progress(b.metadata.resource_version)),
+        Ok(WatchEvent::Error(s)) => return Err(Error::from_status(*s, position)),
+        // kube-client decodes a line that is no watch event as a status, if it is a JSON object:
+        // one without a code is no status either.
+        Err(kube::Error::Api(s)) if s.code == 0 => {
+            return Err(undecodable(kube::Error::SerdeError(
+                serde::de::Error::custom(
+                    "a JSON object that is neither a watch event of this resource nor a status",
+                ),
+            )));
+        }
+        Err(kube::Error::Api(s)) => return Err(Error::from_status(*s, position)),
+        Err(e @ (kube::Error::SerdeError(_) | kube::Error::LinesCodecMaxLineLengthExceeded)) => {
+            return Err(undecodable(e));
+        }
+        Err(e) => return Ok(Step::Dropped(e)),
+    };
+    let Some((_, rv)) = ids(&object.metadata) else {
+        return Ok(Step::Skip);
+    };
+    let rv = rv.to_string();
+    Ok(Step::Event(kind, object, rv))
+}
+
+fn undecodable(source: kube::Error) -> Error {
+    Error::Decode {
+        what: "a watch event",
+        source,
+    }
 }
 
 fn ids(meta: &ObjectMeta) -> Option<(&str, &str)> {
@@ -324,6 +550,13 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
+
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::discovery::ApiResource;
+    use serde_json::json;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
 
     #[test]
     fn backoff_grows_and_caps() {
@@ -344,5 +577,738 @@ mod tests {
         );
         b.reset();
         assert!(b.next_delay() <= Duration::from_millis(300));
+    }
+
+    /// The status kube-apiserver sends for a resourceVersion it has not reached
+    /// (`storage.NewTooLargeResourceVersionError`).
+    fn too_large_status(with_cause: bool) -> serde_json::Value {
+        let mut status = json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "Timeout: Too large resource version: 999999999, current: 1234",
+            "reason": "Timeout", "code": 504,
+            "details": {"retryAfterSeconds": 1},
+        });
+        if with_cause {
+            status["details"]["causes"] = json!([{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}]);
+        }
+        status
+    }
+
+    fn status(value: serde_json::Value) -> Box<ApiStatus> {
+        Box::new(serde_json::from_value(value).unwrap())
+    }
+
+    fn cm_event(kind: &str, name: &str, rv: &str) -> WatchEvent<DynamicObject> {
+        serde_json::from_value(json!({"type": kind, "object": {
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"), "resourceVersion": rv},
+        }}))
+        .unwrap()
+    }
+
+    #[test]
+    fn stream_items_are_classified() {
+        let reason = |r: Result<Step, Error>| r.map(|s| format!("{s:?}")).unwrap_err().reason();
+        assert!(matches!(
+            step(Ok(cm_event("ADDED", "a", "7")), "5"),
+            Ok(Step::Event(ChangeKind::Added, _, rv)) if rv == "7"
+        ));
+        assert!(matches!(
+            step(Ok(cm_event("DELETED", "a", "8")), "7"),
+            Ok(Step::Event(ChangeKind::Deleted, _, _))
+        ));
+        let bookmark = serde_json::from_value(json!({"type": "BOOKMARK", "object": {
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"resourceVersion": "9"}}}))
+        .unwrap();
+        assert!(matches!(step(Ok(bookmark), "8"), Ok(Step::Progress(rv)) if rv == "9"));
+        let anonymous =
+            serde_json::from_value(json!({"type": "ADDED", "object": {"metadata": {"name": "x"}}}))
+                .unwrap();
+        assert!(matches!(step(Ok(anonymous), "8"), Ok(Step::Skip)));
+
+        let dropped = kube::Error::ReadEvents(std::io::Error::other("connection reset"));
+        assert!(matches!(step(Err(dropped), "8"), Ok(Step::Dropped(_))));
+        let garbage = serde_json::from_str::<serde_json::Value>("{not json").unwrap_err();
+        assert_eq!(
+            reason(step(Err(kube::Error::SerdeError(garbage)), "8")),
+            "decode"
+        );
+        // kube-client turns any JSON object that is no watch event into a code-less status.
+        let not_an_event = status(json!({"type": "ADDED", "object": {"metadata": {"uid": 7}}}));
+        assert_eq!(
+            reason(step(Err(kube::Error::Api(not_an_event)), "8")),
+            "decode"
+        );
+
+        let gone = status(
+            json!({"code": 410, "reason": "Expired", "message": "too old resource version: 8 (90)"}),
+        );
+        match step(Ok(WatchEvent::Error(gone)), "8") {
+            Err(Error::Gone(rv)) => assert_eq!(rv, "8"),
+            other => panic!("{other:?}"),
+        }
+        for with_cause in [true, false] {
+            let s = status(too_large_status(with_cause));
+            match step(Ok(WatchEvent::Error(s.clone())), "999999999") {
+                Err(Error::TooLarge { rv, message }) => {
+                    assert_eq!(rv, "999999999");
+                    assert!(message.contains("current: 1234"), "{message}");
+                }
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(
+                reason(step(Err(kube::Error::Api(s)), "999999999")),
+                "too_large"
+            );
+        }
+        // A 504 that is an ordinary timeout is no reason to relist.
+        let timeout =
+            status(json!({"code": 504, "reason": "Timeout", "message": "request timed out"}));
+        assert_eq!(reason(step(Ok(WatchEvent::Error(timeout)), "8")), "status");
+    }
+
+    #[tokio::test]
+    async fn follow_sends_until_an_undecodable_event_and_keeps_the_last_position() {
+        let garbage = serde_json::from_str::<serde_json::Value>("]").unwrap_err();
+        let stream = futures::stream::iter([
+            Ok(cm_event("ADDED", "a", "7")),
+            Ok(cm_event("MODIFIED", "a", "8")),
+            Err(kube::Error::SerdeError(garbage)),
+            Ok(cm_event("MODIFIED", "a", "9")),
+        ]);
+        let (tx, mut rx) = mpsc::channel(8);
+        let mut position = Some("5".to_string());
+        let types = TypeMeta {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+        };
+        let error = follow(stream, &types, &tx, &mut position)
+            .await
+            .unwrap_err();
+        assert_eq!(error.reason(), "decode", "{error}");
+        assert_eq!(
+            position.as_deref(),
+            Some("8"),
+            "resumes after the last good event"
+        );
+        drop(tx);
+        let mut sent = Vec::new();
+        while let Some(Item::Event(kind, o, _)) = rx.recv().await {
+            sent.push((kind, o.metadata.resource_version.unwrap()));
+        }
+        assert_eq!(
+            sent,
+            [
+                (ChangeKind::Added, "7".into()),
+                (ChangeKind::Modified, "8".into())
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn follow_reports_a_dropped_connection_after_what_it_delivered() {
+        let stream = futures::stream::iter([
+            Ok(cm_event("ADDED", "a", "7")),
+            Err(kube::Error::ReadEvents(std::io::Error::other("reset"))),
+        ]);
+        let (tx, _rx) = mpsc::channel(8);
+        let mut position = None;
+        let types = TypeMeta::default();
+        let ended = follow(stream, &types, &tx, &mut position).await.unwrap();
+        assert_eq!(ended.delivered, 1);
+        assert!(ended.dropped.is_some());
+        assert_eq!(position.as_deref(), Some("7"));
+    }
+
+    /// Requests a stand-in API server received: when, and the request line's target.
+    type Seen = Arc<Mutex<Vec<(Instant, String)>>>;
+
+    /// A stand-in API server on loopback (plain HTTP/1.1, one request per connection) answering
+    /// each request with `answer(path and query)`: (status code, body).
+    async fn fake_api(
+        answer: impl Fn(&str) -> (u16, String) + Send + Sync + 'static,
+    ) -> (kube::Client, Seen) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen: Seen = Arc::default();
+        let (answer, log) = (Arc::new(answer), seen.clone());
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let (answer, log) = (answer.clone(), log.clone());
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match conn.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let head = String::from_utf8_lossy(&head);
+                    let target = head.split(' ').nth(1).unwrap_or_default().to_string();
+                    log.lock().unwrap().push((Instant::now(), target.clone()));
+                    let (code, body) = answer(&target);
+                    let response = format!(
+                        "HTTP/1.1 {code} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = conn.write_all(response.as_bytes()).await;
+                    let _ = conn.shutdown().await;
+                });
+            }
+        });
+        let mut config = kube::Config::new(format!("http://127.0.0.1:{port}").parse().unwrap());
+        // kube-client retries 429, 503 and 504 up to 15 times on its own: seen here, that would
+        // only slow the tests down.
+        config.default_retry = false;
+        (kube::Client::try_from(config).unwrap(), seen)
+    }
+
+    fn target(client: kube::Client) -> Target {
+        let resource = ApiResource::erase::<ConfigMap>(&());
+        Target {
+            api: Api::namespaced_with(client, "ns", &resource),
+            types: TypeMeta {
+                api_version: "v1".into(),
+                kind: "ConfigMap".into(),
+            },
+            label_selector: None,
+            field_selector: None,
+            page_size: 500,
+            watch_timeout_secs: 290,
+            not_found: Arc::default(),
+        }
+    }
+
+    fn restarts(status: &Status, reason: &str) -> u64 {
+        status
+            .restarts
+            .lock()
+            .unwrap()
+            .get(reason)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    const EMPTY_LIST: &str =
+        r#"{"apiVersion":"v1","kind":"List","metadata":{"resourceVersion":"5"},"items":[]}"#;
+
+    /// Runs a watch from resourceVersion 5 against an API server answering every watch with
+    /// `watch_body`, until it has watched `watches` times; returns the watch requests' times and
+    /// the watch's status.
+    async fn watch_failing_with(
+        watch_body: &'static str,
+        watches: usize,
+    ) -> (Vec<Instant>, Arc<Status>) {
+        let (client, seen) = fake_api(move |target| {
+            if target.contains("watch=true") {
+                (200, watch_body.to_string())
+            } else {
+                (200, EMPTY_LIST.to_string())
+            }
+        })
+        .await;
+        let (tx, mut rx) = mpsc::channel(8);
+        let status = Arc::new(Status::default());
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(run(
+            target(client),
+            Some("5".into()),
+            tx,
+            stop.clone(),
+            status.clone(),
+        ));
+        let watch_times = || -> Vec<Instant> {
+            seen.lock()
+                .unwrap()
+                .iter()
+                .filter(|(_, t)| t.contains("watch=true"))
+                .map(|(at, _)| *at)
+                .collect()
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while watch_times().len() < watches {
+            assert!(
+                Instant::now() < deadline,
+                "only {} watches in 60 s",
+                watch_times().len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop.cancel();
+        task.await.unwrap();
+        assert!(rx.try_recv().is_err(), "nothing reaches the pipeline");
+        (watch_times(), status)
+    }
+
+    /// Each retry waits at least the backoff's shortest delay for its attempt (7/8 of 250 ms,
+    /// doubling): the watch does not spin.
+    fn assert_backs_off(times: &[Instant]) {
+        for (i, pair) in times.windows(2).enumerate() {
+            let least = Duration::from_millis(218) * (1 << i);
+            let gap = pair[1] - pair[0];
+            assert!(
+                gap >= least,
+                "retry {} came after {gap:?}, before {least:?}",
+                i + 1
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn an_undecodable_event_is_retried_with_backoff_and_counted() {
+        let (times, status) = watch_failing_with(
+            "{\"type\":\"ADDED\",\"object\":{\"metadata\":{\"uid\":7}}}\n",
+            4,
+        )
+        .await;
+        assert_backs_off(&times);
+        assert!(restarts(&status, "decode") >= 3, "{:?}", status.restarts);
+    }
+
+    #[tokio::test]
+    async fn a_watch_that_ends_at_once_with_nothing_is_retried_with_backoff() {
+        let (times, status) = watch_failing_with("", 4).await;
+        assert_backs_off(&times);
+        assert!(restarts(&status, "dropped") >= 3, "{:?}", status.restarts);
+    }
+
+    /// A resourceVersion the API server has not reached relists, whether the probe, the watch
+    /// request or the watch stream finds out.
+    async fn too_large_relists(where_: &'static str, with_cause: bool) {
+        let too_large = too_large_status(with_cause).to_string();
+        let start = if where_ == "probe" {
+            "999999999"
+        } else {
+            "1250"
+        };
+        let (client, seen) = fake_api(move |target| {
+            let watch = target.contains("watch=true");
+            let from_start = target.contains(&format!("resourceVersion={start}&"))
+                || target.ends_with(&format!("resourceVersion={start}"));
+            match (where_, watch && from_start) {
+                ("request", true) => (504, too_large.clone()),
+                ("stream", true) => (200, format!("{{\"type\":\"ERROR\",\"object\":{too_large}}}\n")),
+                _ if watch => (200, String::new()),
+                _ => (200, r#"{"apiVersion":"v1","kind":"List","metadata":{"resourceVersion":"1300"},"items":[
+                    {"metadata":{"name":"a","namespace":"ns","uid":"u-a","resourceVersion":"1200"}}]}"#.to_string()),
+            }
+        })
+        .await;
+        let (tx, mut rx) = mpsc::channel(8);
+        let status = Arc::new(Status::default());
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(run(
+            target(client),
+            Some(start.into()),
+            tx,
+            stop.clone(),
+            status.clone(),
+        ));
+        let mut items = Vec::new();
+        while !matches!(items.last(), Some(Item::ListEnd(_))) {
+            let item = tokio::time::timeout(Duration::from_secs(60), rx.recv())
+                .await
+                .expect("a relist within 60 s")
+                .expect("the watch runs");
+            items.push(item);
+        }
+        stop.cancel();
+        task.await.unwrap();
+        assert!(matches!(items[0], Item::ListBegin), "{items:?}");
+        assert!(matches!(&items[1], Item::Listed(o, _) if o.metadata.name.as_deref() == Some("a")));
+        assert!(
+            matches!(&items[2], Item::ListEnd(rv) if rv == "1300"),
+            "{items:?}"
+        );
+        assert_eq!(restarts(&status, "too_large"), 1, "{:?}", status.restarts);
+        let requests: Vec<String> = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, t)| t.clone())
+            .collect();
+        let relist = requests
+            .iter()
+            .position(|t| t.contains("limit=500"))
+            .unwrap();
+        let watched: Vec<&String> = requests[..relist]
+            .iter()
+            .filter(|t| t.contains("watch=true"))
+            .collect();
+        match where_ {
+            "probe" => assert!(
+                watched.is_empty(),
+                "no watch from a resourceVersion ahead: {requests:?}"
+            ),
+            _ => assert_eq!(watched.len(), 1, "{requests:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_resource_version_ahead_of_the_api_server_relists() {
+        too_large_relists("probe", true).await;
+    }
+
+    #[tokio::test]
+    async fn a_too_large_answer_to_the_watch_relists() {
+        too_large_relists("request", true).await;
+        too_large_relists("request", false).await;
+        too_large_relists("stream", true).await;
+    }
+}
+
+/// Watch events as the API server streams them, and anything else a connection may carry: every
+/// line goes through kube-client's decoding (`Client::request_events`), [`step`], then what the
+/// bridge does with a decoded object (digest, encoding for several resource configurations,
+/// rendering destinations). Nothing may panic.
+#[cfg(test)]
+mod fuzz {
+    use std::collections::BTreeMap;
+
+    use kube::discovery::ApiResource;
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::change::{Change, Origin};
+    use crate::discovery::ResolvedResource;
+    use crate::encode::{self, ResourceInfo};
+    use crate::payload::{self, Pointer};
+    use crate::template::Template;
+
+    /// What kube-client yields for one line of a watch response: the event; a status for any
+    /// other JSON object; a decoding error; nothing for an incomplete line. kube-client's
+    /// `LinesCodec` reports a line that is not UTF-8 as an I/O error, and strips one `\r`.
+    fn decode_line(line: &[u8]) -> Option<Result<WatchEvent<DynamicObject>, kube::Error>> {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let line = match std::str::from_utf8(line) {
+            Ok(line) => line,
+            Err(e) => {
+                let io = std::io::Error::new(std::io::ErrorKind::InvalidData, e);
+                return Some(Err(kube::Error::ReadEvents(io)));
+            }
+        };
+        match serde_json::from_str::<WatchEvent<DynamicObject>>(line) {
+            Ok(event) => Some(Ok(event)),
+            Err(e) if e.is_eof() => None,
+            Err(e) => Some(match serde_json::from_str::<ApiStatus>(line) {
+                Ok(status) => Err(kube::Error::Api(Box::new(status))),
+                Err(_) => Err(kube::Error::SerdeError(e)),
+            }),
+        }
+    }
+
+    /// Resource configurations covering every payload mode, Secret redaction, redaction and
+    /// ignore pointers, both event formats and both record keys.
+    fn infos() -> Vec<Arc<ResourceInfo>> {
+        [
+            ("configmaps", "ConfigMap", ""),
+            (
+                "configmaps",
+                "ConfigMap",
+                ", payload: diff, includePrevious: true, ignorePaths: [/data/x, /metadata/labels/a~1b, /spec/0], redact: [/data/password, /metadata/annotations/tok, /spec/items/1]",
+            ),
+            ("secrets", "Secret", ""),
+            ("configmaps", "ConfigMap", ", payload: reference, key: namespacedName"),
+            (
+                "configmaps",
+                "ConfigMap",
+                ", eventFormat: knative, stripManagedFields: false, stripLastApplied: false, tombstones: true, key: namespacedName",
+            ),
+        ]
+        .into_iter()
+        .map(|(plural, kind, extra)| {
+            let yaml = format!(
+                "cluster: dev\nresources: [{{apiVersion: v1, resource: {plural}{extra}}}]\nsink: {{kafka: {{bootstrapServers: 'x:1'}}}}\n"
+            );
+            let config = crate::config::ConfigFile::parse(&yaml)
+                .and_then(crate::config::ConfigFile::validate)
+                .unwrap_or_else(|e| panic!("{yaml}: {e}"));
+            let resolved = ResolvedResource {
+                config: config.resources[0].clone(),
+                api: ApiResource {
+                    group: String::new(),
+                    version: "v1".into(),
+                    api_version: "v1".into(),
+                    kind: kind.into(),
+                    plural: plural.into(),
+                },
+                namespaced: true,
+            };
+            Arc::new(ResourceInfo::new("dev", &resolved, "https://127.0.0.1:6443"))
+        })
+        .collect()
+    }
+
+    /// What the bridge does with one line; returns whether it produced a change.
+    fn handle(line: &[u8], infos: &[Arc<ResourceInfo>]) -> bool {
+        let Some(decoded) = decode_line(line) else {
+            return false;
+        };
+        let Ok(Step::Event(kind, mut object, rv)) = step(decoded, "1") else {
+            return false;
+        };
+        assert_eq!(
+            object.metadata.resource_version.as_deref(),
+            Some(rv.as_str())
+        );
+        let uid = object.metadata.uid.clone().expect("an event has a uid");
+        object.types.get_or_insert_with(|| TypeMeta {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+        });
+        let before = serde_json::to_value(&object).expect("a decoded object serializes");
+        let ignore: Vec<Pointer> = ["/data/x", "/metadata/labels/a", "/spec/0", "/status"]
+            .iter()
+            .map(|p| Pointer::parse(p).unwrap())
+            .collect();
+        let mut scratch = Vec::new();
+        let digest = payload::digest(&mut object, &ignore, &mut scratch);
+        assert_eq!(
+            serde_json::to_value(&object).unwrap(),
+            before,
+            "digest restores the object"
+        );
+        assert_eq!(digest, payload::digest(&mut object, &ignore, &mut scratch));
+        assert_ne!(digest, 0);
+        for info in infos {
+            let change = Change {
+                kind,
+                origin: Origin::Live,
+                object: object.clone(),
+                observed: SystemTime::now(),
+            };
+            let previous = serde_json::to_vec(&json!({"metadata": {"name": "before"}})).unwrap();
+            match encode::encode(info, change, Some(&previous)) {
+                Ok(encoded) => {
+                    let mut event = encoded.event;
+                    assert_eq!(event.id, encode::event_id(&uid, &rv, kind));
+                    let structured: Value = serde_json::from_slice(&event.to_structured_json())
+                        .expect("the structured event is JSON");
+                    assert_eq!(structured["id"], event.id.as_str());
+                    let _ = event.reference();
+                    for template in ["k8s.{cluster}.{group}.{resource}.{namespace}", "x.{name}"] {
+                        let t = Template::parse(template).unwrap();
+                        let _ = t.render_topic(&event.template_values());
+                        let _ = t.render_subject(&event.template_values());
+                    }
+                    event.truncate();
+                    serde_json::from_slice::<Value>(&event.to_structured_json())
+                        .expect("the truncated event is JSON");
+                }
+                Err(e) => assert!(
+                    object.metadata.name.as_deref().is_none_or(str::is_empty),
+                    "only a nameless object cannot be encoded: {e}"
+                ),
+            }
+        }
+        true
+    }
+
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            prop::sample::select(vec![
+                "",
+                "a",
+                "web",
+                "read only",
+                "0",
+                "1",
+                "18446744073709551616",
+                "-1",
+                "ns/x",
+                "~1",
+                "/",
+                "\u{0}",
+                "ü",
+                "\u{202e}",
+                "a\nb",
+                "\"",
+                "\\",
+            ])
+            .prop_map(String::from),
+            prop::collection::vec(any::<char>(), 0..12).prop_map(String::from_iter),
+        ]
+    }
+
+    fn key() -> impl Strategy<Value = String> {
+        prop_oneof![
+            prop::sample::select(vec![
+                "metadata",
+                "name",
+                "namespace",
+                "uid",
+                "resourceVersion",
+                "generation",
+                "labels",
+                "annotations",
+                "managedFields",
+                "apiVersion",
+                "kind",
+                "type",
+                "object",
+                "data",
+                "stringData",
+                "spec",
+                "status",
+                "items",
+                "password",
+                "tok",
+                "x",
+                "a/b",
+                "kubectl.kubernetes.io/last-applied-configuration",
+            ])
+            .prop_map(String::from),
+            text(),
+        ]
+    }
+
+    fn json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>().prop_filter_map("finite", |f| serde_json::Number::from_f64(f)
+                .map(Value::Number)),
+            text().prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::btree_map(key(), inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// A string field as the API server sends it, or now and then any JSON at all.
+    fn field() -> impl Strategy<Value = Option<Value>> {
+        prop_oneof![
+            14 => text().prop_map(|t| Some(Value::from(t))),
+            1 => Just(None),
+            1 => json().prop_map(Some),
+        ]
+    }
+
+    fn string_map() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            8 => prop::collection::btree_map(key(), text(), 0..4)
+                .prop_map(|m| json!(m)),
+            1 => json(),
+        ]
+    }
+
+    /// A watch event shaped like the API server's, with arbitrary content where it allows any,
+    /// and now and then a field of the wrong type or an unknown event type.
+    fn event() -> impl Strategy<Value = Value> {
+        let kind = prop_oneof![
+            8 => prop::sample::select(vec!["ADDED", "MODIFIED", "DELETED"]),
+            1 => prop::sample::select(vec!["BOOKMARK", "ERROR", "added", "SYNC"]),
+        ];
+        let meta = (
+            field(),
+            field(),
+            field(),
+            field(),
+            string_map(),
+            string_map(),
+            json(),
+            json(),
+        );
+        let body = prop::collection::btree_map(key(), json(), 0..5);
+        (kind, meta, body).prop_map(|(kind, meta, body)| {
+            let (name, namespace, uid, rv, labels, annotations, managed, generation) = meta;
+            let mut metadata = BTreeMap::new();
+            for (k, v) in [
+                ("name", name),
+                ("namespace", namespace),
+                ("uid", uid),
+                ("resourceVersion", rv),
+            ] {
+                if let Some(v) = v {
+                    metadata.insert(k.to_string(), v);
+                }
+            }
+            metadata.insert("labels".into(), labels);
+            metadata.insert("annotations".into(), annotations);
+            if managed.is_array() {
+                metadata.insert("managedFields".into(), managed);
+            }
+            if generation.is_i64() {
+                metadata.insert("generation".into(), generation);
+            }
+            let mut object: serde_json::Map<String, Value> = body.into_iter().collect();
+            object.insert("apiVersion".into(), "v1".into());
+            object.insert("metadata".into(), json!(metadata));
+            json!({"type": kind, "object": object})
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+            let infos = infos();
+            for line in bytes.split(|b| *b == b'\n') {
+                handle(line, &infos);
+            }
+        }
+
+        #[test]
+        fn arbitrary_json_lines_never_panic(values in prop::collection::vec(json(), 1..4)) {
+            let infos = infos();
+            for v in values {
+                handle(v.to_string().as_bytes(), &infos);
+            }
+        }
+
+        #[test]
+        fn watch_events_never_panic(e in event(), cut in any::<prop::sample::Index>()) {
+            let infos = infos();
+            let line = e.to_string();
+            handle(line.as_bytes(), &infos);
+            // The same line cut short, as a dropped connection leaves it.
+            handle(&line.as_bytes()[..cut.index(line.len() + 1)], &infos);
+        }
+    }
+
+    /// The generator reaches the encoder: a good share of its events become changes.
+    #[test]
+    fn generated_events_reach_the_encoder() {
+        use proptest::strategy::ValueTree;
+        let infos = infos();
+        let mut runner = proptest::test_runner::TestRunner::deterministic();
+        let strategy = event();
+        let handled = (0..200)
+            .filter(|_| {
+                let line = strategy
+                    .new_tree(&mut runner)
+                    .unwrap()
+                    .current()
+                    .to_string();
+                handle(line.as_bytes(), &infos)
+            })
+            .count();
+        assert!(
+            handled >= 20,
+            "only {handled} of 200 generated events were changes"
+        );
+    }
+
+    #[test]
+    fn a_secret_with_odd_values_is_handled() {
+        let infos = infos();
+        let line = json!({"type": "MODIFIED", "object": {"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "read only", "namespace": "ns", "uid": "u", "resourceVersion": "18446744073709551616",
+                "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"}},
+            "data": {"password": "c2VjcmV0"}, "spec": [1, {"x": null}]}})
+        .to_string();
+        assert!(handle(line.as_bytes(), &infos));
+        // Duplicate keys (the generators cannot make them): kept or refused, never a panic.
+        let duplicate = br#"{"type":"ADDED","object":{"metadata":{"name":"a","uid":"u","resourceVersion":"1","name":"b"},"data":{},"data":[]}}"#;
+        handle(duplicate, &infos);
     }
 }

@@ -12,6 +12,7 @@ mod deploy;
 mod dynamic;
 mod harness;
 mod memory;
+mod resilience;
 mod shaping;
 mod stalls;
 mod support;
