@@ -400,6 +400,7 @@ pub(crate) fn target(
     r: &ResolvedResource,
     namespace: Option<&str>,
     not_found: Arc<tokio::sync::Notify>,
+    page_bytes: usize,
 ) -> Target {
     let api: Api<DynamicObject> = match namespace {
         Some(ns) => Api::namespaced_with(client.clone(), ns, &r.api),
@@ -414,6 +415,7 @@ pub(crate) fn target(
         label_selector: r.config.label_selector.clone(),
         field_selector: r.config.field_selector.clone(),
         page_size: PAGE_SIZE,
+        page_bytes,
         watch_timeout_secs: WATCH_TIMEOUT_SECS,
         not_found,
     }

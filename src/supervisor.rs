@@ -311,7 +311,14 @@ impl Supervisor {
             crate::pipeline::item_bytes,
         );
         let start_rv = resume.as_ref().and_then(|c| c.resource_version.clone());
-        let target = target(&self.client, r, namespace.as_deref(), self.refresh.clone());
+        // A LIST page is held whole while decoded: a quarter of the watch's budget.
+        let target = target(
+            &self.client,
+            r,
+            namespace.as_deref(),
+            self.refresh.clone(),
+            config.delivery.max_queue_bytes / 4,
+        );
         let cancel = self.stop.child_token();
         self.generation += 1;
         let generation = self.generation;

@@ -23,6 +23,7 @@ use tracing::{debug, info, warn};
 
 use std::sync::Arc;
 
+use crate::budget;
 use crate::change::ChangeKind;
 use crate::pipeline::{Status, count};
 
@@ -178,8 +179,11 @@ pub struct Target {
     pub label_selector: Option<String>,
     /// Field selector.
     pub field_selector: Option<String>,
-    /// Objects per LIST page.
+    /// Objects per LIST page, at most.
     pub page_size: u32,
+    /// Bytes per LIST page, about: after the first page, pages hold as many objects as fit
+    /// (a LIST response is held whole in memory while it is decoded).
+    pub page_bytes: usize,
     /// Server-side watch timeout; the watch is then resumed from the last resourceVersion.
     pub watch_timeout_secs: u32,
     /// Told when the API server answers 404: the resource may be gone (a deleted CRD), which a
@@ -314,7 +318,8 @@ async fn probe(target: &Target, rv: &str) -> Result<(), Error> {
 /// Lists every object (paginated, consistent read) and sends them between `ListBegin` and
 /// `ListEnd`; returns the list's resourceVersion.
 async fn list(target: &Target, tx: &mpsc::Sender<Item>) -> Result<String, Error> {
-    let mut params = ListParams::default().limit(target.page_size);
+    // Object sizes are unknown until the first page: it is kept small.
+    let mut params = ListParams::default().limit(target.page_size.min(FIRST_PAGE));
     if let Some(l) = &target.label_selector {
         params = params.labels(l);
     }
@@ -341,13 +346,18 @@ async fn list(target: &Target, tx: &mpsc::Sender<Item>) -> Result<String, Error>
             }
         };
         let observed = SystemTime::now();
+        let listed = page.items.len();
+        let bytes: usize = page.items.iter().map(budget::serialized_size).sum();
         for mut object in page.items {
             object.types.get_or_insert_with(|| target.types.clone());
             send(tx, Item::Listed(object, observed)).await?;
             count += 1;
         }
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
+            Some(token) => {
+                params = params.continue_token(&token);
+                params.limit = Some(page_limit(target, listed, bytes));
+            }
             None => break page.metadata.resource_version.unwrap_or_default(),
         }
     };
@@ -506,6 +516,21 @@ fn undecodable(source: kube::Error) -> Error {
         what: "a watch event",
         source,
     }
+}
+
+/// Objects on the first LIST page, before their sizes are known.
+const FIRST_PAGE: u32 = 100;
+
+/// Objects on the next LIST page: as many as fit `target.page_bytes` at the last page's average
+/// size, between 1 and `target.page_size`.
+fn page_limit(target: &Target, listed: usize, bytes: usize) -> u32 {
+    if listed == 0 || bytes == 0 {
+        return target.page_size;
+    }
+    let average = bytes.div_ceil(listed);
+    u32::try_from(target.page_bytes / average)
+        .unwrap_or(u32::MAX)
+        .clamp(1, target.page_size)
 }
 
 fn ids(meta: &ObjectMeta) -> Option<(&str, &str)> {
@@ -775,6 +800,7 @@ mod tests {
             label_selector: None,
             field_selector: None,
             page_size: 500,
+            page_bytes: 16 << 20,
             watch_timeout_secs: 290,
             not_found: Arc::default(),
         }
