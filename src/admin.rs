@@ -7,14 +7,23 @@
 //! come from closed sets (resource, namespace scope of a configured watch, kind, reason, sink).
 //! The API request counters are the process's ([`throttle::Counters::process`]).
 
+use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderValue};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
-use tracing::{debug, info};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_io_timeout::TimeoutStream;
+use tracing::{debug, info, warn};
 
 use crate::pipeline::{LATENCY_BUCKETS, STALL_REASONS, Status};
 use crate::runtime::WatchHandle;
@@ -432,81 +441,205 @@ impl Families<'_> {
     }
 }
 
-/// Binds `address` and serves the admin endpoints until the process ends. Returns the bound
-/// address (useful with port 0).
+/// Limits that keep the admin server cheap whatever its clients do: a bounded number of
+/// connections, each with deadlines, so idle, slow or hostile clients cannot exhaust the
+/// process's file descriptors, memory or CPU, and probes get through once they are cut.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// Connections served at once; a connection beyond is answered 503 and closed at once.
+    pub max_connections: usize,
+    /// Time for a request's head (request line and headers) to arrive, counted from the
+    /// connection's start or the end of the previous response: slow senders (slowloris) and
+    /// idle keep-alive connections are closed after it.
+    pub header_read_timeout: Duration,
+    /// Time a write may make no progress (a client that stops reading) before the connection is
+    /// closed.
+    pub write_timeout: Duration,
+    /// A connection's whole life, so also the longest a request and its response can take: then
+    /// it is closed after its current response, or cut [`CLOSE_GRACE`] later.
+    pub max_connection_age: Duration,
+    /// Requests served on one keep-alive connection; the last response says `Connection: close`.
+    pub max_requests_per_connection: u32,
+}
+
+impl Default for Limits {
+    /// Probes and scrapes are a handful of connections; a response is a few kilobytes written
+    /// in microseconds, so these deadlines only ever cut clients that misbehave.
+    fn default() -> Self {
+        Self {
+            max_connections: 64,
+            header_read_timeout: Duration::from_secs(5),
+            write_timeout: Duration::from_secs(5),
+            max_connection_age: Duration::from_secs(30),
+            max_requests_per_connection: 100,
+        }
+    }
+}
+
+/// How long a connection past its age may finish its current response.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
+/// Request heads larger than this are refused (`431`); hyper's minimum.
+const MAX_HEAD_BYTES: usize = 8 * 1024;
+
+/// Sent, without waiting, to a connection refused because every slot is taken.
+const BUSY: &[u8] =
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+
+/// Binds `address` and serves the admin endpoints until the process ends, within
+/// [`Limits::default`]. Returns the bound address (useful with port 0).
 pub async fn serve(address: &str, state: Arc<State>) -> Result<SocketAddr, Error> {
-    let listener = TcpListener::bind(address)
-        .await
-        .map_err(|source| Error::Bind {
-            address: address.into(),
-            source,
-        })?;
-    let local = listener.local_addr().map_err(|source| Error::Bind {
+    serve_with(address, state, Limits::default()).await
+}
+
+/// [`serve`] with explicit limits.
+pub(crate) async fn serve_with(
+    address: &str,
+    state: Arc<State>,
+    limits: Limits,
+) -> Result<SocketAddr, Error> {
+    let bind_error = |source| Error::Bind {
         address: address.into(),
         source,
-    })?;
-    info!(address = %local, "admin server listening");
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            let state = state.clone();
-            tokio::spawn(async move {
-                if let Err(e) = handle(stream, &state).await {
-                    debug!(error = %e, "admin request failed");
-                }
-            });
-        }
-    });
+    };
+    let listener = TcpListener::bind(address).await.map_err(bind_error)?;
+    let local = listener.local_addr().map_err(bind_error)?;
+    info!(
+        address = %local,
+        max_connections = limits.max_connections,
+        "admin server listening"
+    );
+    tokio::spawn(accept_loop(listener, state, limits));
     Ok(local)
 }
 
-async fn handle(mut stream: TcpStream, state: &State) -> std::io::Result<()> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 8192 {
-        let n = tokio::time::timeout(std::time::Duration::from_secs(5), stream.read(&mut chunk))
-            .await
-            .map_err(std::io::Error::other)??;
-        if n == 0 {
-            break;
+/// Accepts connections while a slot is free; refuses the others at once; backs off when
+/// accepting fails for a reason of the process (out of file descriptors), instead of spinning.
+async fn accept_loop(listener: TcpListener, state: Arc<State>, limits: Limits) {
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let mut failures = 0u32;
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => {
+                failures = 0;
+                stream
+            }
+            Err(error) => {
+                if let Some(delay) = accept_backoff(&error, failures) {
+                    failures = failures.saturating_add(1);
+                    warn!(error = %error, retry_in_ms = delay.as_millis() as u64, "admin server cannot accept connections");
+                    tokio::time::sleep(delay).await;
+                }
+                continue;
+            }
+        };
+        match slots.clone().try_acquire_owned() {
+            Ok(slot) => {
+                tokio::spawn(serve_connection(stream, state.clone(), limits, slot));
+            }
+            Err(_) => {
+                debug!(
+                    max_connections = limits.max_connections,
+                    "admin connection refused: every slot is taken"
+                );
+                // Best effort, never waiting: the socket closes when dropped.
+                let _ = stream.try_write(BUSY);
+            }
         }
-        buf.extend_from_slice(&chunk[..n]);
     }
-    let request = String::from_utf8_lossy(&buf);
-    let mut parts = request.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = path.split('?').next().unwrap_or("");
+}
+
+/// How long to wait after a failed accept: nothing when the error concerns only the connection
+/// being accepted (the client went away), else a delay doubling from 10 ms to 1 s, so a process
+/// out of file descriptors keeps serving its open connections instead of spinning.
+fn accept_backoff(error: &std::io::Error, failures: u32) -> Option<Duration> {
+    use std::io::ErrorKind::*;
+    if matches!(
+        error.kind(),
+        ConnectionAborted | ConnectionReset | ConnectionRefused | Interrupted | WouldBlock
+    ) {
+        return None;
+    }
+    let millis = 10u64.saturating_mul(1 << failures.min(7)).min(1000);
+    Some(Duration::from_millis(millis))
+}
+
+/// Serves one connection (HTTP/1.1, keep-alive) within `limits`, holding its `slot`.
+async fn serve_connection(
+    stream: TcpStream,
+    state: Arc<State>,
+    limits: Limits,
+    _slot: OwnedSemaphorePermit,
+) {
+    let mut io = TimeoutStream::new(stream);
+    io.set_write_timeout(Some(limits.write_timeout));
+    let io = TokioIo::new(Box::pin(io));
+    let served = AtomicU32::new(0);
+    let service = service_fn(move |request: Request<Incoming>| {
+        let mut response = route(request.method(), request.uri().path(), &state);
+        if served.fetch_add(1, Ordering::Relaxed) + 1 >= limits.max_requests_per_connection {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        std::future::ready(Ok::<_, Infallible>(response))
+    });
+    let connection = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(MAX_HEAD_BYTES)
+        .keep_alive(true)
+        .serve_connection(io, service);
+    tokio::pin!(connection);
+    let result = tokio::select! {
+        result = connection.as_mut() => result,
+        () = tokio::time::sleep(limits.max_connection_age) => {
+            connection.as_mut().graceful_shutdown();
+            match tokio::time::timeout(CLOSE_GRACE, connection).await {
+                Ok(result) => result,
+                Err(_) => {
+                    debug!("admin connection cut: older than its maximum age");
+                    return;
+                }
+            }
+        }
+    };
+    if let Err(error) = result {
+        debug!(error = %error, "admin connection closed with an error");
+    }
+}
+
+/// The response to `method` on `path`.
+fn route(method: &Method, path: &str, state: &State) -> Response<String> {
+    const TEXT: &str = "text/plain; charset=utf-8";
     let (status, content_type, body) = match (method, path) {
-        ("GET", "/livez") => ("200 OK", "text/plain", "ok\n".to_string()),
-        ("GET", "/readyz") => match state.readiness() {
-            Ok(()) => ("200 OK", "text/plain", "ok\n".to_string()),
+        (&Method::GET, "/livez") => (StatusCode::OK, TEXT, "ok\n".to_string()),
+        (&Method::GET, "/readyz") => match state.readiness() {
+            Ok(()) => (StatusCode::OK, TEXT, "ok\n".to_string()),
             Err(why) => (
-                "503 Service Unavailable",
-                "text/plain",
+                StatusCode::SERVICE_UNAVAILABLE,
+                TEXT,
                 format!("not ready: {why}\n"),
             ),
         },
-        ("GET", "/metrics") => (
-            "200 OK",
+        (&Method::GET, "/metrics") => (
+            StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
             state.metrics(),
         ),
-        ("GET", _) => ("404 Not Found", "text/plain", "not found\n".to_string()),
+        (&Method::GET, _) => (StatusCode::NOT_FOUND, TEXT, "not found\n".to_string()),
         _ => (
-            "405 Method Not Allowed",
-            "text/plain",
+            StatusCode::METHOD_NOT_ALLOWED,
+            TEXT,
             "method not allowed\n".to_string(),
         ),
     };
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
-    stream.shutdown().await
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
 }
 
 #[cfg(test)]
@@ -557,5 +690,259 @@ mod tests {
         f.set_role(Role::Follower);
         assert!(f.ready(), "a follower standing by is ready");
         assert!(f.metrics().contains("kube_event_bridge_leader 0"));
+    }
+
+    fn parts(r: Response<String>) -> (u16, String, String) {
+        let content_type = r.headers()[header::CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .to_string();
+        (r.status().as_u16(), content_type, r.into_body())
+    }
+
+    #[test]
+    fn routes() {
+        let s = State::new("stdout");
+        let text = "text/plain; charset=utf-8".to_string();
+        let get = |path| parts(route(&Method::GET, path, &s));
+        assert_eq!(get("/livez"), (200, text.clone(), "ok\n".into()));
+        assert_eq!(get("/readyz"), (503, text.clone(), "not ready\n".into()));
+        s.set_watches(vec![watch(true)]);
+        assert_eq!(get("/readyz"), (200, text.clone(), "ok\n".into()));
+        let (code, content_type, body) = get("/metrics");
+        assert_eq!(
+            (code, content_type.as_str()),
+            (200, "text/plain; version=0.0.4; charset=utf-8")
+        );
+        assert_eq!(body, s.metrics());
+        assert_eq!(get("/nope"), (404, text.clone(), "not found\n".into()));
+        assert_eq!(get("/livez/"), (404, text.clone(), "not found\n".into()));
+        for method in [Method::POST, Method::PUT, Method::DELETE, Method::HEAD] {
+            assert_eq!(
+                parts(route(&method, "/livez", &s)),
+                (405, text.clone(), "method not allowed\n".into()),
+                "{method}"
+            );
+        }
+    }
+
+    #[test]
+    fn accept_backoff_skips_client_errors_and_doubles_up_to_a_second() {
+        use std::io::{Error, ErrorKind};
+        for kind in [ErrorKind::ConnectionAborted, ErrorKind::ConnectionReset] {
+            assert_eq!(accept_backoff(&Error::from(kind), 5), None, "{kind:?}");
+        }
+        // EMFILE: the process is out of file descriptors.
+        let emfile = Error::from_raw_os_error(24);
+        let delays: Vec<u64> = (0..10)
+            .map(|n| accept_backoff(&emfile, n).unwrap().as_millis() as u64)
+            .collect();
+        assert_eq!(delays, [10, 20, 40, 80, 160, 320, 640, 1000, 1000, 1000]);
+        assert_eq!(
+            accept_backoff(&emfile, u32::MAX),
+            Some(Duration::from_secs(1))
+        );
+    }
+
+    /// Limits for tests: `change` adjusts the defaults.
+    async fn server(change: impl FnOnce(&mut Limits)) -> (SocketAddr, Arc<State>) {
+        let mut limits = Limits::default();
+        change(&mut limits);
+        let state = State::new("stdout");
+        state.set_watches(Vec::new());
+        let address = serve_with("127.0.0.1:0", state.clone(), limits)
+            .await
+            .unwrap();
+        (address, state)
+    }
+
+    /// Reads one response: status code, head, body (by its Content-Length); `None` at EOF.
+    async fn response(s: &mut TcpStream) -> Option<(u16, String, String)> {
+        use tokio::io::AsyncReadExt;
+        let mut buf = Vec::new();
+        let mut byte = [0u8; 1];
+        while !buf.ends_with(b"\r\n\r\n") {
+            if s.read(&mut byte).await.ok()? == 0 {
+                return None;
+            }
+            buf.push(byte[0]);
+        }
+        let head = String::from_utf8(buf).unwrap();
+        let length: usize = head
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length: ")?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0);
+        let mut body = vec![0u8; length];
+        s.read_exact(&mut body).await.ok()?;
+        let code = head.split(' ').nth(1)?.parse().ok()?;
+        Some((code, head, String::from_utf8(body).unwrap()))
+    }
+
+    async fn send(s: &mut TcpStream, path: &str) {
+        use tokio::io::AsyncWriteExt;
+        let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n");
+        s.write_all(request.as_bytes()).await.unwrap();
+    }
+
+    /// Whether the peer closed `s` (EOF or reset), discarding what it sent.
+    async fn closed(s: &mut TcpStream) -> bool {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 4096];
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return true,
+                Ok(_) => continue,
+            }
+        }
+    }
+
+    /// Generous: only a stuck server takes this long.
+    const WAIT: Duration = Duration::from_secs(30);
+
+    #[tokio::test]
+    async fn keep_alive_serves_requests_until_the_per_connection_limit() {
+        let (address, _) = server(|l| l.max_requests_per_connection = 3).await;
+        let mut s = TcpStream::connect(address).await.unwrap();
+        for (i, path) in ["/livez", "/readyz?verbose=1", "/metrics"]
+            .iter()
+            .enumerate()
+        {
+            send(&mut s, path).await;
+            let (code, head, _) = tokio::time::timeout(WAIT, response(&mut s))
+                .await
+                .unwrap()
+                .expect("a response");
+            assert_eq!(code, 200, "{path}: {head}");
+            let close = head.to_ascii_lowercase().contains("connection: close");
+            assert_eq!(close, i == 2, "only the last response closes: {head}");
+        }
+        assert!(tokio::time::timeout(WAIT, closed(&mut s)).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn connections_beyond_the_cap_are_refused_at_once() {
+        let (address, _) = server(|l| {
+            l.max_connections = 2;
+            l.header_read_timeout = Duration::from_secs(3600);
+        })
+        .await;
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let mut s = TcpStream::connect(address).await.unwrap();
+            // A served connection answers: it holds a slot.
+            send(&mut s, "/livez").await;
+            assert_eq!(response(&mut s).await.unwrap().0, 200);
+            held.push(s);
+        }
+        for _ in 0..5 {
+            let mut s = TcpStream::connect(address).await.unwrap();
+            let (code, head, _) = tokio::time::timeout(WAIT, response(&mut s))
+                .await
+                .unwrap()
+                .expect("a 503");
+            assert_eq!(code, 503, "{head}");
+            assert!(tokio::time::timeout(WAIT, closed(&mut s)).await.unwrap());
+        }
+        drop(held);
+        // The slots come back once their connections close.
+        let mut s = loop {
+            let mut s = TcpStream::connect(address).await.unwrap();
+            send(&mut s, "/readyz").await;
+            match tokio::time::timeout(WAIT, response(&mut s)).await.unwrap() {
+                Some((200, _, body)) => {
+                    assert_eq!(body, "ok\n");
+                    break s;
+                }
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        };
+        send(&mut s, "/livez").await;
+        assert_eq!(response(&mut s).await.unwrap().0, 200);
+    }
+
+    /// Polls `/readyz` on new connections until one answers 200.
+    async fn until_ready(address: SocketAddr) {
+        tokio::time::timeout(WAIT, async {
+            loop {
+                let mut s = TcpStream::connect(address).await.unwrap();
+                send(&mut s, "/readyz").await;
+                if let Some((200, _, _)) = response(&mut s).await {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("/readyz answers once the slow connections are cut");
+    }
+
+    #[tokio::test]
+    async fn slow_and_idle_connections_are_cut_so_probes_get_through() {
+        use tokio::io::AsyncWriteExt;
+        let (address, _) = server(|l| {
+            l.max_connections = 4;
+            l.header_read_timeout = Duration::from_millis(200);
+        })
+        .await;
+        let mut clients = Vec::new();
+        for i in 0..4 {
+            let mut s = TcpStream::connect(address).await.unwrap();
+            if i % 2 == 0 {
+                // Slowloris: a head that never ends.
+                s.write_all(b"GET /livez HTTP/1.1\r\nX-Slow: ")
+                    .await
+                    .unwrap();
+            }
+            clients.push(s);
+        }
+        until_ready(address).await;
+        for mut s in clients {
+            assert!(tokio::time::timeout(WAIT, closed(&mut s)).await.unwrap());
+        }
+    }
+
+    #[tokio::test]
+    async fn connections_end_at_their_maximum_age() {
+        let (address, _) = server(|l| {
+            l.header_read_timeout = Duration::from_secs(3600);
+            l.max_connection_age = Duration::from_millis(200);
+        })
+        .await;
+        let mut s = TcpStream::connect(address).await.unwrap();
+        send(&mut s, "/livez").await;
+        assert_eq!(response(&mut s).await.unwrap().0, 200);
+        assert!(tokio::time::timeout(WAIT, closed(&mut s)).await.unwrap());
+    }
+
+    /// A client that sends requests but never reads their responses: once the socket buffers
+    /// are full, the write timeout closes the connection and frees its slot.
+    #[tokio::test]
+    async fn a_client_that_does_not_read_is_cut_by_the_write_timeout() {
+        use tokio::io::AsyncWriteExt;
+        let (address, _) = server(|l| {
+            l.max_connections = 1;
+            l.write_timeout = Duration::from_millis(200);
+            l.header_read_timeout = Duration::from_secs(3600);
+            l.max_connection_age = Duration::from_secs(3600);
+            l.max_requests_per_connection = u32::MAX;
+        })
+        .await;
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let stalled = socket.connect(address).await.unwrap();
+        let (_read, mut write) = stalled.into_split();
+        let requests = "GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n".repeat(20_000);
+        // Blocks once the server stops reading; ends when the server closes the connection.
+        let writer = tokio::spawn(async move {
+            let _ = write.write_all(requests.as_bytes()).await;
+            write
+        });
+        until_ready(address).await;
+        drop(writer);
     }
 }

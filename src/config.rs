@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::template::{Template, Token};
+use crate::template::{self, Template, Token};
 
 mod resource;
 
@@ -47,6 +47,91 @@ pub enum Error {
 
 /// A `Result` with this module's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The values an integer setting accepts: absurd values are refused at validation, naming the
+/// field, instead of overflowing a timer, hanging or spinning at run time. Documented in
+/// docs/configuration.md ("Limits").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limit {
+    /// The smallest accepted value.
+    pub min: u64,
+    /// The largest accepted value.
+    pub max: u64,
+}
+
+impl Limit {
+    /// Records a problem at `path` unless `min <= value <= max`.
+    fn check(self, path: &str, value: impl TryInto<u64>, errors: &mut Vec<String>) {
+        let value = value.try_into().unwrap_or(u64::MAX);
+        if !(self.min..=self.max).contains(&value) {
+            errors.push(format!(
+                "{path}: {value} is out of range; allowed: {} to {}",
+                self.min, self.max
+            ));
+        }
+    }
+}
+
+/// A day: rediscovering less often leaves new CRDs unwatched (without a wildcard) for longer.
+pub const DISCOVERY_REFRESH_SECS: Limit = Limit {
+    min: 1,
+    max: 86_400,
+};
+/// A day: consumers alert on a heartbeat missing for a few intervals.
+pub const HEARTBEAT_INTERVAL_SECS: Limit = Limit {
+    min: 1,
+    max: 86_400,
+};
+/// An hour: the pod's termination grace period must cover it.
+pub const SHUTDOWN_DELAY_SECS: Limit = Limit { min: 0, max: 3_600 };
+/// An hour: the pod's termination grace period must cover it. 0 exits without draining.
+pub const SHUTDOWN_GRACE_SECS: Limit = Limit { min: 0, max: 3_600 };
+/// An hour: a Lease stores whole seconds, and a standby takes over only after it.
+pub const LEASE_DURATION_SECS: Limit = Limit { min: 2, max: 3_600 };
+/// Ten minutes, and less than the lease duration.
+pub const RETRY_PERIOD_SECS: Limit = Limit { min: 1, max: 600 };
+/// Ten seconds: each save of a Kafka watch commits the transaction its events were sent in,
+/// which must stay well below the transaction timeout.
+pub const CHECKPOINT_INTERVAL_MS: Limit = Limit {
+    min: 1,
+    max: 10_000,
+};
+/// Requests per second (client-side throttling): 0.01 is one request every 100 s, which
+/// already takes minutes to start a handful of watches; above 10,000 there is no throttling.
+pub const QPS: (f64, f64) = (0.01, 10_000.0);
+/// Requests at once above `qps`.
+pub const BURST: Limit = Limit {
+    min: 1,
+    max: 10_000,
+};
+/// A day: JetStream keeps every message id of the window in memory.
+pub const DUPLICATE_WINDOW_SECS: Limit = Limit {
+    min: 1,
+    max: 86_400,
+};
+/// Ten minutes without an acknowledgement is an outage, not a slow server.
+pub const ACK_TIMEOUT_SECS: Limit = Limit { min: 1, max: 600 };
+/// Changes buffered per watch: a million is beyond any pod's memory already.
+pub const QUEUE_CAPACITY: Limit = Limit {
+    min: 1,
+    max: 1_000_000,
+};
+/// Publishes awaiting acknowledgement per watch: librdkafka's own queue holds 100,000 messages
+/// by default.
+pub const MAX_IN_FLIGHT: Limit = Limit {
+    min: 1,
+    max: 100_000,
+};
+
+/// Bytes per watch between the API server and the broker's acknowledgement: from 1 MiB (a few
+/// ordinary objects, and the largest object still passes alone) to 64 GiB.
+pub const MAX_QUEUE_BYTES: Limit = Limit {
+    min: 1 << 20,
+    max: 64 << 30,
+};
+/// Kafka's `transaction.timeout.ms` in seconds: up to the broker's default
+/// `transaction.max.timeout.ms` (15 minutes).
+pub const TRANSACTION_TIMEOUT_SECS: Limit = Limit { min: 1, max: 900 };
 
 /// The configuration file as written (camelCase keys, unknown keys rejected).
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
@@ -99,6 +184,7 @@ pub struct DiscoveryConfig {
     /// Seconds between two full discovery refreshes (CRD changes are also seen within seconds
     /// through a watch on CustomResourceDefinitions when an entry uses a wildcard).
     #[serde(default = "default_discovery_refresh_secs")]
+    #[schemars(range(min = DISCOVERY_REFRESH_SECS.min, max = DISCOVERY_REFRESH_SECS.max))]
     pub refresh_secs: u64,
 }
 
@@ -123,6 +209,7 @@ pub struct HeartbeatConfig {
     pub enabled: bool,
     /// Seconds between two heartbeats of one watch.
     #[serde(default = "default_heartbeat_interval_secs")]
+    #[schemars(range(min = HEARTBEAT_INTERVAL_SECS.min, max = HEARTBEAT_INTERVAL_SECS.max))]
     pub interval_secs: u64,
     /// Kafka topic or NATS subject (core publish) for heartbeats; `{cluster}` is replaced.
     #[serde(default = "default_heartbeat_destination")]
@@ -160,6 +247,7 @@ pub struct AdminConfig {
     /// rollouts see the pod unready before it stops). Default 0: nothing is served through the
     /// bridge's Service, and a delay postpones the handover to a standby replica.
     #[serde(default)]
+    #[schemars(range(min = SHUTDOWN_DELAY_SECS.min, max = SHUTDOWN_DELAY_SECS.max))]
     pub shutdown_delay_secs: u64,
 }
 
@@ -191,9 +279,11 @@ pub struct LeaderElectionConfig {
     pub identity: Option<String>,
     /// How long a lease stays valid without renewal (client-go's default).
     #[serde(default = "default_lease_duration_secs")]
+    #[schemars(range(min = LEASE_DURATION_SECS.min, max = LEASE_DURATION_SECS.max))]
     pub lease_duration_secs: u64,
     /// How often the leader renews and followers retry (client-go's default).
     #[serde(default = "default_retry_period_secs")]
+    #[schemars(range(min = RETRY_PERIOD_SECS.min, max = RETRY_PERIOD_SECS.max))]
     pub retry_period_secs: u64,
 }
 
@@ -237,6 +327,7 @@ pub struct CheckpointConfig {
     /// How often a busy watch saves progress. Default 500 ms: a crash replays at most about that
     /// much; each save of a Kafka watch commits a transaction.
     #[serde(default = "default_checkpoint_interval_ms")]
+    #[schemars(range(min = CHECKPOINT_INTERVAL_MS.min, max = CHECKPOINT_INTERVAL_MS.max))]
     pub interval_ms: u64,
 }
 
@@ -286,9 +377,11 @@ pub struct KubernetesConfig {
     /// Requests per second the bridge starts against the API server, on average (client-side
     /// throttling; a watch counts once however long it streams). Fractions are allowed.
     #[serde(default = "default_qps")]
+    #[schemars(range(min = QPS.0, max = QPS.1))]
     pub qps: f64,
     /// Requests that may start at once after a quiet period, above `qps`.
     #[serde(default = "default_burst")]
+    #[schemars(range(min = BURST.min, max = BURST.max))]
     pub burst: u32,
 }
 
@@ -355,6 +448,7 @@ pub struct KafkaConfig {
     /// while the broker is unreachable (the bridge then aborts and sends again). At most the
     /// broker's `transaction.max.timeout.ms` (default 900).
     #[serde(default = "default_transaction_timeout_secs")]
+    #[schemars(range(min = TRANSACTION_TIMEOUT_SECS.min, max = TRANSACTION_TIMEOUT_SECS.max))]
     pub transaction_timeout_secs: u64,
 }
 
@@ -427,9 +521,11 @@ pub struct JetStreamConfig {
     /// Window in which the server drops a message whose `Nats-Msg-Id` it has seen (used when
     /// creating the stream). Default 2 minutes, the server's own default.
     #[serde(default = "default_duplicate_window_secs")]
+    #[schemars(range(min = DUPLICATE_WINDOW_SECS.min, max = DUPLICATE_WINDOW_SECS.max))]
     pub duplicate_window_secs: u64,
     /// How long to wait for one publish acknowledgement before publishing again.
     #[serde(default = "default_ack_timeout_secs")]
+    #[schemars(range(min = ACK_TIMEOUT_SECS.min, max = ACK_TIMEOUT_SECS.max))]
     pub ack_timeout_secs: u64,
 }
 
@@ -490,18 +586,22 @@ pub enum ContentMode {
 pub struct DeliveryConfig {
     /// Changes buffered per watch before the watch pauses (backpressure, not loss).
     #[serde(default = "default_queue_capacity")]
+    #[schemars(range(min = QUEUE_CAPACITY.min, max = QUEUE_CAPACITY.max))]
     pub queue_capacity: usize,
     /// Publishes awaiting acknowledgement per watch.
     #[serde(default = "default_max_in_flight")]
+    #[schemars(range(min = MAX_IN_FLIGHT.min, max = MAX_IN_FLIGHT.max))]
     pub max_in_flight: usize,
     /// Bytes of objects per watch between reading them from the API server and the broker's
     /// acknowledgement (queued, in flight, or in an open Kafka transaction); the watch pauses
     /// while they are spent, so memory follows object sizes, not only event counts. LIST pages
     /// are sized to a quarter of it. An object larger than the whole budget passes alone.
     #[serde(default = "default_max_queue_bytes")]
+    #[schemars(range(min = MAX_QUEUE_BYTES.min, max = MAX_QUEUE_BYTES.max))]
     pub max_queue_bytes: usize,
     /// How long SIGTERM waits for in-flight events before exiting.
     #[serde(default = "default_shutdown_grace_secs")]
+    #[schemars(range(min = SHUTDOWN_GRACE_SECS.min, max = SHUTDOWN_GRACE_SECS.max))]
     pub shutdown_grace_secs: u64,
 }
 
@@ -648,10 +748,13 @@ impl ConfigFile {
         serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
             let path = if path == "." { "(root)".into() } else { path };
-            Error::Parse {
-                path,
-                message: e.into_inner().to_string(),
-            }
+            // serde_yaml's messages may start with the path too: say it once.
+            let message = e.into_inner().to_string();
+            let message = match message.strip_prefix(&format!("{path}: ")) {
+                Some(rest) => rest.to_string(),
+                None => message,
+            };
+            Error::Parse { path, message }
         })
     }
 
@@ -670,60 +773,36 @@ impl ConfigFile {
         }
         let resources: Vec<Resource> = self
             .resources
-            .into_iter()
+            .iter()
+            .cloned()
             .enumerate()
-            .filter_map(|(i, r)| resource::validate_resource(i, r, self.event_format, &mut errors))
+            .filter_map(|(i, r)| {
+                resource::validate_resource(i, r, self.event_format, &self.cluster, &mut errors)
+            })
             .collect();
         resource::check_overlaps(&resources, &mut errors);
-        let sink = validate_sink(self.sink, &mut errors);
+        let sink = validate_sink(self.sink.clone(), &self.cluster, &mut errors);
         if let Some(sink) = &sink {
             resource::check_sink_fields(&resources, sink.kind(), &mut errors);
         }
-        if self.discovery.refresh_secs == 0 {
-            errors.push("discovery.refreshSecs: must be at least 1".into());
-        }
-        let d = &self.delivery;
-        if d.queue_capacity == 0 {
-            errors.push("delivery.queueCapacity: must be at least 1".into());
-        }
-        if !(1 << 20..=64 << 30).contains(&d.max_queue_bytes) {
-            errors.push(format!(
-                "delivery.maxQueueBytes: {} is out of range (1 MiB to 64 GiB)",
-                d.max_queue_bytes
-            ));
-        }
-        if d.max_in_flight == 0 {
-            errors.push("delivery.maxInFlight: must be at least 1".into());
-        }
-        let k = &self.kubernetes;
-        if !(k.qps.is_finite() && k.qps > 0.0) {
-            errors.push("kubernetes.qps: must be > 0".into());
-        }
-        if k.burst == 0 {
-            errors.push("kubernetes.burst: must be at least 1".into());
-        }
+        self.check_numbers(&mut errors);
+        self.check_names(sink.as_ref(), &mut errors);
         if self.admin.address.parse::<std::net::SocketAddr>().is_err() {
             errors.push(format!(
                 "admin.address: {:?} is not host:port with an IP address",
                 self.admin.address
             ));
         }
-        if self.heartbeat.enabled && self.heartbeat.interval_secs == 0 {
-            errors.push("heartbeat.intervalSecs: must be at least 1".into());
-        }
         let le = &self.leader_election;
-        if le.enabled
-            && (le.retry_period_secs == 0 || le.lease_duration_secs <= le.retry_period_secs)
-        {
-            errors.push("leaderElection: leaseDurationSecs must be greater than retryPeriodSecs, and both at least 1".into());
+        if le.enabled && le.lease_duration_secs <= le.retry_period_secs {
+            errors.push(
+                "leaderElection: leaseDurationSecs must be greater than retryPeriodSecs".into(),
+            );
         }
         if le.enabled && !self.checkpoint.enabled {
             errors.push("leaderElection.enabled: a new leader resumes from the checkpoint; enable checkpoints".into());
         }
         let c = &self.checkpoint;
-        if c.interval_ms == 0 {
-            errors.push("checkpoint.intervalMs: must be at least 1".into());
-        }
         if c.enabled {
             match &sink {
                 Some(Sink::Nats { config, .. }) if config.jetstream.is_none() => errors.push(
@@ -752,9 +831,102 @@ impl ConfigFile {
             _ => Err(Error::Invalid(errors)),
         }
     }
+
+    /// Every number of the file within its [`Limit`] (settings of a disabled feature too: a
+    /// value that would break it when enabled is refused now).
+    fn check_numbers(&self, errors: &mut Vec<String>) {
+        let d = &self.delivery;
+        QUEUE_CAPACITY.check("delivery.queueCapacity", d.queue_capacity, errors);
+        MAX_IN_FLIGHT.check("delivery.maxInFlight", d.max_in_flight, errors);
+        MAX_QUEUE_BYTES.check("delivery.maxQueueBytes", d.max_queue_bytes, errors);
+        SHUTDOWN_GRACE_SECS.check("delivery.shutdownGraceSecs", d.shutdown_grace_secs, errors);
+        let qps = self.kubernetes.qps;
+        if !(QPS.0..=QPS.1).contains(&qps) {
+            // NaN is in no range. Tiny and huge values in scientific notation, as written.
+            let shown = if qps == 0.0 || (1e-4..1e15).contains(&qps.abs()) {
+                qps.to_string()
+            } else {
+                format!("{qps:e}")
+            };
+            errors.push(format!(
+                "kubernetes.qps: {shown} is out of range; allowed: {} to {}",
+                QPS.0, QPS.1
+            ));
+        }
+        BURST.check("kubernetes.burst", self.kubernetes.burst, errors);
+        let le = &self.leader_election;
+        let lease = le.lease_duration_secs;
+        LEASE_DURATION_SECS.check("leaderElection.leaseDurationSecs", lease, errors);
+        let retry = le.retry_period_secs;
+        RETRY_PERIOD_SECS.check("leaderElection.retryPeriodSecs", retry, errors);
+        let interval = self.checkpoint.interval_ms;
+        CHECKPOINT_INTERVAL_MS.check("checkpoint.intervalMs", interval, errors);
+        let delay = self.admin.shutdown_delay_secs;
+        SHUTDOWN_DELAY_SECS.check("admin.shutdownDelaySecs", delay, errors);
+        let heartbeat = self.heartbeat.interval_secs;
+        HEARTBEAT_INTERVAL_SECS.check("heartbeat.intervalSecs", heartbeat, errors);
+        let refresh = self.discovery.refresh_secs;
+        DISCOVERY_REFRESH_SECS.check("discovery.refreshSecs", refresh, errors);
+        if let Some(kafka) = &self.sink.kafka {
+            let timeout = kafka.transaction_timeout_secs;
+            let at = "sink.kafka.transactionTimeoutSecs";
+            TRANSACTION_TIMEOUT_SECS.check(at, timeout, errors);
+            if self.checkpoint.enabled && interval.saturating_mul(2) > timeout.saturating_mul(1000)
+            {
+                errors.push(format!(
+                    "{at}: {timeout} s must be at least twice checkpoint.intervalMs ({interval} ms): a transaction is committed at every checkpoint"
+                ));
+            }
+        }
+        if let Some(js) = self.sink.nats.as_ref().and_then(|n| n.jetstream.as_ref()) {
+            let at = "sink.nats.jetstream";
+            let ack = js.ack_timeout_secs;
+            ACK_TIMEOUT_SECS.check(&format!("{at}.ackTimeoutSecs"), ack, errors);
+            let window = js.duplicate_window_secs;
+            DUPLICATE_WINDOW_SECS.check(&format!("{at}.duplicateWindowSecs"), window, errors);
+        }
+    }
+
+    /// The names the sink is given as they are (not templates): the heartbeat destination
+    /// (`{cluster}` replaced), the checkpoint topic or bucket.
+    fn check_names(&self, sink: Option<&Sink>, errors: &mut Vec<String>) {
+        let destination = self
+            .heartbeat
+            .destination
+            .replace("{cluster}", &self.cluster);
+        let checkpoint = &self.checkpoint;
+        match sink {
+            Some(Sink::Kafka { .. }) => {
+                if self.heartbeat.enabled
+                    && let Err(e) = template::check_topic_name(&destination)
+                {
+                    errors.push(format!("heartbeat.destination: {e}"));
+                }
+                if checkpoint.enabled
+                    && let Err(e) = template::check_topic_name(&checkpoint.kafka_topic)
+                {
+                    errors.push(format!("checkpoint.kafkaTopic: {e}"));
+                }
+            }
+            Some(Sink::Nats { .. }) => {
+                if self.heartbeat.enabled
+                    && let Err(e) = template::check_subject_name(&destination)
+                {
+                    errors.push(format!("heartbeat.destination: {e}"));
+                }
+                let bucket = &checkpoint.nats_bucket;
+                if checkpoint.enabled && !is_nats_name(bucket) {
+                    errors.push(format!(
+                        "checkpoint.natsBucket: {bucket:?} must be letters, digits, '_' or '-'"
+                    ));
+                }
+            }
+            Some(Sink::Stdout) | None => {}
+        }
+    }
 }
 
-fn validate_sink(sink: SinkConfig, errors: &mut Vec<String>) -> Option<Sink> {
+fn validate_sink(sink: SinkConfig, cluster: &str, errors: &mut Vec<String>) -> Option<Sink> {
     let count = [
         sink.kafka.is_some(),
         sink.nats.is_some(),
@@ -780,12 +952,6 @@ fn validate_sink(sink: SinkConfig, errors: &mut Vec<String>) -> Option<Sink> {
                     accepted[0]
                 ));
             }
-        }
-        if !(1..=900).contains(&kafka.transaction_timeout_secs) {
-            errors.push(format!(
-                "sink.kafka.transactionTimeoutSecs: {} is out of range (1 to 900, the broker's default transaction.max.timeout.ms)",
-                kafka.transaction_timeout_secs
-            ));
         }
         if kafka
             .properties
@@ -820,7 +986,12 @@ fn validate_sink(sink: SinkConfig, errors: &mut Vec<String>) -> Option<Sink> {
                 errors.push(format!("{at}: the path must not be empty"));
             }
         }
-        let topic = parse_template("sink.kafka.topic", &kafka.topic, false, errors)?;
+        let topic = parse_template(
+            "sink.kafka.topic",
+            &kafka.topic,
+            Destination::Topic { cluster },
+            errors,
+        )?;
         return Some(Sink::Kafka {
             config: kafka,
             topic,
@@ -830,21 +1001,13 @@ fn validate_sink(sink: SinkConfig, errors: &mut Vec<String>) -> Option<Sink> {
         if nats.url.trim().is_empty() {
             errors.push("sink.nats.url: must not be empty".into());
         }
-        if let Some(js) = &nats.jetstream {
-            if js.stream.is_empty()
-                || !js
-                    .stream
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-            {
-                errors.push(format!(
-                    "sink.nats.jetstream.stream: {:?} must be letters, digits, '_' or '-'",
-                    js.stream
-                ));
-            }
-            if js.ack_timeout_secs == 0 {
-                errors.push("sink.nats.jetstream.ackTimeoutSecs: must be at least 1".into());
-            }
+        if let Some(js) = &nats.jetstream
+            && !is_nats_name(&js.stream)
+        {
+            errors.push(format!(
+                "sink.nats.jetstream.stream: {:?} must be letters, digits, '_' or '-'",
+                js.stream
+            ));
         }
         let c = &nats.credentials;
         if c.password_file.is_some() != c.user.is_some() {
@@ -856,7 +1019,12 @@ fn validate_sink(sink: SinkConfig, errors: &mut Vec<String>) -> Option<Sink> {
                 "sink.nats.credentials: tlsCertFile and tlsKeyFile must be given together".into(),
             );
         }
-        let subject = parse_template("sink.nats.subject", &nats.subject, true, errors)?;
+        let subject = parse_template(
+            "sink.nats.subject",
+            &nats.subject,
+            Destination::Subject,
+            errors,
+        )?;
         return Some(Sink::Nats {
             config: nats,
             subject,
@@ -865,14 +1033,34 @@ fn validate_sink(sink: SinkConfig, errors: &mut Vec<String>) -> Option<Sink> {
     Some(Sink::Stdout)
 }
 
+/// What a template names, and so which rules its rendering must follow.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Destination<'a> {
+    /// A Kafka topic of the bridge in cluster `cluster`.
+    Topic {
+        /// The cluster name (`{cluster}`).
+        cluster: &'a str,
+    },
+    /// A NATS subject.
+    Subject,
+}
+
+/// Parses the template at `at` and checks that it renders legal names for `destination`.
 pub(crate) fn parse_template(
     at: &str,
     text: &str,
-    allow_name: bool,
+    destination: Destination<'_>,
     errors: &mut Vec<String>,
 ) -> Option<Template> {
-    match Template::parse(text) {
-        Ok(t) if !allow_name && t.uses(Token::Name) => {
+    let checked = Template::parse(text).and_then(|t| {
+        match destination {
+            Destination::Topic { cluster } => t.check_topic(cluster)?,
+            Destination::Subject => t.check_subject()?,
+        }
+        Ok(t)
+    });
+    match checked {
+        Ok(t) if matches!(destination, Destination::Topic { .. }) && t.uses(Token::Name) => {
             errors.push(format!(
                 "{at}: {{name}} is not allowed here: one topic per object does not scale"
             ));
@@ -884,6 +1072,13 @@ pub(crate) fn parse_template(
             None
         }
     }
+}
+
+/// A JetStream stream or KV bucket name: letters, digits, `_` and `-`.
+fn is_nats_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
 pub(crate) fn is_dns_label(s: &str) -> bool {
@@ -1061,10 +1256,264 @@ mod tests {
             .unwrap();
         assert_eq!((cfg.kubernetes.qps, cfg.kubernetes.burst), (0.5, 1));
         let e = invalid(&format!("{base}kubernetes: {{qps: 0, burst: 0}}\n"));
-        assert!(e.contains("kubernetes.qps: must be > 0"), "{e}");
-        assert!(e.contains("kubernetes.burst: must be at least 1"), "{e}");
-        let e = invalid(&format!("{base}kubernetes: {{qps: -3}}\n"));
-        assert!(e.contains("kubernetes.qps: must be > 0"), "{e}");
+        assert!(
+            e.contains("kubernetes.qps: 0 is out of range; allowed: 0.01 to 10000"),
+            "{e}"
+        );
+        assert!(
+            e.contains("kubernetes.burst: 0 is out of range; allowed: 1 to 10000"),
+            "{e}"
+        );
+        for (qps, shown) in [
+            ("-3", "-3"),
+            ("1e-20", "1e-20"),
+            (".nan", "NaN"),
+            (".inf", "inf"),
+            ("-.inf", "-inf"),
+            ("1e300", "1e300"),
+        ] {
+            let e = invalid(&format!("{base}kubernetes: {{qps: {qps}}}\n"));
+            assert!(
+                e.contains(&format!("kubernetes.qps: {shown} is out of range")),
+                "{qps}: {e}"
+            );
+        }
+        let e = invalid(&format!("{base}kubernetes: {{burst: 100000}}\n"));
+        assert!(
+            e.contains("kubernetes.burst: 100000 is out of range"),
+            "{e}"
+        );
+    }
+
+    /// Every integer setting, the sections it lives in, and the limit it must respect.
+    const INTEGERS: &[(&str, &str, Limit)] = &[
+        ("delivery", "queueCapacity", QUEUE_CAPACITY),
+        ("delivery", "maxInFlight", MAX_IN_FLIGHT),
+        ("delivery", "maxQueueBytes", MAX_QUEUE_BYTES),
+        ("delivery", "shutdownGraceSecs", SHUTDOWN_GRACE_SECS),
+        ("kubernetes", "burst", BURST),
+        ("leaderElection", "leaseDurationSecs", LEASE_DURATION_SECS),
+        ("leaderElection", "retryPeriodSecs", RETRY_PERIOD_SECS),
+        ("checkpoint", "intervalMs", CHECKPOINT_INTERVAL_MS),
+        ("admin", "shutdownDelaySecs", SHUTDOWN_DELAY_SECS),
+        ("heartbeat", "intervalSecs", HEARTBEAT_INTERVAL_SECS),
+        ("discovery", "refreshSecs", DISCOVERY_REFRESH_SECS),
+    ];
+
+    const NATS: &str = "cluster: dev\nresources: [{apiVersion: v1, resource: pods}]\nsink: {nats: {url: 'nats://x', jetstream: {stream: S, ackTimeoutSecs: ACK, duplicateWindowSecs: WINDOW}}}\n";
+
+    #[test]
+    fn absurd_integers_are_refused_naming_the_field() {
+        let base = "cluster: dev\nresources: [{apiVersion: v1, resource: pods}]\n";
+        for (section, key, limit) in INTEGERS {
+            let path = format!("{section}.{key}");
+            for value in [limit.max + 1, 1_000_000_000_000_000_000, u64::MAX] {
+                let e = invalid(&format!("{base}{section}: {{{key}: {value}}}\n"));
+                let refused = format!(
+                    "{path}: {value} is out of range; allowed: {} to {}",
+                    limit.min, limit.max
+                );
+                // Or, beyond the field's type (kubernetes.burst is a u32), a parse error.
+                let unparsed = format!("{path}: invalid value: integer `{value}`");
+                assert!(e.contains(&refused) || e.starts_with(&unparsed), "{e}");
+                assert_eq!(e.matches(&path).count(), 1, "{e}");
+            }
+            if limit.min > 0 {
+                let e = invalid(&format!("{base}{section}: {{{key}: 0}}\n"));
+                assert!(e.contains(&format!("{path}: 0 is out of range")), "{e}");
+            }
+            // The bounds themselves are accepted (a lease must outlast its retry period).
+            for value in [limit.min, limit.max] {
+                let extra = match *key {
+                    "leaseDurationSecs" => ", retryPeriodSecs: 1",
+                    "retryPeriodSecs" => ", leaseDurationSecs: 3600",
+                    _ => "",
+                };
+                let yaml = format!("{base}{section}: {{{key}: {value}{extra}}}\n");
+                if let Err(e) = ConfigFile::parse(&yaml).unwrap().validate() {
+                    panic!("{path}: {value} must be accepted: {e}");
+                }
+            }
+            // Beyond any integer type, and negative: a parse error naming the field.
+            for value in ["1e30", "-1", "99999999999999999999999"] {
+                let e = invalid(&format!("{base}{section}: {{{key}: {value}}}\n"));
+                assert!(e.starts_with(&path), "{e}");
+            }
+        }
+        for (ack, window, needle) in [
+            (
+                "0",
+                "120",
+                "sink.nats.jetstream.ackTimeoutSecs: 0 is out of range",
+            ),
+            (
+                "601",
+                "120",
+                "sink.nats.jetstream.ackTimeoutSecs: 601 is out of range",
+            ),
+            (
+                "10",
+                "0",
+                "sink.nats.jetstream.duplicateWindowSecs: 0 is out of range",
+            ),
+            (
+                "10",
+                "1000000000000000000",
+                "sink.nats.jetstream.duplicateWindowSecs: 1000000000000000000 is out of range",
+            ),
+        ] {
+            let e = invalid(&NATS.replace("ACK", ack).replace("WINDOW", window));
+            assert!(e.contains(needle), "{e}");
+        }
+        ConfigFile::parse(&NATS.replace("ACK", "600").replace("WINDOW", "86400"))
+            .unwrap()
+            .validate()
+            .unwrap();
+    }
+
+    #[test]
+    fn a_kafka_transaction_outlasts_two_checkpoint_intervals() {
+        let kafka = |timeout: u64, interval: u64| {
+            format!(
+                "cluster: dev\nresources: [{{apiVersion: v1, resource: pods}}]\nsink: {{kafka: {{bootstrapServers: 'x:1', transactionTimeoutSecs: {timeout}}}}}\ncheckpoint: {{intervalMs: {interval}}}\n"
+            )
+        };
+        for timeout in [0, 901, 1_000_000_000_000_000_000] {
+            let e = invalid(&kafka(timeout, 500));
+            assert!(
+                e.contains(&format!(
+                    "sink.kafka.transactionTimeoutSecs: {timeout} is out of range"
+                )),
+                "{e}"
+            );
+        }
+        let e = invalid(&kafka(5, 3_000));
+        assert!(
+            e.contains("sink.kafka.transactionTimeoutSecs: 5 s must be at least twice checkpoint.intervalMs (3000 ms)"),
+            "{e}"
+        );
+        assert!(
+            ConfigFile::parse(&kafka(6, 3_000))
+                .and_then(ConfigFile::validate)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_lease_must_outlast_its_retry_period() {
+        let e = invalid(
+            "cluster: dev\nresources: [{apiVersion: v1, resource: pods}]\nleaderElection: {enabled: true, leaseDurationSecs: 5, retryPeriodSecs: 5}\n",
+        );
+        assert!(
+            e.contains("leaderElection: leaseDurationSecs must be greater than retryPeriodSecs"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn literal_text_of_topics_and_subjects_is_checked() {
+        let kafka = "sink: {kafka: {bootstrapServers: 'x:1', topic: 'TOPIC'}}";
+        let resources = "resources:\n- {apiVersion: v1, resource: pods}\n- {apiVersion: v1, resource: configmaps}\n- {apiVersion: v1, resource: secrets, topic: 'OVERRIDE'}\n";
+        let e = invalid(&format!(
+            "cluster: dev\n{}{}\n",
+            resources.replace("OVERRIDE", "cm/{resource}"),
+            kafka.replace("TOPIC", "k8s events.{resource}")
+        ));
+        assert!(
+            e.contains("sink.kafka.topic: \"k8s events.\" contains ' ': a Kafka topic name"),
+            "{e}"
+        );
+        assert!(
+            e.contains("resources[2].topic: \"cm/\" contains '/'"),
+            "{e}"
+        );
+        for (topic, needle) in [
+            (
+                "..",
+                "sink.kafka.topic: \"..\" is not a legal Kafka topic name",
+            ),
+            (
+                &format!("{}{{cluster}}", "t".repeat(247)),
+                "sink.kafka.topic: renders to at least 250 characters",
+            ),
+        ] {
+            let e = invalid(&format!(
+                "cluster: dev\nresources: [{{apiVersion: v1, resource: pods}}]\n{}\n",
+                kafka.replace("TOPIC", topic)
+            ));
+            assert!(e.contains(needle), "{e}");
+        }
+
+        let nats = "sink: {nats: {url: 'nats://x', subject: 'SUBJECT', jetstream: {stream: s}}}";
+        let e = invalid(&format!(
+            "cluster: dev\n{}{}\n",
+            resources
+                .replace("topic", "subject")
+                .replace("OVERRIDE", "audit..{name}"),
+            nats.replace("SUBJECT", "k8s.*.{name}")
+        ));
+        assert!(
+            e.contains("sink.nats.subject: \"k8s.*.\" contains '*': NATS subjects cannot"),
+            "{e}"
+        );
+        assert!(
+            e.contains("resources[2].subject: \"audit..{name}\" has an empty token"),
+            "{e}"
+        );
+        for (subject, needle) in [
+            ("k8s.>", "contains '>'"),
+            ("k8s {name}", "contains ' '"),
+            ("{cluster}.", "has an empty token"),
+        ] {
+            let e = invalid(&format!(
+                "cluster: dev\nresources: [{{apiVersion: v1, resource: pods}}]\n{}\n",
+                nats.replace("SUBJECT", subject)
+            ));
+            assert!(e.contains("sink.nats.subject: "), "{e}");
+            assert!(e.contains(needle), "{subject}: {e}");
+        }
+    }
+
+    #[test]
+    fn heartbeat_and_checkpoint_names_are_checked_for_their_sink() {
+        let base = "cluster: prod.eu\nresources: [{apiVersion: v1, resource: pods}]\n";
+        let kafka = "sink: {kafka: {bootstrapServers: 'x:1'}}\n";
+        let e = invalid(&format!(
+            "{base}{kafka}heartbeat: {{enabled: true, destination: 'hb {{cluster}}'}}\ncheckpoint: {{kafkaTopic: 'a/b'}}\n"
+        ));
+        assert!(
+            e.contains("heartbeat.destination: \"hb prod.eu\" contains ' '"),
+            "{e}"
+        );
+        assert!(
+            e.contains("checkpoint.kafkaTopic: \"a/b\" contains '/'"),
+            "{e}"
+        );
+        // Unused names are not checked: heartbeats off, checkpoints off.
+        ConfigFile::parse(&format!(
+            "{base}{kafka}heartbeat: {{destination: 'hb x'}}\ncheckpoint: {{enabled: false, kafkaTopic: 'a/b'}}\n"
+        ))
+        .unwrap()
+        .validate()
+        .unwrap();
+
+        let nats = "sink: {nats: {url: 'nats://x', jetstream: {stream: s}}}\n";
+        let e = invalid(&format!(
+            "{base}{nats}heartbeat: {{enabled: true, destination: 'hb.>'}}\ncheckpoint: {{natsBucket: 'a.b'}}\n"
+        ));
+        assert!(
+            e.contains("heartbeat.destination: \"hb.>\" contains '>'"),
+            "{e}"
+        );
+        assert!(
+            e.contains("checkpoint.natsBucket: \"a.b\" must be letters, digits"),
+            "{e}"
+        );
+        let cfg = ConfigFile::parse(&format!("{base}{nats}heartbeat: {{enabled: true}}\n"))
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert_eq!(cfg.heartbeat.destination, "k8s.{cluster}.heartbeats");
     }
 
     #[test]
@@ -1074,6 +1523,342 @@ mod tests {
         }
         for bad in ["1", "v", "vbeta1", "v1beta", "v1gamma1", "V1"] {
             assert!(!is_version(bad), "{bad}");
+        }
+    }
+
+    /// The decoder of a file this process did not write: arbitrary text, and arbitrary
+    /// documents of the configuration's shape, never make `parse` or `validate` panic.
+    mod fuzz {
+        use proptest::prelude::*;
+        use serde_yaml::{Mapping, Value};
+
+        use super::super::ConfigFile;
+
+        /// A few hundred cases per property: fast enough for every CI run.
+        fn cases() -> ProptestConfig {
+            ProptestConfig {
+                cases: 256,
+                failure_persistence: None,
+                ..ProptestConfig::default()
+            }
+        }
+
+        /// Parses and, when the shape is right, validates: errors are fine, panics are not.
+        fn decode(text: &str) {
+            if let Ok(file) = ConfigFile::parse(text) {
+                let _ = file.validate();
+            }
+        }
+
+        /// Every key of the file, so that generated documents reach the validation.
+        const KEYS: &[&str] = &[
+            "cluster",
+            "kubernetes",
+            "kubeconfig",
+            "context",
+            "qps",
+            "burst",
+            "resources",
+            "apiVersion",
+            "resource",
+            "exclude",
+            "namespaces",
+            "namespaceSelector",
+            "labelSelector",
+            "fieldSelector",
+            "events",
+            "payload",
+            "includePrevious",
+            "ignorePaths",
+            "dropUnchangedUpdates",
+            "redact",
+            "redactSecretData",
+            "stripManagedFields",
+            "stripLastApplied",
+            "topic",
+            "subject",
+            "key",
+            "tombstones",
+            "eventFormat",
+            "sink",
+            "kafka",
+            "bootstrapServers",
+            "contentMode",
+            "properties",
+            "propertyFiles",
+            "nats",
+            "url",
+            "jetstream",
+            "stream",
+            "create",
+            "duplicateWindowSecs",
+            "ackTimeoutSecs",
+            "credentials",
+            "user",
+            "passwordFile",
+            "stdout",
+            "delivery",
+            "queueCapacity",
+            "maxInFlight",
+            "shutdownGraceSecs",
+            "checkpoint",
+            "enabled",
+            "kafkaTopic",
+            "natsBucket",
+            "directory",
+            "intervalMs",
+            "initialSnapshot",
+            "leaderElection",
+            "leaseName",
+            "namespace",
+            "identity",
+            "leaseDurationSecs",
+            "retryPeriodSecs",
+            "admin",
+            "address",
+            "shutdownDelaySecs",
+            "heartbeat",
+            "intervalSecs",
+            "destination",
+            "discovery",
+            "refreshSecs",
+        ];
+
+        /// Strings that mean something somewhere in the file, and noise.
+        fn text() -> impl Strategy<Value = String> {
+            prop_oneof![
+                prop::sample::select(vec![
+                    "v1",
+                    "apps/v1",
+                    "*.example.com/*",
+                    "example.com/*",
+                    "*",
+                    "pods",
+                    "ConfigMap",
+                    "added",
+                    "deleted",
+                    "full",
+                    "diff",
+                    "reference",
+                    "knative",
+                    "uid",
+                    "namespacedName",
+                    "initial",
+                    "none",
+                    "/status",
+                    "/metadata/name",
+                    "{cluster}",
+                    "k8s.{cluster}.{group}.{resource}",
+                    "{name}",
+                    "a..b",
+                    ".",
+                    "127.0.0.1:0",
+                    "x:1",
+                    "nats://x",
+                    "dev",
+                    "",
+                    "~1",
+                    "{",
+                    "}",
+                ])
+                .prop_map(str::to_string),
+                "[a-z0-9{}.*>/ _~-]{0,12}",
+                any::<String>(),
+            ]
+        }
+
+        fn scalar() -> impl Strategy<Value = Value> {
+            prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::Bool),
+                any::<u64>().prop_map(|n| Value::Number(n.into())),
+                any::<i64>().prop_map(|n| Value::Number(n.into())),
+                any::<f64>().prop_map(|n| Value::Number(n.into())),
+                (0u64..4).prop_map(|n| Value::Number(n.into())),
+                text().prop_map(Value::String),
+            ]
+        }
+
+        /// A YAML value of the configuration's shape: maps keyed mostly by its own keys.
+        fn document() -> impl Strategy<Value = Value> {
+            scalar().prop_recursive(4, 48, 6, |inner| {
+                let key = prop_oneof![
+                    4 => prop::sample::select(KEYS).prop_map(str::to_string),
+                    1 => text(),
+                ];
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Sequence),
+                    prop::collection::vec((key, inner), 0..6).prop_map(|entries| {
+                        Value::Mapping(
+                            entries
+                                .into_iter()
+                                .map(|(k, v)| (Value::String(k), v))
+                                .collect::<Mapping>(),
+                        )
+                    }),
+                ]
+            })
+        }
+
+        /// What a setting holds, to generate values it parses as (mostly).
+        #[derive(Debug, Clone, Copy)]
+        enum Kind {
+            Integer,
+            Float,
+            Text,
+            Flag,
+            Texts,
+        }
+
+        /// A value for a setting of `kind`; now and then one of any shape.
+        fn value(kind: Kind) -> BoxedStrategy<Value> {
+            let typed = match kind {
+                Kind::Integer => prop_oneof![
+                    any::<u64>(),
+                    0u64..4,
+                    Just(u64::from(u32::MAX) + 1),
+                    Just(1_000_000_000_000_000_000),
+                ]
+                .prop_map(|n| Value::Number(n.into()))
+                .boxed(),
+                Kind::Float => prop_oneof![
+                    any::<f64>(),
+                    Just(f64::NAN),
+                    Just(f64::INFINITY),
+                    Just(1e-20),
+                    Just(-1.0)
+                ]
+                .prop_map(|n| Value::Number(n.into()))
+                .boxed(),
+                Kind::Text => text().prop_map(Value::String).boxed(),
+                Kind::Flag => any::<bool>().prop_map(Value::Bool).boxed(),
+                Kind::Texts => prop::collection::vec(text().prop_map(Value::String), 0..4)
+                    .prop_map(Value::Sequence)
+                    .boxed(),
+            };
+            prop_oneof![9 => typed, 1 => document()].boxed()
+        }
+
+        /// The settings the mutations replace, with what each holds.
+        const SETTINGS: &[(&str, Kind)] = &[
+            ("cluster", Kind::Text),
+            ("kubernetes.qps", Kind::Float),
+            ("kubernetes.burst", Kind::Integer),
+            ("resources.0.apiVersion", Kind::Text),
+            ("resources.0.resource", Kind::Text),
+            ("resources.0.namespaces", Kind::Texts),
+            ("resources.0.namespaceSelector", Kind::Text),
+            ("resources.0.labelSelector", Kind::Text),
+            ("resources.0.events", Kind::Texts),
+            ("resources.0.topic", Kind::Text),
+            ("resources.0.subject", Kind::Text),
+            ("resources.0.ignorePaths", Kind::Texts),
+            ("resources.0.redact", Kind::Texts),
+            ("resources.0.payload", Kind::Text),
+            ("resources.0.includePrevious", Kind::Flag),
+            ("resources.0.tombstones", Kind::Flag),
+            ("resources.0.key", Kind::Text),
+            ("resources.0.exclude.0.resource", Kind::Text),
+            ("resources.0.exclude.0.apiVersion", Kind::Text),
+            ("resources.1.apiVersion", Kind::Text),
+            ("resources.1.resource", Kind::Text),
+            ("sink.kafka.topic", Kind::Text),
+            ("sink.kafka.bootstrapServers", Kind::Text),
+            ("sink.nats.subject", Kind::Text),
+            ("sink.nats.jetstream.stream", Kind::Text),
+            ("sink.nats.jetstream.ackTimeoutSecs", Kind::Integer),
+            ("sink.nats.jetstream.duplicateWindowSecs", Kind::Integer),
+            ("delivery.queueCapacity", Kind::Integer),
+            ("delivery.maxInFlight", Kind::Integer),
+            ("delivery.shutdownGraceSecs", Kind::Integer),
+            ("checkpoint.enabled", Kind::Flag),
+            ("checkpoint.intervalMs", Kind::Integer),
+            ("checkpoint.kafkaTopic", Kind::Text),
+            ("checkpoint.natsBucket", Kind::Text),
+            ("leaderElection.enabled", Kind::Flag),
+            ("leaderElection.leaseDurationSecs", Kind::Integer),
+            ("leaderElection.retryPeriodSecs", Kind::Integer),
+            ("admin.address", Kind::Text),
+            ("admin.shutdownDelaySecs", Kind::Integer),
+            ("heartbeat.enabled", Kind::Flag),
+            ("heartbeat.intervalSecs", Kind::Integer),
+            ("heartbeat.destination", Kind::Text),
+            ("discovery.refreshSecs", Kind::Integer),
+            ("eventFormat", Kind::Text),
+            ("initialSnapshot", Kind::Text),
+        ];
+
+        /// A valid file with some of its settings replaced by arbitrary values.
+        fn mutated() -> impl Strategy<Value = Value> {
+            let change = prop::sample::select(SETTINGS)
+                .prop_flat_map(|(path, kind)| (Just(path), value(kind)));
+            let sink = prop::sample::select(vec![
+                "{kafka: {bootstrapServers: 'x:1'}}",
+                "{nats: {url: 'nats://x', jetstream: {stream: s}}}",
+                "{stdout: {}}",
+            ]);
+            (sink, prop::collection::vec(change, 1..4)).prop_map(|(sink, changes)| {
+                let mut doc: Value = serde_yaml::from_str(&format!(
+                    "cluster: dev\nresources: [{{apiVersion: v1, resource: pods}}]\nsink: {sink}\n"
+                ))
+                .unwrap();
+                for (path, value) in changes {
+                    set(&mut doc, path, value);
+                }
+                doc
+            })
+        }
+
+        /// Sets `value` at a dotted `path`, making maps (or list items) on the way.
+        fn set(doc: &mut Value, path: &str, value: Value) {
+            let mut at = doc;
+            for part in path.split('.') {
+                at = match part.parse::<usize>() {
+                    Ok(i) => {
+                        if !at.is_sequence() {
+                            *at = Value::Sequence(Vec::new());
+                        }
+                        let list = at.as_sequence_mut().unwrap();
+                        while list.len() <= i {
+                            list.push(Value::Mapping(Mapping::new()));
+                        }
+                        &mut list[i]
+                    }
+                    Err(_) => {
+                        if !at.is_mapping() {
+                            *at = Value::Mapping(Mapping::new());
+                        }
+                        let map = at.as_mapping_mut().unwrap();
+                        map.entry(Value::String(part.into()))
+                            .or_insert(Value::Mapping(Mapping::new()))
+                    }
+                };
+            }
+            *at = value;
+        }
+
+        proptest! {
+            #![proptest_config(cases())]
+
+            #[test]
+            fn arbitrary_text_never_panics(text in any::<String>()) {
+                decode(&text);
+            }
+
+            #[test]
+            fn yaml_like_text_never_panics(text in "[a-zA-Z0-9:{}\\[\\],.*&!|>'\"#%@ \n-]{0,200}") {
+                decode(&text);
+            }
+
+            #[test]
+            fn documents_of_the_configs_shape_never_panic(doc in document()) {
+                decode(&serde_yaml::to_string(&doc).unwrap());
+            }
+
+            #[test]
+            fn valid_files_with_arbitrary_settings_never_panic(doc in mutated()) {
+                decode(&serde_yaml::to_string(&doc).unwrap());
+            }
         }
     }
 }

@@ -19,6 +19,98 @@ pub enum Error {
     /// Nothing at all.
     #[error("must not be empty")]
     Empty,
+    /// Literal text with a character Kafka refuses in topic names.
+    #[error(
+        "{text:?} contains {found:?}: a Kafka topic name has only letters, digits, '.', '_' and '-'"
+    )]
+    TopicCharacter {
+        /// The literal text.
+        text: String,
+        /// The first refused character.
+        found: char,
+    },
+    /// Even the shortest rendering is longer than Kafka accepts.
+    #[error(
+        "renders to at least {length} characters; a Kafka topic name has at most {MAX_TOPIC_LENGTH}"
+    )]
+    TopicTooLong {
+        /// The shortest rendering's length.
+        length: usize,
+    },
+    /// `.` or `..`, which Kafka refuses as topic names.
+    #[error("{0:?} is not a legal Kafka topic name")]
+    TopicReserved(String),
+    /// Literal text with a character that NATS subjects cannot carry outside tokens.
+    #[error(
+        "{text:?} contains {found:?}: NATS subjects cannot contain whitespace, control characters, '*' or '>' (wildcards)"
+    )]
+    SubjectCharacter {
+        /// The literal text.
+        text: String,
+        /// The first refused character.
+        found: char,
+    },
+    /// A subject with an empty token.
+    #[error(
+        "{0:?} has an empty token: a NATS subject cannot start or end with '.' or contain '..'"
+    )]
+    SubjectEmptyToken(String),
+}
+
+/// The longest topic name Kafka accepts.
+pub const MAX_TOPIC_LENGTH: usize = 249;
+
+/// Whether Kafka accepts `c` in a topic name.
+fn is_topic_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')
+}
+
+/// Whether a subject-safe value may carry `c` (dots would add subject levels).
+fn is_subject_token_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '_' | '-')
+}
+
+/// Checks a complete Kafka topic name: characters, length, and not `.` or `..`.
+pub fn check_topic_name(name: &str) -> Result<(), Error> {
+    if name.is_empty() {
+        return Err(Error::Empty);
+    }
+    if let Some(found) = name.chars().find(|c| !is_topic_char(*c)) {
+        return Err(Error::TopicCharacter {
+            text: name.into(),
+            found,
+        });
+    }
+    if name == "." || name == ".." {
+        return Err(Error::TopicReserved(name.into()));
+    }
+    if name.len() > MAX_TOPIC_LENGTH {
+        return Err(Error::TopicTooLong { length: name.len() });
+    }
+    Ok(())
+}
+
+/// Checks a complete NATS subject to publish to: no whitespace, control characters or
+/// wildcards, no empty token.
+pub fn check_subject_name(subject: &str) -> Result<(), Error> {
+    if subject.is_empty() {
+        return Err(Error::Empty);
+    }
+    if let Some(found) = subject.chars().find(|c| !is_subject_char(*c)) {
+        return Err(Error::SubjectCharacter {
+            text: subject.into(),
+            found,
+        });
+    }
+    if subject.split('.').any(str::is_empty) {
+        return Err(Error::SubjectEmptyToken(subject.into()));
+    }
+    Ok(())
+}
+
+/// Whether a NATS subject may carry `c` (`.` separates its tokens).
+fn is_subject_char(c: char) -> bool {
+    !(c.is_whitespace() || c.is_control() || matches!(c, '*' | '>'))
 }
 
 /// A value that varies per event or per watch.
@@ -133,17 +225,65 @@ impl Template {
         self.uses(Token::Namespace) || self.uses(Token::Name)
     }
 
+    /// Checks that the template renders legal Kafka topic names in cluster `cluster`: its
+    /// literal text has only topic characters, and its shortest rendering (every token but
+    /// `{cluster}` one character long) is neither too long nor `.` or `..`. Values are made safe
+    /// when rendering; a long group, resource or namespace can still exceed the length, which
+    /// only the broker can tell.
+    pub fn check_topic(&self, cluster: &str) -> Result<(), Error> {
+        let mut shortest = String::new();
+        for seg in &self.segments {
+            match seg {
+                Segment::Literal(l) => {
+                    if let Some(found) = l.chars().find(|c| !is_topic_char(*c)) {
+                        return Err(Error::TopicCharacter {
+                            text: l.clone(),
+                            found,
+                        });
+                    }
+                    shortest.push_str(l);
+                }
+                Segment::Token(Token::Cluster) => push_safe(&mut shortest, cluster, is_topic_char),
+                Segment::Token(_) => shortest.push('_'),
+            }
+        }
+        check_topic_name(&shortest)
+    }
+
+    /// Checks that the template renders legal NATS subjects: its literal text has no
+    /// whitespace, control characters or wildcards, and no rendering has an empty token (values
+    /// render as one non-empty token each).
+    pub fn check_subject(&self) -> Result<(), Error> {
+        let mut skeleton = String::new();
+        for seg in &self.segments {
+            match seg {
+                Segment::Literal(l) => {
+                    if let Some(found) = l.chars().find(|c| !is_subject_char(*c)) {
+                        return Err(Error::SubjectCharacter {
+                            text: l.clone(),
+                            found,
+                        });
+                    }
+                    skeleton.push_str(l);
+                }
+                Segment::Token(_) => skeleton.push('_'),
+            }
+        }
+        if skeleton.split('.').any(str::is_empty) {
+            return Err(Error::SubjectEmptyToken(self.source.clone()));
+        }
+        Ok(())
+    }
+
     /// Renders as a Kafka topic name: characters outside `[A-Za-z0-9._-]` in values become `_`.
     pub fn render_topic(&self, v: &Values<'_>) -> String {
-        self.render(v, |c| {
-            c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')
-        })
+        self.render(v, is_topic_char)
     }
 
     /// Renders as a NATS subject: every value becomes one safe token (dots, wildcards and
     /// whitespace become `_`), so a group such as `apps.example.com` cannot add subject levels.
     pub fn render_subject(&self, v: &Values<'_>) -> String {
-        self.render(v, |c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))
+        self.render(v, is_subject_token_char)
     }
 
     /// The subject filter a JetStream stream needs to capture every rendering for `v`'s
@@ -154,9 +294,7 @@ impl Template {
             match seg {
                 Segment::Literal(l) => out.push_str(l),
                 Segment::Token(Token::Namespace | Token::Name) => out.push('*'),
-                Segment::Token(t) => push_safe(&mut out, v.get(*t), |c| {
-                    c.is_ascii_alphanumeric() || matches!(c, '_' | '-')
-                }),
+                Segment::Token(t) => push_safe(&mut out, v.get(*t), is_subject_token_char),
             }
         }
         // A level that mixes a literal and a wildcard is not a valid filter: widen it.
@@ -249,5 +387,123 @@ mod tests {
         assert_eq!(Template::parse("a.{cluster"), Err(Error::Unbalanced));
         assert_eq!(Template::parse("a}"), Err(Error::Unbalanced));
         assert_eq!(Template::parse(""), Err(Error::Empty));
+    }
+
+    #[test]
+    fn topic_literals_must_be_topic_characters() {
+        for ok in [
+            "k8s.{cluster}.{group}.{resource}",
+            "state_{namespace}-x",
+            "{resource}",
+        ] {
+            assert_eq!(
+                Template::parse(ok).unwrap().check_topic("dev"),
+                Ok(()),
+                "{ok}"
+            );
+        }
+        let e = Template::parse("k8s events.{resource}")
+            .unwrap()
+            .check_topic("dev");
+        assert_eq!(
+            e,
+            Err(Error::TopicCharacter {
+                text: "k8s events.".into(),
+                found: ' '
+            })
+        );
+        for bad in ["k8s/{resource}", "k8s:{resource}", "é{resource}", "a*b"] {
+            let t = Template::parse(bad).unwrap();
+            assert!(
+                matches!(t.check_topic("dev"), Err(Error::TopicCharacter { .. })),
+                "{bad}"
+            );
+        }
+        for reserved in [".", ".."] {
+            assert_eq!(
+                Template::parse(reserved).unwrap().check_topic("dev"),
+                Err(Error::TopicReserved(reserved.into()))
+            );
+        }
+    }
+
+    #[test]
+    fn topic_length_counts_the_cluster_and_one_character_per_other_token() {
+        let at_limit = format!("{}.{{resource}}", "x".repeat(MAX_TOPIC_LENGTH - 2));
+        assert_eq!(Template::parse(&at_limit).unwrap().check_topic("c"), Ok(()));
+        // 245 + '.' + the 4 characters of the cluster name.
+        let over = format!("{}.{{cluster}}", "x".repeat(245));
+        assert_eq!(
+            Template::parse(&over).unwrap().check_topic("abcd"),
+            Err(Error::TopicTooLong { length: 250 })
+        );
+        assert_eq!(Template::parse(&over).unwrap().check_topic("abc"), Ok(()));
+        assert!(matches!(
+            check_topic_name(&"t".repeat(MAX_TOPIC_LENGTH + 1)),
+            Err(Error::TopicTooLong { length: 250 })
+        ));
+        assert_eq!(check_topic_name(&"t".repeat(MAX_TOPIC_LENGTH)), Ok(()));
+        assert_eq!(check_topic_name(""), Err(Error::Empty));
+    }
+
+    #[test]
+    fn subject_literals_have_no_wildcards_spaces_or_empty_tokens() {
+        for ok in [
+            "k8s.{cluster}.{group}.{resource}.{namespace}.{name}",
+            "audit.{cluster}.cm-{name}",
+            "{name}",
+        ] {
+            assert_eq!(Template::parse(ok).unwrap().check_subject(), Ok(()), "{ok}");
+        }
+        for (bad, found) in [
+            ("k8s.*.{name}", '*'),
+            ("k8s.>", '>'),
+            ("k8s events.{name}", ' '),
+            ("k8s.\t{name}", '\t'),
+            ("k8s.\u{7}.{name}", '\u{7}'),
+        ] {
+            match Template::parse(bad).unwrap().check_subject() {
+                Err(Error::SubjectCharacter { found: f, .. }) => assert_eq!(f, found, "{bad}"),
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+        for bad in [
+            ".k8s.{name}",
+            "k8s.{name}.",
+            "k8s..{name}",
+            "{cluster}..x",
+            ".",
+        ] {
+            assert_eq!(
+                Template::parse(bad).unwrap().check_subject(),
+                Err(Error::SubjectEmptyToken(bad.into())),
+                "{bad}"
+            );
+        }
+        assert_eq!(check_subject_name("k8s.prod.eu.heartbeats"), Ok(()));
+        assert!(matches!(
+            check_subject_name("k8s.>"),
+            Err(Error::SubjectCharacter { found: '>', .. })
+        ));
+        assert!(matches!(
+            check_subject_name("k8s..x"),
+            Err(Error::SubjectEmptyToken(_))
+        ));
+    }
+
+    #[test]
+    fn renderings_of_checked_templates_are_legal() {
+        let v = Values {
+            group: "a b*c>d",
+            name: "x.y z",
+            ..V
+        };
+        let subject =
+            Template::parse("k8s.{cluster}.{group}.{resource}.{namespace}.{name}").unwrap();
+        subject.check_subject().unwrap();
+        assert_eq!(check_subject_name(&subject.render_subject(&v)), Ok(()));
+        let topic = Template::parse("k8s.{cluster}.{group}.{namespace}").unwrap();
+        topic.check_topic("dev").unwrap();
+        assert_eq!(check_topic_name(&topic.render_topic(&v)), Ok(()));
     }
 }

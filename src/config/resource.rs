@@ -7,7 +7,9 @@ use std::collections::BTreeSet;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{default_true, is_dns_label, is_dns_subdomain, is_version, parse_template};
+use super::{
+    Destination, default_true, is_dns_label, is_dns_subdomain, is_version, parse_template,
+};
 use crate::change::ChangeKind;
 use crate::payload::{self, Pointer};
 use crate::template::Template;
@@ -279,11 +281,13 @@ fn parse_pointers(
         .collect()
 }
 
-/// Validates one entry; `default_format` is the top-level `eventFormat`.
+/// Validates one entry; `default_format` is the top-level `eventFormat`, `cluster` the cluster
+/// name (which topic names contain).
 pub(super) fn validate_resource(
     i: usize,
     r: ResourceConfig,
     default_format: EventFormat,
+    cluster: &str,
     errors: &mut Vec<String>,
 ) -> Option<Resource> {
     let at = format!("resources[{i}]");
@@ -402,14 +406,14 @@ pub(super) fn validate_resource(
     }
     let ignore_paths = parse_pointers(&at, "ignorePaths", r.ignore_paths, errors);
     let redact = parse_pointers(&at, "redact", r.redact, errors);
-    let topic = r
-        .topic
-        .as_deref()
-        .and_then(|t| parse_template(&format!("{at}.topic"), t, false, errors));
+    let topic = r.topic.as_deref().and_then(|t| {
+        let topic = Destination::Topic { cluster };
+        parse_template(&format!("{at}.topic"), t, topic, errors)
+    });
     let subject = r
         .subject
         .as_deref()
-        .and_then(|s| parse_template(&format!("{at}.subject"), s, true, errors));
+        .and_then(|s| parse_template(&format!("{at}.subject"), s, Destination::Subject, errors));
     (errors.len() == before).then_some(Resource {
         index: i,
         group,
@@ -492,7 +496,7 @@ mod tests {
     fn entry(yaml: &str) -> Result<Resource, Vec<String>> {
         let r: ResourceConfig = serde_yaml::from_str(yaml).unwrap();
         let mut errors = Vec::new();
-        validate_resource(0, r, EventFormat::Cloudevents, &mut errors).ok_or(errors)
+        validate_resource(0, r, EventFormat::Cloudevents, "dev", &mut errors).ok_or(errors)
     }
 
     #[test]

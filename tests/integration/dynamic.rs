@@ -2,6 +2,7 @@
 //! are created and deleted, and namespaces matched by a label selector as they gain and lose
 //! the label.
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use cloudevents::AttributesReader;
@@ -15,6 +16,39 @@ use crate::harness::{Bridge, Reader, summary};
 use crate::support::{create_crd, kube_client, unique_name, unique_namespace};
 
 const WAIT: Duration = Duration::from_secs(60);
+
+/// The watches `bridge` runs now, as its `/metrics` lists them: (resource, namespace).
+async fn watches(bridge: &Bridge) -> BTreeSet<(String, String)> {
+    let address = bridge.admin_address().await;
+    let (_, body) = crate::admin::get(&address, "/metrics").await;
+    body.lines()
+        .filter_map(|l| l.strip_prefix("kube_event_bridge_queue_depth_events{"))
+        .filter_map(|l| {
+            let labels = l.split_once('}')?.0;
+            let value = |key: &str| {
+                labels.split(',').find_map(|kv| {
+                    let (k, v) = kv.split_once('=')?;
+                    (k == key).then(|| v.trim_matches('"').to_string())
+                })
+            };
+            Some((value("resource")?, value("namespace")?))
+        })
+        .collect()
+}
+
+/// Waits until `bridge` runs exactly `expected` watches.
+async fn wait_watches(bridge: &Bridge, expected: &[(&str, &str)]) {
+    let expected: BTreeSet<(String, String)> = expected
+        .iter()
+        .map(|(r, n)| (r.to_string(), n.to_string()))
+        .collect();
+    crate::support::wait_until(
+        &format!("the bridge runs exactly the watches {expected:?}"),
+        WAIT,
+        || async { (watches(bridge).await == expected).then_some(()) },
+    )
+    .await;
+}
 
 async fn create_object(
     client: &kube::Client,
@@ -69,9 +103,12 @@ async fn wildcard_follows_crds_created_and_deleted_at_run_time() {
     crds.delete(&format!("things.{things}"), &DeleteParams::default())
         .await
         .unwrap();
+    // The discovery that stops the Things' watch runs after the Gadget CRD was served: had the
+    // exclusion failed, a Gadget watch would be running by then. Only the ConfigMaps' remains.
     bridge
         .wait_log("watch no longer desired: stopping it")
         .await;
+    wait_watches(&bridge, &[("v1/configmaps", &ns)]).await;
     let events = reader
         .read_until(WAIT, |got| got.iter().any(|r| r.change() == "deleted"))
         .await;
@@ -179,9 +216,9 @@ async fn namespace_selector_follows_labels() {
         )
         .await
         .unwrap();
-    bridge
-        .wait_log("watch no longer desired: stopping it")
-        .await;
+    // Namespace a's watch is gone from the bridge's running watches (its stop is logged just
+    // before it is cancelled): only then is a-after created.
+    wait_watches(&bridge, &[("v1/configmaps", &b)]).await;
     create_cm(&client, &a, "a-after").await;
     create_cm(&client, &b, "b-after").await;
     let events = reader
@@ -246,9 +283,9 @@ async fn wildcard_moves_to_a_crds_new_preferred_version() {
     assert_eq!(moved.ext("name"), "t1", "{}", summary(&events));
     assert_eq!(moved.ext("origin"), "snapshot");
     assert_eq!(moved.data()["apiVersion"], format!("{group}/v2"));
-    bridge
-        .wait_log("watch no longer desired: stopping it")
-        .await;
+    // Only the v2 watch runs before t2 is created, so that "published once, in v2 only" below
+    // does not depend on how fast the v1 watch stops.
+    wait_watches(&bridge, &[(&format!("{group}/v2/things"), &ns)]).await;
     create_object(&client, &group, "Thing", "things", &ns, "t2").await;
     let events = reader
         .read_until(WAIT, |got| got.iter().any(|r| r.ext("name") == "t2"))
