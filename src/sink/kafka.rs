@@ -112,8 +112,9 @@ pub async fn check_brokers(config: &KafkaConfig) -> Result<()> {
             let reached = producer
                 .client()
                 .fetch_metadata(None, Duration::from_millis(500));
-            // Serves the error events, so a refusal reaches the context.
-            producer.poll(Duration::ZERO);
+            // Serves every queued event (log lines included: one poll with a zero timeout would
+            // take only one), so a refusal reaches the context.
+            producer.poll(Duration::from_millis(100));
             if let Some(refusal) = producer.context().take() {
                 return Err(refusal);
             }
@@ -710,6 +711,54 @@ mod tests {
         let consumer = consumer_config(&cfg).unwrap();
         assert_eq!(consumer.get("sasl.password"), Some("s3cret with spaces "));
         assert_eq!(consumer.get("acks"), None);
+    }
+
+    #[test]
+    fn only_explicit_properties_turn_tls_verification_off() {
+        let mut cfg = with_files(&[]);
+        cfg.properties
+            .insert("security.protocol".into(), "sasl_ssl".into());
+        assert!(unverified_tls(&producer_config(&cfg).unwrap()).is_empty());
+        cfg.properties
+            .insert("enable.ssl.certificate.verification".into(), "False".into());
+        cfg.properties.insert(
+            "ssl.endpoint.identification.algorithm".into(),
+            "none".into(),
+        );
+        let off: Vec<&str> = unverified_tls(&producer_config(&cfg).unwrap())
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(
+            off,
+            [
+                "enable.ssl.certificate.verification",
+                "ssl.endpoint.identification.algorithm"
+            ]
+        );
+        cfg.properties
+            .insert("enable.ssl.certificate.verification".into(), "true".into());
+        cfg.properties.insert(
+            "ssl.endpoint.identification.algorithm".into(),
+            "https".into(),
+        );
+        assert!(unverified_tls(&producer_config(&cfg).unwrap()).is_empty());
+    }
+
+    #[test]
+    fn a_refusal_names_where_its_settings_come_from() {
+        let mut cfg = with_files(&[("sasl.password", "/p".into())]);
+        assert_eq!(
+            refused_fields(&cfg, false),
+            "sink.kafka.properties.sasl.username, sink.kafka.propertyFiles.sasl.password"
+        );
+        assert_eq!(refused_fields(&cfg, true), "sink.kafka.properties");
+        cfg.properties
+            .insert("ssl.ca.location".into(), "/ca.crt".into());
+        assert_eq!(
+            refused_fields(&cfg, true),
+            "sink.kafka.properties.ssl.ca.location"
+        );
     }
 
     #[test]
