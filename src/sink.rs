@@ -34,6 +34,18 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The Kafka brokers refused the credentials, or the TLS handshake with them failed.
+    #[error("{fields}: the brokers at {servers} {what}: {reason}")]
+    KafkaRefused {
+        /// The configuration fields behind the refused setting.
+        fields: String,
+        /// What failed.
+        what: &'static str,
+        /// `bootstrap.servers`.
+        servers: String,
+        /// librdkafka's report, with the broker's reason.
+        reason: String,
+    },
     /// A NATS credential file could not be read.
     #[error("sink.nats.credentials.{field}: cannot read {path}")]
     NatsCredential {
@@ -53,6 +65,18 @@ pub enum Error {
         /// The cause.
         #[source]
         source: async_nats::ConnectError,
+    },
+    /// The NATS server refused the credentials, or the TLS handshake with it failed.
+    #[error("{field}: the server at {url} {what}: {reason}")]
+    NatsRefused {
+        /// The configuration field behind the refused setting.
+        field: String,
+        /// The URL (without credentials).
+        url: String,
+        /// What failed.
+        what: &'static str,
+        /// The client's report, with the server's reason.
+        reason: String,
     },
     /// The JetStream stream is missing or could not be created.
     #[error("sink.nats.jetstream.stream: {message}")]
@@ -131,9 +155,13 @@ impl AnySink {
     /// watches start ([`nats::NatsSink::cover`]).
     pub async fn connect(sink: &config::Sink) -> Result<Self> {
         Ok(match sink {
-            config::Sink::Kafka { config, topic } => AnySink::Kafka(std::sync::Arc::new(
-                kafka::KafkaSink::new(config, topic.clone())?,
-            )),
+            config::Sink::Kafka { config, topic } => {
+                kafka::check_brokers(config).await?;
+                AnySink::Kafka(std::sync::Arc::new(kafka::KafkaSink::new(
+                    config,
+                    topic.clone(),
+                )?))
+            }
             config::Sink::Nats { config, subject } => {
                 AnySink::Nats(nats::NatsSink::connect(config, subject.clone()).await?)
             }

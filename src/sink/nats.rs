@@ -97,10 +97,7 @@ impl NatsSink {
         let client = options
             .connect(config.url.as_str())
             .await
-            .map_err(|source| Error::NatsConnect {
-                url: redact_url(&config.url),
-                source,
-            })?;
+            .map_err(|source| connect_error(&config.credentials, &config.url, source))?;
         let jetstream = match &config.jetstream {
             None => None,
             Some(js) => {
@@ -352,6 +349,70 @@ async fn ensure_stream(
             message: format!("stream {name} is not available and create is false: {e}"),
         }),
     }
+}
+
+/// The error for a failed connection: a refused credential or a failed TLS handshake names the
+/// field behind it; anything else is a plain connection failure.
+fn connect_error(c: &NatsCredentials, url: &str, source: async_nats::ConnectError) -> Error {
+    use async_nats::ConnectErrorKind as Kind;
+    let url = redact_url(url);
+    let (field, what) = match source.kind() {
+        Kind::AuthorizationViolation | Kind::Authentication => {
+            (credential_field(c), "refused the credentials")
+        }
+        Kind::Tls => (tls_field(c), "could not complete the TLS setup"),
+        Kind::Io if is_tls_failure(&source) => {
+            (tls_field(c), "could not complete the TLS handshake")
+        }
+        _ => return Error::NatsConnect { url, source },
+    };
+    Error::NatsRefused {
+        field: field.into(),
+        url,
+        what,
+        reason: source.to_string(),
+    }
+}
+
+/// The credential the client presented, as its configuration path.
+fn credential_field(c: &NatsCredentials) -> &'static str {
+    if c.creds_file.is_some() {
+        "sink.nats.credentials.credsFile"
+    } else if c.nkey_seed_file.is_some() {
+        "sink.nats.credentials.nkeySeedFile"
+    } else if c.token_file.is_some() {
+        "sink.nats.credentials.tokenFile"
+    } else if c.password_file.is_some() {
+        "sink.nats.credentials.passwordFile"
+    } else {
+        // None configured (or a `user:password@` in the URL).
+        "sink.nats.credentials"
+    }
+}
+
+/// The setting TLS verification rests on, as its configuration path.
+fn tls_field(c: &NatsCredentials) -> &'static str {
+    if c.tls_ca_file.is_some() {
+        "sink.nats.credentials.tlsCaFile"
+    } else {
+        "sink.nats.credentials.tlsCaFile (unset: the system's roots)"
+    }
+}
+
+/// Whether `error` comes from the TLS library (a certificate not verified, a protocol mismatch).
+fn is_tls_failure(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(error);
+    while let Some(e) = cause {
+        if e.is::<async_nats::rustls::Error>()
+            || e.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .is_some_and(|inner| inner.is::<async_nats::rustls::Error>())
+        {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
 }
 
 /// The URL with any `user:password@` removed, for error messages.

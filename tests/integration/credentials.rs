@@ -1,5 +1,8 @@
 //! Credentials end to end: a rotating service-account token read from a kubeconfig's `tokenFile`,
-//! and a Kafka SASL password read from a file (`sink.kafka.propertyFiles`).
+//! a Kafka SASL password read from a file (`sink.kafka.propertyFiles`), and the brokers as
+//! production clusters run them: Kafka over TLS with SCRAM-SHA-512, NATS over TLS with an nkey or a
+//! `.creds` file. A wrong credential or an untrusted certificate stops the start with an error
+//! naming the field, the server and its reason, and no secret ever reaches the log.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -13,8 +16,11 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use serde_json::json;
 
-use crate::harness::{Bridge, Proxy, Reader, kubeconfig_via, run_cli};
-use crate::support::{env, kafka_sasl, kube_client, unique_name, unique_namespace, wait_until};
+use crate::harness::{Bridge, Proxy, Reader, kubeconfig_via, run_cli, stream_name};
+use crate::support::{
+    env, kafka_sasl, kafka_scram, kube_client, nats_secure, testenv_cas, unique_name,
+    unique_namespace, wait_until,
+};
 
 fn create<K>(name: &str, manifest: serde_json::Value) -> K
 where
@@ -292,5 +298,345 @@ async fn kafka_sasl_password_is_read_from_a_file() {
             missing.display()
         )),
         "{stderr}"
+    );
+}
+
+/// Runs `kube-event-bridge run` on `config` to its end: (exit code, standard error = its log).
+fn run_to_exit(dir: &Path, config: &str) -> (Option<i32>, String) {
+    let path = dir.join(format!("{}.yaml", unique_name("config")));
+    std::fs::write(&path, config).unwrap();
+    let (status, _, stderr) = run_cli(&["run", "--config", path.to_str().unwrap()]);
+    (status.code(), stderr)
+}
+
+/// Creates the ConfigMap `name` in `ns`.
+async fn create_config_map(client: &kube::Client, ns: &str, name: &str) {
+    Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .create(
+            &PostParams::default(),
+            &create("cm", json!({"metadata": {"name": name}})),
+        )
+        .await
+        .unwrap();
+}
+
+/// The `sink.kafka` section for the SASL_SSL listener: SCRAM-SHA-512, the password from
+/// `password_file`, the brokers' certificate checked against `ca`, and `extra` properties.
+fn kafka_scram_config(
+    cluster: &str,
+    ns: &str,
+    password_file: &Path,
+    ca: &str,
+    extra: &str,
+) -> String {
+    let scram = kafka_scram();
+    format!(
+        "cluster: {cluster}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\nsink:\n  kafka:\n    bootstrapServers: \"{}\"\n    properties: {{security.protocol: sasl_ssl, sasl.mechanism: SCRAM-SHA-512, sasl.username: {}, ssl.ca.location: \"{ca}\"{extra}}}\n    propertyFiles: {{sasl.password: {}}}\nadmin: {{address: \"127.0.0.1:0\"}}\n",
+        scram.bootstrap,
+        scram.username,
+        password_file.display()
+    )
+}
+
+/// Kafka over TLS with SCRAM-SHA-512, the password from a file: events arrive, verified against
+/// the environment's CA. A wrong password stops the start naming the fields, the brokers and
+/// their reason, and neither password appears in the log.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_sasl_ssl_scram_sha_512_with_a_password_file() {
+    let scram = kafka_scram();
+    let (ca, _) = testenv_cas();
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, "kafka-scram").await;
+    let cluster = unique_name("scram");
+    let topic = format!("k8s.{cluster}.core.configmaps");
+    let mut reader = Reader::kafka(std::slice::from_ref(&topic)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let password_file = dir.path().join("password");
+    std::fs::write(&password_file, format!("{}\n", scram.password)).unwrap();
+
+    let mut bridge = Bridge::start(&kafka_scram_config(&cluster, &ns, &password_file, &ca, ""));
+    bridge.wait_synced(1).await;
+    create_config_map(&client, &ns, "over-sasl-ssl").await;
+    reader
+        .read_until(Duration::from_secs(30), named("over-sasl-ssl"))
+        .await;
+    let log = bridge.log_text();
+    assert!(
+        !log.contains(&scram.password),
+        "the password appears in the log"
+    );
+    drop(bridge);
+
+    let wrong = unique_name("wrong-scram-password");
+    let wrong_file = dir.path().join("wrong-password");
+    std::fs::write(&wrong_file, &wrong).unwrap();
+    let (code, log) = run_to_exit(
+        dir.path(),
+        &kafka_scram_config(&cluster, &ns, &wrong_file, &ca, ""),
+    );
+    assert_eq!(code, Some(1), "{log}");
+    let expected = format!(
+        "error: sink.kafka.properties.sasl.username, sink.kafka.propertyFiles.sasl.password: the brokers at {} refused the credentials: ",
+        scram.bootstrap
+    );
+    assert!(log.contains(&expected), "expected {expected:?} in:\n{log}");
+    assert!(
+        log.contains("Authentication failed") && log.contains("SCRAM-SHA-512"),
+        "the brokers' reason is missing:\n{log}"
+    );
+    assert!(
+        !log.contains(&wrong),
+        "the wrong password appears in the log"
+    );
+    assert!(
+        !log.contains(&scram.password),
+        "the password appears in the log"
+    );
+}
+
+/// The brokers' certificate is verified: a CA that did not sign it is refused at start, naming
+/// `ssl.ca.location` and the TLS failure. Verification goes off only when a property says so,
+/// and then a warning names that property.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_tls_refuses_a_ca_that_did_not_sign_the_brokers_certificate() {
+    let scram = kafka_scram();
+    let (_, other_ca) = testenv_cas();
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, "kafka-tls-ca").await;
+    let cluster = unique_name("tlsca");
+    let dir = tempfile::tempdir().unwrap();
+    let password_file = dir.path().join("password");
+    std::fs::write(&password_file, &scram.password).unwrap();
+
+    let (code, log) = run_to_exit(
+        dir.path(),
+        &kafka_scram_config(&cluster, &ns, &password_file, &other_ca, ""),
+    );
+    assert_eq!(code, Some(1), "{log}");
+    let expected = format!(
+        "error: sink.kafka.properties.ssl.ca.location: the brokers at {} could not complete the TLS handshake: ",
+        scram.bootstrap
+    );
+    assert!(log.contains(&expected), "expected {expected:?} in:\n{log}");
+    assert!(
+        log.contains("certificate verify failed"),
+        "the TLS reason is missing:\n{log}"
+    );
+
+    let topic = format!("k8s.{cluster}.core.configmaps");
+    let mut reader = Reader::kafka(std::slice::from_ref(&topic)).await;
+    let unverified = kafka_scram_config(
+        &cluster,
+        &ns,
+        &password_file,
+        &other_ca,
+        ", enable.ssl.certificate.verification: \"false\"",
+    );
+    let mut bridge = Bridge::start(&unverified);
+    bridge
+        .wait_log("kafka tls certificate verification is turned off: the brokers' identity is not checked")
+        .await;
+    bridge.wait_synced(1).await;
+    create_config_map(&client, &ns, "unverified").await;
+    reader
+        .read_until(Duration::from_secs(30), named("unverified"))
+        .await;
+    let warning = bridge
+        .log_text()
+        .lines()
+        .find(|l| l.contains("verification is turned off"))
+        .map(str::to_string)
+        .unwrap();
+    assert!(
+        warning.contains("\"level\":\"WARN\"")
+            && warning.contains("\"property\":\"enable.ssl.certificate.verification\""),
+        "{warning}"
+    );
+}
+
+/// A JetStream ordered consumer over the stream of `cluster` on a server `client` reached.
+async fn nats_reader(client: async_nats::Client, cluster: &str) -> Reader {
+    let js = async_nats::jetstream::new(client);
+    let stream = wait_until(
+        "the bridge's JetStream stream exists",
+        Duration::from_secs(30),
+        || {
+            let js = js.clone();
+            let name = stream_name(cluster);
+            async move { js.get_stream(name).await.ok() }
+        },
+    )
+    .await;
+    let consumer = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig::default())
+        .await
+        .expect("ordered consumer");
+    Reader::Nats(Box::new(
+        consumer.messages().await.expect("consumer messages"),
+    ))
+}
+
+/// A bridge config publishing the ConfigMaps of `ns` to JetStream at `url` with `credentials`
+/// (a flow mapping's inside).
+fn nats_secure_config(cluster: &str, ns: &str, url: &str, credentials: &str) -> String {
+    format!(
+        "cluster: {cluster}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\nsink:\n  nats:\n    url: \"{url}\"\n    subject: \"k8s.{{cluster}}.{{group}}.{{resource}}.{{namespace}}.{{name}}\"\n    jetstream: {{stream: \"{}\", create: true}}\n    credentials: {{{credentials}}}\n",
+        stream_name(cluster)
+    )
+}
+
+/// The secret parts of a `.creds` file: the JWT and the seed lines.
+fn creds_secrets(path: &str) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(str::trim)
+        .filter(|l| {
+            !l.is_empty() && !l.starts_with("---") && !l.starts_with('*') && !l.contains(' ')
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// NATS over TLS with an nkey seed from a file: events arrive. A seed the server does not know is
+/// refused at start naming `nkeySeedFile`, the server and its reason; a CA that did not sign the
+/// server's certificate is refused naming `tlsCaFile`. No seed appears in any log.
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_tls_with_an_nkey_seed_file() {
+    let nats = nats_secure();
+    let (ca, other_ca) = testenv_cas();
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, "nats-nkey").await;
+    let cluster = unique_name("nkey");
+    let credentials =
+        |seed: &str, ca: &str| format!("nkeySeedFile: \"{seed}\", tlsCaFile: \"{ca}\"");
+
+    let mut bridge = Bridge::start(&nats_secure_config(
+        &cluster,
+        &ns,
+        &nats.nkey_url,
+        &credentials(&nats.nkey_seed_file, &ca),
+    ));
+    bridge.wait_synced(1).await;
+    let seed = std::fs::read_to_string(&nats.nkey_seed_file).unwrap();
+    let reader_client = async_nats::ConnectOptions::with_nkey(seed.trim().to_string())
+        .add_root_certificates(PathBuf::from(&ca))
+        .connect(&nats.nkey_url)
+        .await
+        .expect("the test connects with the nkey");
+    let mut reader = nats_reader(reader_client, &cluster).await;
+    create_config_map(&client, &ns, "over-nkey").await;
+    reader
+        .read_until(Duration::from_secs(30), named("over-nkey"))
+        .await;
+    assert!(
+        !bridge.log_text().contains(seed.trim()),
+        "the seed appears in the log"
+    );
+    drop(bridge);
+
+    let dir = tempfile::tempdir().unwrap();
+    let unknown = std::fs::read_to_string(&nats.unknown_seed_file).unwrap();
+    let (code, log) = run_to_exit(
+        dir.path(),
+        &nats_secure_config(
+            &cluster,
+            &ns,
+            &nats.nkey_url,
+            &credentials(&nats.unknown_seed_file, &ca),
+        ),
+    );
+    assert_eq!(code, Some(1), "{log}");
+    let expected = format!(
+        "error: sink.nats.credentials.nkeySeedFile: the server at {} refused the credentials: authorization violation",
+        nats.nkey_url
+    );
+    assert!(log.contains(&expected), "expected {expected:?} in:\n{log}");
+    assert!(
+        !log.contains(unknown.trim()) && !log.contains(seed.trim()),
+        "a seed appears in the log"
+    );
+
+    let (code, log) = run_to_exit(
+        dir.path(),
+        &nats_secure_config(
+            &cluster,
+            &ns,
+            &nats.nkey_url,
+            &credentials(&nats.nkey_seed_file, &other_ca),
+        ),
+    );
+    assert_eq!(code, Some(1), "{log}");
+    let expected = format!(
+        "error: sink.nats.credentials.tlsCaFile: the server at {} could not complete the TLS handshake: ",
+        nats.nkey_url
+    );
+    assert!(log.contains(&expected), "expected {expected:?} in:\n{log}");
+    assert!(
+        log.contains("UnknownIssuer"),
+        "the TLS reason is missing:\n{log}"
+    );
+}
+
+/// NATS over TLS in operator (JWT) mode with a `.creds` file: events arrive. The `.creds` of an
+/// account the operator never signed is refused at start naming `credsFile`, and neither the
+/// JWTs nor the seeds appear in any log.
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_tls_with_a_creds_file() {
+    let nats = nats_secure();
+    let (ca, _) = testenv_cas();
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, "nats-creds").await;
+    let cluster = unique_name("creds");
+    let credentials = |creds: &str| format!("credsFile: \"{creds}\", tlsCaFile: \"{ca}\"");
+    let mut secrets = creds_secrets(&nats.creds_file);
+    secrets.extend(creds_secrets(&nats.unknown_creds_file));
+    assert_eq!(secrets.len(), 4, "two JWTs and two seeds: {secrets:?}");
+
+    let mut bridge = Bridge::start(&nats_secure_config(
+        &cluster,
+        &ns,
+        &nats.jwt_url,
+        &credentials(&nats.creds_file),
+    ));
+    bridge.wait_synced(1).await;
+    let reader_client = async_nats::ConnectOptions::with_credentials_file(&nats.creds_file)
+        .await
+        .expect("the test reads the creds file")
+        .add_root_certificates(PathBuf::from(&ca))
+        .connect(&nats.jwt_url)
+        .await
+        .expect("the test connects with the creds file");
+    let mut reader = nats_reader(reader_client, &cluster).await;
+    create_config_map(&client, &ns, "over-creds").await;
+    reader
+        .read_until(Duration::from_secs(30), named("over-creds"))
+        .await;
+    let log = bridge.log_text();
+    assert!(
+        secrets.iter().all(|s| !log.contains(s.as_str())),
+        "a JWT or seed appears in the log"
+    );
+    drop(bridge);
+
+    let dir = tempfile::tempdir().unwrap();
+    let (code, log) = run_to_exit(
+        dir.path(),
+        &nats_secure_config(
+            &cluster,
+            &ns,
+            &nats.jwt_url,
+            &credentials(&nats.unknown_creds_file),
+        ),
+    );
+    assert_eq!(code, Some(1), "{log}");
+    let expected = format!(
+        "error: sink.nats.credentials.credsFile: the server at {} refused the credentials: authorization violation",
+        nats.jwt_url
+    );
+    assert!(log.contains(&expected), "expected {expected:?} in:\n{log}");
+    assert!(
+        secrets.iter().all(|s| !log.contains(s.as_str())),
+        "a JWT or seed appears in the log"
     );
 }

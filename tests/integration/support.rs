@@ -76,6 +76,66 @@ pub fn kafka_sasl() -> KafkaSasl {
     }
 }
 
+/// Kafka's SASL_SSL listener of the test environment (SCRAM-SHA-512, a certificate signed by the
+/// environment's CA) and its one user.
+#[derive(Debug, Clone)]
+pub struct KafkaScram {
+    /// `bootstrap.servers` of the SASL_SSL listener (`KAFKA_SCRAM_BOOTSTRAP_SERVERS`).
+    pub bootstrap: String,
+    /// The user (`KAFKA_SCRAM_USERNAME`).
+    pub username: String,
+    /// Its password (`KAFKA_SCRAM_PASSWORD`).
+    pub password: String,
+}
+
+/// Reads the SASL_SSL listener's variables; panics naming the first missing one.
+pub fn kafka_scram() -> KafkaScram {
+    KafkaScram {
+        bootstrap: required_var("KAFKA_SCRAM_BOOTSTRAP_SERVERS"),
+        username: required_var("KAFKA_SCRAM_USERNAME"),
+        password: required_var("KAFKA_SCRAM_PASSWORD"),
+    }
+}
+
+/// The NATS servers of the test environment that require TLS and authentication, their
+/// credentials, and credentials no server accepts.
+#[derive(Debug, Clone)]
+pub struct NatsSecure {
+    /// The server with one nkey user (`NATS_TLS_URL`).
+    pub nkey_url: String,
+    /// That user's seed (`NATS_NKEY_SEED_FILE`).
+    pub nkey_seed_file: String,
+    /// A valid seed the server does not know (`NATS_NKEY_UNKNOWN_SEED_FILE`).
+    pub unknown_seed_file: String,
+    /// The server in operator (JWT) mode (`NATS_JWT_URL`).
+    pub jwt_url: String,
+    /// A user's `.creds` file for it (`NATS_CREDS_FILE`).
+    pub creds_file: String,
+    /// A `.creds` file of an account the operator never signed (`NATS_UNKNOWN_CREDS_FILE`).
+    pub unknown_creds_file: String,
+}
+
+/// Reads the secure NATS servers' variables; panics naming the first missing one.
+pub fn nats_secure() -> NatsSecure {
+    NatsSecure {
+        nkey_url: required_var("NATS_TLS_URL"),
+        nkey_seed_file: required_var("NATS_NKEY_SEED_FILE"),
+        unknown_seed_file: required_var("NATS_NKEY_UNKNOWN_SEED_FILE"),
+        jwt_url: required_var("NATS_JWT_URL"),
+        creds_file: required_var("NATS_CREDS_FILE"),
+        unknown_creds_file: required_var("NATS_UNKNOWN_CREDS_FILE"),
+    }
+}
+
+/// The CA that signed the certificates of the environment's TLS listeners (`KEB_TESTENV_CA`),
+/// and a CA that signed none of them (`KEB_TESTENV_OTHER_CA`).
+pub fn testenv_cas() -> (String, String) {
+    (
+        required_var("KEB_TESTENV_CA"),
+        required_var("KEB_TESTENV_OTHER_CA"),
+    )
+}
+
 /// The value of a required variable, or a panic explaining how to provide it.
 fn required_var(name: &str) -> String {
     match std::env::var(name) {
