@@ -86,6 +86,10 @@ pub struct Status {
     pub aborted_transactions: AtomicU64,
     checkpointed: std::sync::Mutex<Option<(String, std::time::Instant)>>,
     stall: std::sync::Mutex<Option<Stall>>,
+    /// The watch side: it has kept failing (decoding, authorization, requests) for
+    /// [`STALL_AFTER`]; cleared when it delivers again.
+    watch_stall: std::sync::Mutex<Option<Stall>>,
+    watch_stalled: AtomicBool,
 }
 
 /// Why a watch cannot publish at the moment: a refusal of every event (authorization, a missing
@@ -107,12 +111,13 @@ pub struct Stall {
 pub const STALL_AFTER: Duration = Duration::from_secs(30);
 
 /// Closed set of [`Stall`] reasons, for metrics.
-pub const STALL_REASONS: [&str; 5] = [
+pub const STALL_REASONS: [&str; 6] = [
     "not_authorized",
     "unknown_topic",
     "invalid_topic",
     "publish_failing",
     "broker_unavailable",
+    "watch_failing",
 ];
 
 /// Adds one to a counter keyed by a closed-set reason.
@@ -148,9 +153,40 @@ impl Status {
         self.checkpoint().map(|(rv, _)| rv)
     }
 
-    /// Why the watch cannot publish now, if it cannot.
+    /// Why the watch cannot publish now, if it cannot: the sink's side first, then the watch's.
     pub fn stall(&self) -> Option<Stall> {
-        self.stall.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        let publishing = self.stall.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        publishing.or_else(|| {
+            self.watch_stall
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+        })
+    }
+
+    /// Records that the watch side has kept failing; says whether this is news.
+    pub(crate) fn set_watch_stall(&self, error: &str) -> bool {
+        let mut stall = self.watch_stall.lock().unwrap_or_else(|e| e.into_inner());
+        let news = stall.is_none();
+        let since = stall.as_ref().map_or_else(std::time::Instant::now, |s| s.since);
+        *stall = Some(Stall {
+            reason: "watch_failing",
+            error: error.to_string(),
+            since,
+        });
+        self.watch_stalled.store(true, Ordering::Relaxed);
+        news
+    }
+
+    /// The watch delivers again; returns the stall it leaves, if any.
+    fn clear_watch_stall(&self) -> Option<Stall> {
+        if !self.watch_stalled.swap(false, Ordering::Relaxed) {
+            return None;
+        }
+        self.watch_stall
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
     }
 
     /// Records that the watch cannot publish; says whether this is news (a new reason).
@@ -351,6 +387,9 @@ impl Pipeline {
                 () = tokio::time::sleep_until(heartbeat_wake.unwrap_or(wake)), if heartbeat_wake.is_some() && idle => {}
                 item = rx.recv(), if room && !due => {
                     let Some((item, reservation)) = item else { break };
+                    if let Some(stall) = self.status.clear_watch_stall() {
+                        info!(stalled_secs = stall.since.elapsed().as_secs(), "the watch delivers again");
+                    }
                     let step = self.classify(item, &mut st);
                     if let Some(rv) = step.position {
                         self.status.position.store(rv.parse().unwrap_or(0), Ordering::Relaxed);

@@ -19,13 +19,13 @@ use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, TypeMeta, WatchEvent
 use kube::core::Status as ApiStatus;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use std::sync::Arc;
 
 use crate::budget;
 use crate::change::ChangeKind;
-use crate::pipeline::{Status, count};
+use crate::pipeline::{STALL_AFTER, Status, count};
 
 /// Every reason a watch restart is counted under (`kube_event_bridge_watch_restarts_total`).
 pub const RESTART_REASONS: [&str; 8] = [
@@ -201,6 +201,7 @@ pub async fn run(
     status: Arc<Status>,
 ) {
     let mut backoff = Backoff::default();
+    let mut failing_since: Option<std::time::Instant> = None;
     // Whether the API server must first show it has reached the resourceVersion: one from a
     // checkpoint, or after a watch that dropped or delivered nothing (it may have been
     // restored from a backup meanwhile, and would then hold the watch open, silently).
@@ -227,6 +228,7 @@ pub async fn run(
         let error = match result {
             Ok(suspect) => {
                 backoff.reset();
+                failing_since = None;
                 verify = suspect;
                 continue;
             }
@@ -253,6 +255,14 @@ pub async fn run(
             _ => {}
         }
         let delay = backoff.next_delay();
+        // A watch that keeps failing (an event it cannot decode, no RBAC, an unreachable API
+        // server) is retried for ever, and after STALL_AFTER fails readiness naming the cause.
+        let since = *failing_since.get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() >= STALL_AFTER
+            && status.set_watch_stall(&format!("{} ({error}: {})", error.reason(), error_cause(&error)))
+        {
+            error!(error = %error, reason = error.reason(), "watch stalled: it keeps failing; retrying until the cause is fixed");
+        }
         if error.reason() == "not_found" {
             info!(
                 error = %error,
