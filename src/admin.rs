@@ -706,7 +706,10 @@ mod tests {
         let text = "text/plain; charset=utf-8".to_string();
         let get = |path| parts(route(&Method::GET, path, &s));
         assert_eq!(get("/livez"), (200, text.clone(), "ok\n".into()));
-        assert_eq!(get("/readyz"), (503, text.clone(), "not ready\n".into()));
+        assert_eq!(
+            get("/readyz"),
+            (503, text.clone(), "not ready: starting\n".into())
+        );
         s.set_watches(vec![watch(true)]);
         assert_eq!(get("/readyz"), (200, text.clone(), "ok\n".into()));
         let (code, content_type, body) = get("/metrics");

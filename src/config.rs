@@ -926,6 +926,56 @@ impl ConfigFile {
     }
 }
 
+/// The Kafka sink's properties: none may weaken delivery or replace what the bridge sets itself.
+fn check_kafka_properties(kafka: &KafkaConfig, errors: &mut Vec<String>) {
+    if kafka.bootstrap_servers.trim().is_empty() {
+        errors.push("sink.kafka.bootstrapServers: must not be empty".into());
+    }
+    for (key, accepted) in KAFKA_GUARDED {
+        if let Some(v) = kafka.properties.get(*key)
+            && !accepted.contains(&v.as_str())
+        {
+            errors.push(format!(
+                "sink.kafka.properties.{key}: {v:?} would weaken delivery; the bridge requires {:?}",
+                accepted[0]
+            ));
+        }
+    }
+    if kafka
+        .properties
+        .keys()
+        .chain(kafka.property_files.keys())
+        .any(|k| k == "transactional.id" || k == "transaction.timeout.ms")
+    {
+        errors.push(
+            "sink.kafka.properties: transactional.id and transaction.timeout.ms are set by the bridge (per watch; sink.kafka.transactionTimeoutSecs)"
+                .into(),
+        );
+    }
+    if kafka.properties.contains_key("bootstrap.servers") {
+        errors.push(
+            "sink.kafka.properties.bootstrap.servers: set sink.kafka.bootstrapServers instead"
+                .into(),
+        );
+    }
+    for (key, path) in &kafka.property_files {
+        let at = format!("sink.kafka.propertyFiles.{key}");
+        if kafka.properties.contains_key(key) {
+            errors.push(format!(
+                "{at}: also set in sink.kafka.properties; set it in one place"
+            ));
+        }
+        if key == "bootstrap.servers" || KAFKA_GUARDED.iter().any(|(k, _)| k == key) {
+            errors.push(format!(
+                "{at}: the bridge sets this property itself; it cannot come from a file"
+            ));
+        }
+        if path.as_os_str().is_empty() {
+            errors.push(format!("{at}: the path must not be empty"));
+        }
+    }
+}
+
 fn validate_sink(sink: SinkConfig, cluster: &str, errors: &mut Vec<String>) -> Option<Sink> {
     let count = [
         sink.kafka.is_some(),
@@ -940,52 +990,7 @@ fn validate_sink(sink: SinkConfig, cluster: &str, errors: &mut Vec<String>) -> O
         return None;
     }
     if let Some(kafka) = sink.kafka {
-        if kafka.bootstrap_servers.trim().is_empty() {
-            errors.push("sink.kafka.bootstrapServers: must not be empty".into());
-        }
-        for (key, accepted) in KAFKA_GUARDED {
-            if let Some(v) = kafka.properties.get(*key)
-                && !accepted.contains(&v.as_str())
-            {
-                errors.push(format!(
-                    "sink.kafka.properties.{key}: {v:?} would weaken delivery; the bridge requires {:?}",
-                    accepted[0]
-                ));
-            }
-        }
-        if kafka
-            .properties
-            .keys()
-            .chain(kafka.property_files.keys())
-            .any(|k| k == "transactional.id" || k == "transaction.timeout.ms")
-        {
-            errors.push(
-                "sink.kafka.properties: transactional.id and transaction.timeout.ms are set by the bridge (per watch; sink.kafka.transactionTimeoutSecs)"
-                    .into(),
-            );
-        }
-        if kafka.properties.contains_key("bootstrap.servers") {
-            errors.push(
-                "sink.kafka.properties.bootstrap.servers: set sink.kafka.bootstrapServers instead"
-                    .into(),
-            );
-        }
-        for (key, path) in &kafka.property_files {
-            let at = format!("sink.kafka.propertyFiles.{key}");
-            if kafka.properties.contains_key(key) {
-                errors.push(format!(
-                    "{at}: also set in sink.kafka.properties; set it in one place"
-                ));
-            }
-            if key == "bootstrap.servers" || KAFKA_GUARDED.iter().any(|(k, _)| k == key) {
-                errors.push(format!(
-                    "{at}: the bridge sets this property itself; it cannot come from a file"
-                ));
-            }
-            if path.as_os_str().is_empty() {
-                errors.push(format!("{at}: the path must not be empty"));
-            }
-        }
+        check_kafka_properties(&kafka, errors);
         let topic = parse_template(
             "sink.kafka.topic",
             &kafka.topic,

@@ -15,7 +15,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::watch::Backoff;
+use crate::backoff::Backoff;
 
 /// Errors of leader election that waiting will not heal; transient ones (5xx, 429, timeouts,
 /// connection errors) are retried with backoff and never surface.

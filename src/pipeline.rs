@@ -168,7 +168,9 @@ impl Status {
     pub(crate) fn set_watch_stall(&self, error: &str) -> bool {
         let mut stall = self.watch_stall.lock().unwrap_or_else(|e| e.into_inner());
         let news = stall.is_none();
-        let since = stall.as_ref().map_or_else(std::time::Instant::now, |s| s.since);
+        let since = stall
+            .as_ref()
+            .map_or_else(std::time::Instant::now, |s| s.since);
         *stall = Some(Stall {
             reason: "watch_failing",
             error: error.to_string(),
@@ -349,20 +351,8 @@ impl Pipeline {
                 && (st.last_commit.elapsed() >= self.checkpoint_interval
                     || st.flight.held_bytes >= HELD_BYTES_MAX);
             let idle = st.flight.queue.is_empty();
-            if idle {
-                if st.sync_pending {
-                    st.sync_pending = false;
-                    self.status.synced.store(true, Ordering::Relaxed);
-                    info!("initial state published");
-                }
-                if due {
-                    if listing {
-                        self.commit_events(&mut st).await?;
-                    } else {
-                        self.commit(&mut st).await?;
-                    }
-                    continue;
-                }
+            if idle && self.settle(&mut st, due, listing).await? {
+                continue;
             }
             if let Some(hb) = self.heartbeat.clone()
                 && idle
@@ -410,6 +400,31 @@ impl Pipeline {
             self.commit(&mut st).await?;
         }
         Ok(())
+    }
+
+    /// With nothing in flight: the watch is synced once its initial state is acknowledged, and
+    /// a due checkpoint is saved (during a list, the open transaction is committed instead).
+    /// Returns whether it committed.
+    async fn settle(
+        &mut self,
+        st: &mut State,
+        due: bool,
+        listing: bool,
+    ) -> Result<bool, checkpoint::Error> {
+        if st.sync_pending {
+            st.sync_pending = false;
+            self.status.synced.store(true, Ordering::Relaxed);
+            info!("initial state published");
+        }
+        if !due {
+            return Ok(false);
+        }
+        if listing {
+            self.commit_events(st).await?;
+        } else {
+            self.commit(st).await?;
+        }
+        Ok(true)
     }
 
     /// Filters, encodes and sends one change. In diff mode, `st.previous` holds the last

@@ -23,6 +23,7 @@ use tracing::{debug, error, info, warn};
 
 use std::sync::Arc;
 
+use crate::backoff::Backoff;
 use crate::budget;
 use crate::change::ChangeKind;
 use crate::pipeline::{STALL_AFTER, Status, count};
@@ -259,7 +260,11 @@ pub async fn run(
         // server) is retried for ever, and after STALL_AFTER fails readiness naming the cause.
         let since = *failing_since.get_or_insert_with(std::time::Instant::now);
         if since.elapsed() >= STALL_AFTER
-            && status.set_watch_stall(&format!("{} ({error}: {})", error.reason(), error_cause(&error)))
+            && status.set_watch_stall(&format!(
+                "{} ({error}: {})",
+                error.reason(),
+                error_cause(&error)
+            ))
         {
             error!(error = %error, reason = error.reason(), "watch stalled: it keeps failing; retrying until the cause is fixed");
         }
@@ -556,32 +561,6 @@ fn ids(meta: &ObjectMeta) -> Option<(&str, &str)> {
     }
 }
 
-/// Exponential backoff from 250 ms to 30 s with jitter, so many watches failing together (an API
-/// server restart) do not come back in lockstep.
-#[derive(Debug, Default)]
-pub struct Backoff {
-    attempt: u32,
-}
-
-impl Backoff {
-    /// The next delay.
-    pub fn next_delay(&mut self) -> Duration {
-        let base_ms = 250u64.saturating_mul(1 << self.attempt.min(7)).min(30_000);
-        self.attempt = self.attempt.saturating_add(1);
-        let nanos = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let jitter = u64::from(nanos) % (base_ms / 4 + 1);
-        Duration::from_millis(base_ms - base_ms / 8 + jitter)
-    }
-
-    /// Back to the shortest delay after a success.
-    pub fn reset(&mut self) {
-        self.attempt = 0;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -592,27 +571,6 @@ mod tests {
     use serde_json::json;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
-
-    #[test]
-    fn backoff_grows_and_caps() {
-        let mut b = Backoff::default();
-        let first = b.next_delay();
-        assert!(
-            first >= Duration::from_millis(218) && first <= Duration::from_millis(300),
-            "{first:?}"
-        );
-        for _ in 0..20 {
-            b.next_delay();
-        }
-        let capped = b.next_delay();
-        assert!(
-            capped <= Duration::from_millis(30_000 + 7_500)
-                && capped >= Duration::from_millis(26_000),
-            "{capped:?}"
-        );
-        b.reset();
-        assert!(b.next_delay() <= Duration::from_millis(300));
-    }
 
     /// The status kube-apiserver sends for a resourceVersion it has not reached
     /// (`storage.NewTooLargeResourceVersionError`).
@@ -966,7 +924,7 @@ mod tests {
             .collect();
         let relist = requests
             .iter()
-            .position(|t| t.contains("limit=500"))
+            .position(|t| t.contains(&format!("limit={FIRST_PAGE}")))
             .unwrap();
         let watched: Vec<&String> = requests[..relist]
             .iter()

@@ -14,11 +14,11 @@ use tokio::time::Instant;
 use tracing::{error, info, warn};
 
 use super::{Pipeline, STALL_AFTER, State, count, kind_index};
+use crate::backoff::Backoff;
 use crate::checkpoint;
 use crate::encode::Event;
 use crate::sink::kafka::CommitError;
 use crate::sink::{Delivered, Outcome};
-use crate::watch::Backoff;
 
 /// A Kafka transaction holding more than this is committed early: what it holds stays in memory
 /// until then, to be sent again if it aborts.
