@@ -359,7 +359,6 @@ fn questions(resolved: &[ResolvedResource], home: &str, shop: &str, other: &str)
             .allowed(),
     );
     q.push(Access::new("get", "", "namespaces", Some("default")).named("default"));
-    q.push(Access::new("list", "", "namespaces", Some("kube-system")));
     q.push(Access::new("get", "", "secrets", Some("kube-system")));
     q.push(Access::new("get", "", "configmaps", Some("kube-system")).named("x"));
     // CRDs, followed because of the wildcard: list and watch only.
