@@ -373,6 +373,7 @@ impl Pipeline {
             tokio::select! {
                 biased;
                 Some(done) = st.flight.queue.next(), if !idle => self.complete(done, &mut st).await?,
+                () = tokio::time::sleep_until(st.flight.progress + STALL_AFTER), if !idle && !st.flight.silence_reported => self.broker_silent(&mut st),
                 () = tokio::time::sleep_until(wake), if (pending || flushing) && idle => {}
                 () = tokio::time::sleep_until(heartbeat_wake.unwrap_or(wake)), if heartbeat_wake.is_some() && idle => {}
                 item = rx.recv(), if room && !due => {
@@ -475,7 +476,7 @@ impl Pipeline {
             }
             *st.flight.uids.entry(event.uid.clone()).or_default() += 1;
         }
-        st.flight.queue.push_back(self.sink.send(event).await);
+        st.flight.push(self.sink.send(event).await);
         Ok(())
     }
 

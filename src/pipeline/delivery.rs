@@ -28,7 +28,6 @@ pub(super) const HELD_BYTES_MAX: usize = 16 << 20;
 const RETRY_DELAY_MAX: Duration = Duration::from_secs(5);
 
 /// What was sent and is not settled yet.
-#[derive(Default)]
 pub(super) struct Flight {
     /// Acknowledgements to come, in the order the events were sent.
     pub queue: FuturesOrdered<BoxFuture<'static, Delivered>>,
@@ -39,9 +38,34 @@ pub(super) struct Flight {
     pub held: Vec<Event>,
     /// Bytes of `held`.
     pub held_bytes: usize,
+    /// When the broker last settled an event, or the queue last became non-empty.
+    pub progress: Instant,
+    /// Whether the broker's silence past [`STALL_AFTER`] has been reported.
+    pub silence_reported: bool,
+}
+
+impl Default for Flight {
+    fn default() -> Self {
+        Self {
+            queue: FuturesOrdered::new(),
+            uids: HashMap::new(),
+            held: Vec::new(),
+            held_bytes: 0,
+            progress: Instant::now(),
+            silence_reported: false,
+        }
+    }
 }
 
 impl Flight {
+    /// Queues the acknowledgement of an event just handed to the sink.
+    pub fn push(&mut self, pending: BoxFuture<'static, Delivered>) {
+        if self.queue.is_empty() {
+            self.progress = Instant::now();
+        }
+        self.queue.push_back(pending);
+    }
+
     /// The open transaction committed: what it held is durable.
     pub fn committed(&mut self) {
         self.held.clear();
@@ -96,6 +120,8 @@ impl Pipeline {
         delivered: Delivered,
         st: &mut State,
     ) -> Result<(), checkpoint::Error> {
+        st.flight.progress = Instant::now();
+        st.flight.silence_reported = false;
         let transactional = self.sink.transactional().is_some();
         if transactional && !matches!(delivered.outcome, Outcome::Acked) {
             return self.restart_transaction(delivered, st).await;
@@ -234,7 +260,7 @@ impl Pipeline {
         tokio::time::sleep(delay).await;
         self.recover_transaction(st).await?;
         for event in resend {
-            st.flight.queue.push_back(self.sink.send(event).await);
+            st.flight.push(self.sink.send(event).await);
         }
         Ok(())
     }
@@ -254,7 +280,7 @@ impl Pipeline {
         tokio::time::sleep(delay).await;
         self.recover_transaction(st).await?;
         for event in st.flight.take_held() {
-            st.flight.queue.push_back(self.sink.send(event).await);
+            st.flight.push(self.sink.send(event).await);
         }
         Ok(())
     }
@@ -324,6 +350,21 @@ impl Pipeline {
         match failure {
             Failure::Blocked(_) => delay,
             Failure::Lasting(_) => delay.min(RETRY_DELAY_MAX),
+        }
+    }
+
+    /// The broker has settled nothing for [`STALL_AFTER`] while events wait (an unreachable
+    /// broker: librdkafka keeps retrying them without reporting anything): the watch reports
+    /// itself stalled until the next acknowledgement.
+    pub(super) fn broker_silent(&self, st: &mut State) {
+        st.flight.silence_reported = true;
+        let error = format!(
+            "no acknowledgement from the broker for {} s ({} events waiting)",
+            st.flight.progress.elapsed().as_secs(),
+            st.flight.queue.len()
+        );
+        if self.status.set_stall("broker_unavailable", &error) {
+            error!(reason = "broker_unavailable", error = %error, "watch stalled: cannot publish; retrying until the cause is fixed");
         }
     }
 

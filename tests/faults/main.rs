@@ -132,12 +132,32 @@ async fn broker_outage(sink: SinkKind, component: &str, kafka_extra: &str, hold:
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
+    if !hold.is_zero() {
+        // Nothing is acknowledged for longer than the stall threshold (30 s): readiness names
+        // the unreachable broker while the watch waits.
+        let address = bridge.admin_address().await;
+        let why = support::wait_until("/readyz names the unreachable broker", hold, || async {
+            let (code, body) = harness::get(&address, "/readyz").await;
+            (code == 503 && body.contains("broker_unavailable")).then_some(body)
+        })
+        .await;
+        eprintln!("{component} outage: {why}");
+    }
     tokio::time::sleep(hold.saturating_sub(stopped.elapsed())).await;
     assert!(
         bridge.wait_exit(Duration::from_millis(10)).await.is_none(),
         "the bridge must ride out the outage"
     );
     testenv("start", component);
+    if !hold.is_zero() {
+        let address = bridge.admin_address().await;
+        support::wait_until(
+            "/readyz answers 200 again",
+            Duration::from_secs(120),
+            || async { (harness::get(&address, "/readyz").await.0 == 200).then_some(()) },
+        )
+        .await;
+    }
     let background = match background {
         Some(task) => {
             task.await.unwrap();
@@ -203,15 +223,16 @@ async fn kafka_outage_loses_nothing() {
     broker_outage(SinkKind::Kafka, "kafka", "", Duration::ZERO).await;
 }
 
-/// The broker aborts every transaction left open past `transactionTimeoutSecs`: an outage four
-/// times longer only pauses the watch, which aborts on its side and sends everything again.
+/// The broker aborts every transaction left open past `transactionTimeoutSecs`: an outage seven
+/// times longer only pauses the watch (readiness names the unreachable broker meanwhile), which
+/// aborts on its side and sends everything again.
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_outage_longer_than_the_transaction_timeout_loses_nothing() {
     broker_outage(
         SinkKind::Kafka,
         "kafka",
         "    transactionTimeoutSecs: 6\ncheckpoint: {intervalMs: 200}\n",
-        Duration::from_secs(25),
+        Duration::from_secs(42),
     )
     .await;
 }

@@ -7,44 +7,12 @@ use cloudevents::AttributesReader;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 use crate::harness::{Bridge, Reader};
 use crate::support::{kube_client, unique_namespace, wait_until};
 
-/// GET `path` from `address` on a new connection: (status code, body).
-pub async fn get(address: &str, path: &str) -> (u16, String) {
-    try_get(address, path)
-        .await
-        .unwrap_or_else(|e| panic!("GET {path} from the admin server at {address}: {e}"))
-}
-
-/// GET `path` from `address` on a new connection (closed after the response), or why not
-/// within 10 s.
-pub async fn try_get(address: &str, path: &str) -> Result<(u16, String), String> {
-    let exchange = async {
-        let mut s = tokio::net::TcpStream::connect(address).await?;
-        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-        s.write_all(request.as_bytes()).await?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).await?;
-        Ok::<_, std::io::Error>(text)
-    };
-    let text = tokio::time::timeout(Duration::from_secs(10), exchange)
-        .await
-        .map_err(|_| "no response within 10 s".to_string())?
-        .map_err(|e| e.to_string())?;
-    let code = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| format!("not an HTTP response: {text:?}"))?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((code, body))
-}
+pub use crate::harness::{get, try_get};
 
 /// The documented metric families (docs/metrics.md).
 pub const METRICS: &[&str] = &[
