@@ -454,28 +454,6 @@ async fn kafka_tls_refuses_a_ca_that_did_not_sign_the_brokers_certificate() {
     );
 }
 
-/// A JetStream ordered consumer over the stream of `cluster` on a server `client` reached.
-async fn nats_reader(client: async_nats::Client, cluster: &str) -> Reader {
-    let js = async_nats::jetstream::new(client);
-    let stream = wait_until(
-        "the bridge's JetStream stream exists",
-        Duration::from_secs(30),
-        || {
-            let js = js.clone();
-            let name = stream_name(cluster);
-            async move { js.get_stream(name).await.ok() }
-        },
-    )
-    .await;
-    let consumer = stream
-        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig::default())
-        .await
-        .expect("ordered consumer");
-    Reader::Nats(Box::new(
-        consumer.messages().await.expect("consumer messages"),
-    ))
-}
-
 /// A bridge config publishing the ConfigMaps of `ns` to JetStream at `url` with `credentials`
 /// (a flow mapping's inside).
 fn nats_secure_config(cluster: &str, ns: &str, url: &str, credentials: &str) -> String {
@@ -524,7 +502,7 @@ async fn nats_tls_with_an_nkey_seed_file() {
         .connect(&nats.nkey_url)
         .await
         .expect("the test connects with the nkey");
-    let mut reader = nats_reader(reader_client, &cluster).await;
+    let mut reader = Reader::nats_via(reader_client, &cluster).await;
     create_config_map(&client, &ns, "over-nkey").await;
     reader
         .read_until(Duration::from_secs(30), named("over-nkey"))
@@ -607,7 +585,7 @@ async fn nats_tls_with_a_creds_file() {
         .connect(&nats.jwt_url)
         .await
         .expect("the test connects with the creds file");
-    let mut reader = nats_reader(reader_client, &cluster).await;
+    let mut reader = Reader::nats_via(reader_client, &cluster).await;
     create_config_map(&client, &ns, "over-creds").await;
     reader
         .read_until(Duration::from_secs(30), named("over-creds"))

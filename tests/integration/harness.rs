@@ -316,7 +316,12 @@ impl Reader {
 
     /// An ordered consumer over the stream the bridge of `cluster` created.
     pub async fn nats(cluster: &str) -> Reader {
-        let js = async_nats::jetstream::new(support::nats_client().await);
+        Reader::nats_via(support::nats_client().await, cluster).await
+    }
+
+    /// An ordered consumer over the stream of `cluster` on the server `client` reached.
+    pub async fn nats_via(client: async_nats::Client, cluster: &str) -> Reader {
+        let js = async_nats::jetstream::new(client);
         let stream = support::wait_until(
             "the bridge's JetStream stream exists",
             Duration::from_secs(30),

@@ -85,6 +85,37 @@ fn sample(metrics: &str, family: &str, labels: &str) -> Option<f64> {
         .find_map(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
+/// Waits until `/readyz` fails naming the watch of `v1/configmaps` stalled for `reason`, then
+/// checks the gauge and the log line that say the same; returns the metrics document.
+async fn wait_stalled(bridge: &Bridge, address: &str, reason: &str) -> String {
+    let why = wait_until(&format!("/readyz names {reason}"), WAIT, || async {
+        let (code, body) = get(address, "/readyz").await;
+        (code == 503 && body.contains(reason)).then_some(body)
+    })
+    .await;
+    assert!(why.contains("v1/configmaps"), "{why}");
+    let metrics = get(address, "/metrics").await.1;
+    let gauge = format!("reason=\"{reason}\"");
+    assert_eq!(
+        sample(&metrics, "kube_event_bridge_watch_stalled", &gauge),
+        Some(1.0),
+        "{metrics}"
+    );
+    bridge
+        .wait_log("watch stalled: cannot publish; retrying until the cause is fixed")
+        .await;
+    metrics
+}
+
+/// Waits until the stall is over: `/readyz` answers 200 and the log says so.
+async fn wait_recovered(bridge: &Bridge, address: &str) {
+    wait_until("/readyz answers 200 again", WAIT, || async {
+        (get(address, "/readyz").await.0 == 200).then_some(())
+    })
+    .await;
+    bridge.wait_log("publishing again").await;
+}
+
 /// The topic refuses records over 100 kB while the client allows 1 MB, so the refusal comes
 /// from the broker, inside the open transaction: it voids the transaction. The bridge aborts
 /// it, sends its events again with the big one as a truncated reference, and keeps going; a
@@ -232,22 +263,7 @@ async fn kafka_refusal_of_every_event_pauses_the_watch_until_fixed() {
     let bridge = Bridge::start(&config);
     let address = bridge.admin_address().await;
 
-    let why = wait_until("/readyz names the refusal", WAIT, || async {
-        let (code, body) = get(&address, "/readyz").await;
-        (code == 503 && body.contains("not_authorized")).then_some(body)
-    })
-    .await;
-    assert!(why.contains("v1/configmaps"), "{why}");
-    let metrics = get(&address, "/metrics").await.1;
-    assert_eq!(
-        sample(
-            &metrics,
-            "kube_event_bridge_watch_stalled",
-            "reason=\"not_authorized\""
-        ),
-        Some(1.0),
-        "{metrics}"
-    );
+    let metrics = wait_stalled(&bridge, &address, "not_authorized").await;
     assert!(
         sample(
             &metrics,
@@ -258,9 +274,6 @@ async fn kafka_refusal_of_every_event_pauses_the_watch_until_fixed() {
             >= 1.0,
         "{metrics}"
     );
-    bridge
-        .wait_log("watch stalled: cannot publish; retrying until the cause is fixed")
-        .await;
     // Paused, not spinning: attempts back off (at most a few per second at first, then slower).
     tokio::time::sleep(Duration::from_secs(5)).await;
     let attempts = bridge.count_log("the broker refuses every event of this destination, retrying")
@@ -279,11 +292,7 @@ async fn kafka_refusal_of_every_event_pauses_the_watch_until_fixed() {
         .read_until(WAIT, |got| got.iter().any(|r| r.ext("name") == "waiting"))
         .await;
     assert_eq!(events.len(), 1, "{}", summary(&events));
-    wait_until("/readyz answers 200 again", WAIT, || async {
-        (get(&address, "/readyz").await.0 == 200).then_some(())
-    })
-    .await;
-    bridge.wait_log("publishing again").await;
+    wait_recovered(&bridge, &address).await;
     let metrics = get(&address, "/metrics").await.1;
     assert_eq!(
         sample(
@@ -329,25 +338,7 @@ async fn nats_publishing_that_keeps_failing_stalls_visibly_then_resumes() {
     cms.create(&PostParams::default(), &cm("stranded", json!({})))
         .await
         .unwrap();
-    let why = wait_until("/readyz names the failing publishes", WAIT, || async {
-        let (code, body) = get(&address, "/readyz").await;
-        (code == 503 && body.contains("publish_failing")).then_some(body)
-    })
-    .await;
-    assert!(why.contains("v1/configmaps"), "{why}");
-    let metrics = get(&address, "/metrics").await.1;
-    assert_eq!(
-        sample(
-            &metrics,
-            "kube_event_bridge_watch_stalled",
-            "reason=\"publish_failing\""
-        ),
-        Some(1.0),
-        "{metrics}"
-    );
-    bridge
-        .wait_log("watch stalled: cannot publish; retrying until the cause is fixed")
-        .await;
+    wait_stalled(&bridge, &address, "publish_failing").await;
 
     js.create_stream(stream_config)
         .await
@@ -357,9 +348,5 @@ async fn nats_publishing_that_keeps_failing_stalls_visibly_then_resumes() {
         .read_until(WAIT, |got| got.iter().any(|r| r.ext("name") == "stranded"))
         .await;
     assert_eq!(events.len(), 1, "{}", summary(&events));
-    wait_until("/readyz answers 200 again", WAIT, || async {
-        (get(&address, "/readyz").await.0 == 200).then_some(())
-    })
-    .await;
-    bridge.wait_log("publishing again").await;
+    wait_recovered(&bridge, &address).await;
 }
