@@ -155,11 +155,7 @@ impl WatchKey {
             labels.unwrap_or(""),
             fields.unwrap_or("")
         );
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in description.bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
+        let h = crate::known::stable_hash(description.as_bytes());
         let safe: String = cluster
             .chars()
             .map(|c| {
@@ -546,6 +542,10 @@ mod tests {
             WatchKey::new("dev", "v1", "configmaps", Some("ns"), Some("a=b"), None).id
         );
         assert!(a.id.starts_with("dev.") && a.id.len() == 4 + 16, "{}", a.id);
+        assert_eq!(
+            a.id, "dev.be6ab4f2658813dd",
+            "watch keys are persisted: never change them"
+        );
     }
 
     #[tokio::test]

@@ -133,14 +133,20 @@ impl Default for KnownObjects {
     }
 }
 
-/// The bucket of a uid: FNV-1a, stable across versions and platforms (it is persisted).
-pub fn bucket_of(uid: &str) -> usize {
+/// 64-bit FNV-1a of `bytes`: the hash of everything persisted (index buckets, watch keys), so it
+/// must stay the same across versions and platforms (`std`'s hashers promise neither).
+pub fn stable_hash(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in uid.bytes() {
-        h ^= u64::from(b);
+    for b in bytes {
+        h ^= u64::from(*b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
-    (h % BUCKETS as u64) as usize
+    h
+}
+
+/// The bucket of a uid ([`stable_hash`]; it is persisted).
+pub fn bucket_of(uid: &str) -> usize {
+    (stable_hash(uid.as_bytes()) % BUCKETS as u64) as usize
 }
 
 impl KnownObjects {
@@ -646,5 +652,14 @@ mod tests {
             let encoding = if json { Encoding::Json } else { Encoding::Text };
             let _ = k.decode_bucket(b, &bytes, encoding);
         }
+    }
+
+    #[test]
+    fn the_persisted_hash_is_fnv_1a_and_never_changes() {
+        // The FNV-1a 64-bit reference vectors, and a bucket that checkpoints already hold.
+        assert_eq!(stable_hash(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(stable_hash(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(stable_hash(b"foobar"), 0x8594_4171_f739_67e8);
+        assert_eq!(bucket_of("e79c3f23-b20e-4d2e-9431-2ecebf629d4a"), 227);
     }
 }
