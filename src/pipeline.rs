@@ -378,7 +378,11 @@ impl Pipeline {
                 () = tokio::time::sleep_until(heartbeat_wake.unwrap_or(wake)), if heartbeat_wake.is_some() && idle => {}
                 item = rx.recv(), if room && !due => {
                     let Some((item, reservation)) = item else { break };
-                    if let Some(stall) = self.status.clear_watch_stall() {
+                    // A list that begins (or is abandoned) proves nothing: a LIST failing again
+                    // and again sends those too.
+                    if !matches!(item, Item::ListBegin | Item::ListAbort)
+                        && let Some(stall) = self.status.clear_watch_stall()
+                    {
                         info!(stalled_secs = stall.since.elapsed().as_secs(), "the watch delivers again");
                     }
                     let step = self.classify(item, &mut st);

@@ -218,6 +218,12 @@ impl Drop for Bridge {
             let _ = child.kill();
             let _ = child.wait();
         }
+        if let Ok(dir) = std::env::var("KEB_KEEP_LOGS") {
+            // Investigations keep every bridge's log: `KEB_KEEP_LOGS=/some/dir`.
+            let name = self.dir.path().file_name().unwrap_or_default().to_owned();
+            let _ = std::fs::create_dir_all(&dir);
+            let _ = std::fs::copy(&self.log, Path::new(&dir).join(name).with_extension("log"));
+        }
         if std::thread::panicking() {
             // A failing test shows what the bridge it ran last was doing.
             let log = self.log_text();
