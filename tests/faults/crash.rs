@@ -167,9 +167,16 @@ fn verify(events: &[Received], ledger: &Ledger, relisted: bool) -> Report {
         let repaired = events.iter().any(|r| {
             r.ext("uid") == *uid && r.ext("resourceversion") == *rv && r.ext("origin") == "repaired"
         });
-        assert!(
-            ids.len() == 1 || (relisted && repaired && ids.len() == 2),
-            "({uid}, {rv}) appears under several ids: {ids:?} (relisted: {relisted}, repaired: {repaired})"
+        if ids.len() == 1 || (relisted && repaired && ids.len() == 2) {
+            continue;
+        }
+        let history: Vec<String> = events
+            .iter()
+            .filter(|r| r.ext("uid") == *uid)
+            .map(|r| format!("{} origin={}", r.event.id(), r.ext("origin")))
+            .collect();
+        panic!(
+            "({uid}, {rv}) appears under several ids: {ids:?} (relisted: {relisted}, repaired: {repaired}); every event of the object, in arrival order: {history:#?}"
         );
     }
     let mut gaps = 0;
