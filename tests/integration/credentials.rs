@@ -301,12 +301,15 @@ async fn kafka_sasl_password_is_read_from_a_file() {
     );
 }
 
-/// Runs `kube-event-bridge run` on `config` to its end: (exit code, standard error = its log).
-fn run_to_exit(dir: &Path, config: &str) -> (Option<i32>, String) {
+/// Runs `kube-event-bridge run` on `config`, which must be refused at start: exit code 1 with
+/// `expected` in its log (standard error), which is returned.
+fn refused_at_start(dir: &Path, config: &str, expected: &str) -> String {
     let path = dir.join(format!("{}.yaml", unique_name("config")));
     std::fs::write(&path, config).unwrap();
-    let (status, _, stderr) = run_cli(&["run", "--config", path.to_str().unwrap()]);
-    (status.code(), stderr)
+    let (status, _, log) = run_cli(&["run", "--config", path.to_str().unwrap()]);
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(log.contains(expected), "expected {expected:?} in:\n{log}");
+    log
 }
 
 /// Creates the ConfigMap `name` in `ns`.
@@ -370,16 +373,15 @@ async fn kafka_sasl_ssl_scram_sha_512_with_a_password_file() {
     let wrong = unique_name("wrong-scram-password");
     let wrong_file = dir.path().join("wrong-password");
     std::fs::write(&wrong_file, &wrong).unwrap();
-    let (code, log) = run_to_exit(
-        dir.path(),
-        &kafka_scram_config(&cluster, &ns, &wrong_file, &ca, ""),
-    );
-    assert_eq!(code, Some(1), "{log}");
     let expected = format!(
         "error: sink.kafka.properties.sasl.username, sink.kafka.propertyFiles.sasl.password: the brokers at {} refused the credentials: ",
         scram.bootstrap
     );
-    assert!(log.contains(&expected), "expected {expected:?} in:\n{log}");
+    let log = refused_at_start(
+        dir.path(),
+        &kafka_scram_config(&cluster, &ns, &wrong_file, &ca, ""),
+        &expected,
+    );
     assert!(
         log.contains("Authentication failed") && log.contains("SCRAM-SHA-512"),
         "the brokers' reason is missing:\n{log}"
@@ -408,16 +410,15 @@ async fn kafka_tls_refuses_a_ca_that_did_not_sign_the_brokers_certificate() {
     let password_file = dir.path().join("password");
     std::fs::write(&password_file, &scram.password).unwrap();
 
-    let (code, log) = run_to_exit(
-        dir.path(),
-        &kafka_scram_config(&cluster, &ns, &password_file, &other_ca, ""),
-    );
-    assert_eq!(code, Some(1), "{log}");
     let expected = format!(
         "error: sink.kafka.properties.ssl.ca.location: the brokers at {} could not complete the TLS handshake: ",
         scram.bootstrap
     );
-    assert!(log.contains(&expected), "expected {expected:?} in:\n{log}");
+    let log = refused_at_start(
+        dir.path(),
+        &kafka_scram_config(&cluster, &ns, &password_file, &other_ca, ""),
+        &expected,
+    );
     assert!(
         log.contains("certificate verify failed"),
         "the TLS reason is missing:\n{log}"
@@ -515,7 +516,11 @@ async fn nats_tls_with_an_nkey_seed_file() {
 
     let dir = tempfile::tempdir().unwrap();
     let unknown = std::fs::read_to_string(&nats.unknown_seed_file).unwrap();
-    let (code, log) = run_to_exit(
+    let expected = format!(
+        "error: sink.nats.credentials.nkeySeedFile: the server at {} refused the credentials: authorization violation",
+        nats.nkey_url
+    );
+    let log = refused_at_start(
         dir.path(),
         &nats_secure_config(
             &cluster,
@@ -523,19 +528,18 @@ async fn nats_tls_with_an_nkey_seed_file() {
             &nats.nkey_url,
             &credentials(&nats.unknown_seed_file, &ca),
         ),
+        &expected,
     );
-    assert_eq!(code, Some(1), "{log}");
-    let expected = format!(
-        "error: sink.nats.credentials.nkeySeedFile: the server at {} refused the credentials: authorization violation",
-        nats.nkey_url
-    );
-    assert!(log.contains(&expected), "expected {expected:?} in:\n{log}");
     assert!(
         !log.contains(unknown.trim()) && !log.contains(seed.trim()),
         "a seed appears in the log"
     );
 
-    let (code, log) = run_to_exit(
+    let expected = format!(
+        "error: sink.nats.credentials.tlsCaFile: the server at {} could not complete the TLS handshake: ",
+        nats.nkey_url
+    );
+    let log = refused_at_start(
         dir.path(),
         &nats_secure_config(
             &cluster,
@@ -543,13 +547,8 @@ async fn nats_tls_with_an_nkey_seed_file() {
             &nats.nkey_url,
             &credentials(&nats.nkey_seed_file, &other_ca),
         ),
+        &expected,
     );
-    assert_eq!(code, Some(1), "{log}");
-    let expected = format!(
-        "error: sink.nats.credentials.tlsCaFile: the server at {} could not complete the TLS handshake: ",
-        nats.nkey_url
-    );
-    assert!(log.contains(&expected), "expected {expected:?} in:\n{log}");
     assert!(
         log.contains("UnknownIssuer"),
         "the TLS reason is missing:\n{log}"
@@ -598,7 +597,11 @@ async fn nats_tls_with_a_creds_file() {
     drop(bridge);
 
     let dir = tempfile::tempdir().unwrap();
-    let (code, log) = run_to_exit(
+    let expected = format!(
+        "error: sink.nats.credentials.credsFile: the server at {} refused the credentials: authorization violation",
+        nats.jwt_url
+    );
+    let log = refused_at_start(
         dir.path(),
         &nats_secure_config(
             &cluster,
@@ -606,13 +609,8 @@ async fn nats_tls_with_a_creds_file() {
             &nats.jwt_url,
             &credentials(&nats.unknown_creds_file),
         ),
+        &expected,
     );
-    assert_eq!(code, Some(1), "{log}");
-    let expected = format!(
-        "error: sink.nats.credentials.credsFile: the server at {} refused the credentials: authorization violation",
-        nats.jwt_url
-    );
-    assert!(log.contains(&expected), "expected {expected:?} in:\n{log}");
     assert!(
         secrets.iter().all(|s| !log.contains(s.as_str())),
         "a JWT or seed appears in the log"
