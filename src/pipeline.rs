@@ -182,7 +182,10 @@ impl Status {
 
     /// The watch delivers again; returns the stall it leaves, if any.
     fn clear_watch_stall(&self) -> Option<Stall> {
-        if !self.watch_stalled.swap(false, Ordering::Relaxed) {
+        // Read on every item: a plain load while nothing is stalled.
+        if !self.watch_stalled.load(Ordering::Relaxed)
+            || !self.watch_stalled.swap(false, Ordering::Relaxed)
+        {
             return None;
         }
         self.watch_stall

@@ -361,8 +361,7 @@ async fn list(target: &Target, tx: &mpsc::Sender<Item>) -> Result<String, Error>
             }
         };
         let observed = SystemTime::now();
-        let listed = page.items.len();
-        let bytes: usize = page.items.iter().map(budget::serialized_size).sum();
+        let average = average_size(&page.items);
         for mut object in page.items {
             object.types.get_or_insert_with(|| target.types.clone());
             send(tx, Item::Listed(object, observed)).await?;
@@ -371,7 +370,7 @@ async fn list(target: &Target, tx: &mpsc::Sender<Item>) -> Result<String, Error>
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => {
                 params = params.continue_token(&token);
-                params.limit = Some(page_limit(target, listed, bytes));
+                params.limit = Some(page_limit(target, average));
             }
             None => break page.metadata.resource_version.unwrap_or_default(),
         }
@@ -537,15 +536,29 @@ fn undecodable(source: kube::Error) -> Error {
 const FIRST_PAGE: u32 = 100;
 
 /// Objects on the next LIST page: as many as fit `target.page_bytes` at the last page's average
-/// size, between 1 and `target.page_size`.
-fn page_limit(target: &Target, listed: usize, bytes: usize) -> u32 {
-    if listed == 0 || bytes == 0 {
+/// object size, between 1 and `target.page_size`.
+fn page_limit(target: &Target, average: usize) -> u32 {
+    if average == 0 {
         return target.page_size;
     }
-    let average = bytes.div_ceil(listed);
     u32::try_from(target.page_bytes / average)
         .unwrap_or(u32::MAX)
         .clamp(1, target.page_size)
+}
+
+/// The average JSON size of `items`, from at most 16 of them spread over the page: sizing a page
+/// needs an average, and each object is measured again for the watch's budget anyway.
+fn average_size(items: &[DynamicObject]) -> usize {
+    let step = items.len().div_ceil(16).max(1);
+    let sample: Vec<usize> = items
+        .iter()
+        .step_by(step)
+        .map(budget::serialized_size)
+        .collect();
+    match sample.len() {
+        0 => 0,
+        n => sample.iter().sum::<usize>().div_ceil(n),
+    }
 }
 
 fn ids(meta: &ObjectMeta) -> Option<(&str, &str)> {
@@ -564,6 +577,36 @@ fn ids(meta: &ObjectMeta) -> Option<(&str, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn pages_hold_what_fits_their_bytes_at_the_average_size() {
+        let object = |bytes: usize| -> DynamicObject {
+            serde_json::from_value(
+                json!({"metadata": {"name": "x"}, "data": {"b": "x".repeat(bytes)}}),
+            )
+            .unwrap()
+        };
+        let items: Vec<DynamicObject> = (0..100).map(|_| object(1_000)).collect();
+        let average = average_size(&items);
+        assert_eq!(
+            average,
+            budget::serialized_size(&items[0]),
+            "sampled, same size"
+        );
+        assert_eq!(average_size(&[]), 0);
+        let client =
+            kube::Client::try_from(kube::Config::new("http://127.0.0.1:1".parse().unwrap()))
+                .unwrap();
+        let mut t = target(client);
+        t.page_bytes = 16 * average;
+        assert_eq!(page_limit(&t, average), 16);
+        assert_eq!(
+            page_limit(&t, 0),
+            t.page_size,
+            "nothing measured: the largest page"
+        );
+        assert_eq!(page_limit(&t, usize::MAX), 1, "at least one object");
+    }
     use std::sync::Mutex;
 
     use k8s_openapi::api::core::v1::ConfigMap;

@@ -162,15 +162,16 @@ impl Pipeline {
         // a reference only when it is refused as too large a second time, alone.
         let mut too_large = 0;
         loop {
-            let object = delivered.event.reference();
             let delay = match &delivered.outcome {
                 Outcome::Retry { error } => {
+                    let object = delivered.event.reference();
                     self.status.retried.fetch_add(1, Ordering::Relaxed);
                     let delay = self.pause(st, Failure::Lasting("publish_failing"), error, &object);
                     warn!(object = %object, error = %error, retry_in_ms = delay.as_millis() as u64, "publish failed, retrying");
                     delay
                 }
                 Outcome::Blocked { reason, error } => {
+                    let object = delivered.event.reference();
                     count(&self.status.blocked, reason);
                     let delay = self.pause(st, Failure::Blocked(reason), error, &object);
                     warn!(object = %object, reason, error = %error, retry_in_ms = delay.as_millis() as u64, "the broker refuses every event of this destination, retrying");
