@@ -376,6 +376,7 @@ impl Pipeline {
             tokio::select! {
                 biased;
                 Some(done) = st.flight.queue.next(), if !idle => self.complete(done, &mut st).await?,
+                () = self.voided(), if !idle => self.restart_transaction(None, &mut st).await?,
                 () = tokio::time::sleep_until(st.flight.progress + STALL_AFTER), if !idle && !st.flight.silence_reported => self.broker_silent(&mut st),
                 () = tokio::time::sleep_until(wake), if (pending || flushing) && idle => {}
                 () = tokio::time::sleep_until(heartbeat_wake.unwrap_or(wake)), if heartbeat_wake.is_some() && idle => {}
@@ -401,9 +402,7 @@ impl Pipeline {
                 }
             }
         }
-        while let Some(done) = st.flight.queue.next().await {
-            self.complete(done, &mut st).await?;
-        }
+        while self.settle_next(&mut st).await? {}
         if st.position != st.committed && st.listing.is_none() {
             self.commit(&mut st).await?;
         }
@@ -475,12 +474,7 @@ impl Pipeline {
         event.budget = budget;
         if !self.sink.ordered_in_flight() {
             // Never two publishes of one object awaiting acknowledgement at once.
-            while st.flight.uids.contains_key(&event.uid) {
-                match st.flight.queue.next().await {
-                    Some(done) => self.complete(done, st).await?,
-                    None => break,
-                }
-            }
+            while st.flight.uids.contains_key(&event.uid) && self.settle_next(st).await? {}
             *st.flight.uids.entry(event.uid.clone()).or_default() += 1;
         }
         st.flight.push(self.sink.send(event).await);

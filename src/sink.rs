@@ -115,6 +115,9 @@ pub enum Outcome {
         /// The broker's message.
         error: String,
     },
+    /// Not stored: the transaction it was sent in was aborted, because another event of it
+    /// failed. Sent again at once in the next transaction; not a failure of its own.
+    Aborted,
     /// Not stored this time; sending again is safe (the id deduplicates).
     Retry {
         /// The broker's message.

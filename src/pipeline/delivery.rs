@@ -124,7 +124,7 @@ impl Pipeline {
         st.flight.silence_reported = false;
         let transactional = self.sink.transactional().is_some();
         if transactional && !matches!(delivered.outcome, Outcome::Acked) {
-            return self.restart_transaction(delivered, st).await;
+            return self.restart_transaction(Some(delivered), st).await;
         }
         let Delivered { event, outcome } = self.retry_until_settled(delivered, st).await;
         st.flight.settled(&event.uid);
@@ -146,7 +146,7 @@ impl Pipeline {
                     watch: self.info.source.clone(),
                 });
             }
-            Outcome::Retry { .. } | Outcome::Blocked { .. } => {
+            Outcome::Retry { .. } | Outcome::Blocked { .. } | Outcome::Aborted => {
                 unreachable!("retry_until_settled settles")
             }
         }
@@ -177,6 +177,7 @@ impl Pipeline {
                     warn!(object = %object, reason, error = %error, retry_in_ms = delay.as_millis() as u64, "the broker refuses every event of this destination, retrying");
                     delay
                 }
+                Outcome::Aborted => Duration::ZERO,
                 Outcome::Rejected {
                     reason: "too_large",
                     ..
@@ -194,19 +195,47 @@ impl Pipeline {
         }
     }
 
+    /// Settles the oldest delivery, or restarts the transaction at once when a later delivery
+    /// voided it (the oldest may be one librdkafka will not send until the abort). Returns
+    /// whether anything was in flight.
+    pub(super) async fn settle_next(&self, st: &mut State) -> Result<bool, checkpoint::Error> {
+        if st.flight.queue.is_empty() {
+            return Ok(false);
+        }
+        tokio::select! {
+            biased;
+            Some(done) = st.flight.queue.next() => self.complete(done, st).await?,
+            () = self.voided() => self.restart_transaction(None, st).await?,
+        }
+        Ok(true)
+    }
+
+    /// Resolves once a delivery failed inside the open Kafka transaction; never otherwise.
+    pub(super) async fn voided(&self) {
+        match self.sink.transactional() {
+            Some(kafka) => kafka.voided().await,
+            None => std::future::pending().await,
+        }
+    }
+
     /// A failed delivery voids the open Kafka transaction, and everything sent in it since the
-    /// last commit goes down with it. Collects those events in order (the acknowledged ones, then
-    /// the failed one and everything behind it), aborts, and sends them again in a new
-    /// transaction, each failure treated as outside a transaction: too large → a reference
-    /// marked truncated; refused for every event → a pause; refused for good → skipped.
-    async fn restart_transaction(
+    /// last commit goes down with it. Aborts first (librdkafka then purges what it still holds,
+    /// so every delivery settles), collects those events in order (the acknowledged ones, then
+    /// the failed one and everything behind it), and sends them again in a new transaction,
+    /// each failure treated as outside a transaction: too large → a reference marked
+    /// truncated; refused for every event → a pause; refused for good → skipped.
+    pub(super) async fn restart_transaction(
         &self,
-        failed: Delivered,
+        failed: Option<Delivered>,
         st: &mut State,
     ) -> Result<(), checkpoint::Error> {
-        let mut settled = vec![failed];
+        self.recover_transaction(st).await?;
+        let mut settled: Vec<Delivered> = failed.into_iter().collect();
         while let Some(d) = st.flight.queue.next().await {
             settled.push(d);
+        }
+        if let Some(kafka) = self.sink.transactional() {
+            kafka.settled_voided();
         }
         let mut resend = st.flight.take_held();
         // The broker refuses the whole batch holding a record too large for it: only the
@@ -217,12 +246,13 @@ impl Pipeline {
             .filter(|(_, d)| too_large(d))
             .max_by_key(|(_, d)| d.event.data.len())
             .map(|(i, _)| i);
-        let mut delay = Duration::ZERO;
-        let mut first_error = None;
+        // The cause of the abort decides the pause (one step of the backoff per restart): a
+        // refusal of every event first, then any other failure; a refusal as too large or a
+        // purge by the abort is no reason to wait.
+        let mut cause: Option<(Failure, String, String)> = None;
         for (i, Delivered { mut event, outcome }) in settled.into_iter().enumerate() {
-            let object = event.reference();
             match outcome {
-                Outcome::Acked => {}
+                Outcome::Acked | Outcome::Aborted => {}
                 Outcome::Rejected {
                     reason: "too_large",
                     ..
@@ -237,14 +267,14 @@ impl Pipeline {
                 }
                 Outcome::Blocked { reason, error } => {
                     count(&self.status.blocked, reason);
-                    delay = delay.max(self.pause(st, Failure::Blocked(reason), &error, &object));
-                    first_error.get_or_insert(error);
+                    if !matches!(cause, Some((Failure::Blocked(_), ..))) {
+                        cause = Some((Failure::Blocked(reason), error, event.reference()));
+                    }
                 }
                 Outcome::Retry { error } | Outcome::Fatal { error } => {
                     self.status.retried.fetch_add(1, Ordering::Relaxed);
                     let failure = Failure::Lasting("publish_failing");
-                    delay = delay.max(self.pause(st, failure, &error, &object));
-                    first_error.get_or_insert(error);
+                    cause.get_or_insert_with(|| (failure, error, event.reference()));
                 }
             }
             resend.push(event);
@@ -252,14 +282,24 @@ impl Pipeline {
         self.status
             .aborted_transactions
             .fetch_add(1, Ordering::Relaxed);
+        let delay = match &cause {
+            Some((failure, error, object)) => self.pause(st, *failure, error, object),
+            None => Duration::ZERO,
+        };
         warn!(
             events = resend.len(),
-            error = first_error.as_deref().unwrap_or("too large"),
+            error = cause.as_ref().map_or(
+                if largest.is_some() {
+                    "a record too large for the broker"
+                } else {
+                    "failed in librdkafka (see its TXNERR line)"
+                },
+                |(_, error, _)| error.as_str()
+            ),
             retry_in_ms = delay.as_millis() as u64,
             "a delivery failed inside the kafka transaction: aborting it and sending its events again"
         );
         tokio::time::sleep(delay).await;
-        self.recover_transaction(st).await?;
         for event in resend {
             st.flight.push(self.sink.send(event).await);
         }

@@ -1,6 +1,8 @@
 //! Kafka: one idempotent producer (`acks=all`), record key = partition key (the object's uid), so
 //! every change of an object lands in one partition, in order.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
@@ -31,11 +33,30 @@ pub enum CommitError {
 /// How long transactional calls may block.
 const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// What a transactional producer needs to be made again after a fatal error.
+/// What a transactional producer needs to be made again after a fatal error, and the signal
+/// that a delivery failed inside the open transaction.
 #[derive(Debug, Clone)]
 struct Transactional {
     id: String,
     timeout: Duration,
+    voided: Arc<Voided>,
+}
+
+/// Raised by a failed delivery inside the open transaction: the transaction is void, and
+/// librdkafka keeps what it had not sent yet (or must send again) queued until it is aborted,
+/// neither sending nor timing it out (`message.timeout.ms` is 0). Whoever waits for those
+/// deliveries in order must abort instead of waiting.
+#[derive(Debug, Default)]
+struct Voided {
+    raised: AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl Voided {
+    fn raise(&self) {
+        self.raised.store(true, Ordering::Release);
+        self.notify.notify_one();
+    }
 }
 
 /// The Kafka sink.
@@ -299,6 +320,29 @@ impl KafkaSink {
         self.transactional.is_some()
     }
 
+    /// Resolves once a delivery failed inside the open transaction (never for a sink without
+    /// transactions). The signal stays raised until [`KafkaSink::recover`] has aborted the
+    /// transaction and [`KafkaSink::settled_voided`] clears it.
+    pub async fn voided(&self) {
+        let Some(t) = &self.transactional else {
+            return std::future::pending().await;
+        };
+        loop {
+            let notified = t.voided.notify.notified();
+            if t.voided.raised.load(Ordering::Acquire) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Every delivery of the aborted transaction has settled: the signal is lowered.
+    pub fn settled_voided(&self) {
+        if let Some(t) = &self.transactional {
+            t.voided.raised.store(false, Ordering::Release);
+        }
+    }
+
     /// Creates a transactional producer for one watch: `init_transactions` fences any older
     /// producer with the same id (a previous instance or a deposed leader), then a transaction
     /// is opened for the first events. The broker aborts a transaction left open longer than
@@ -312,6 +356,7 @@ impl KafkaSink {
         let transactional = Transactional {
             id: transactional_id.into(),
             timeout: Duration::from_secs(config.transaction_timeout_secs),
+            voided: Arc::default(),
         };
         let producer = start_transactional(&settings, &transactional)
             .await
@@ -502,10 +547,14 @@ impl KafkaSink {
         } else {
             None
         };
+        let voided = self.transactional.as_ref().map(|t| t.voided.clone());
         Box::pin(async move {
             let mut outcome = settle(delivery).await;
             if let (Outcome::Acked, Some(t)) = (&outcome, tombstone) {
                 outcome = settle(t).await;
+            }
+            if let (false, Some(voided)) = (matches!(outcome, Outcome::Acked), voided) {
+                voided.raise();
             }
             Delivered { event, outcome }
         })
@@ -653,6 +702,9 @@ pub fn classify(error: &KafkaError) -> Outcome {
         Some(C::InvalidTopic) => Some("invalid_topic"),
         _ => None,
     };
+    if matches!(code, Some(C::PurgeQueue | C::PurgeInflight)) {
+        return Outcome::Aborted;
+    }
     if let Some(reason) = blocked {
         return Outcome::Blocked {
             reason,
@@ -714,6 +766,13 @@ mod tests {
         assert!(!needs_new_producer(&too_large));
         let transient = KafkaError::MessageProduction(RDKafkaErrorCode::NotEnoughReplicas);
         assert!(matches!(classify(&transient), Outcome::Retry { .. }));
+        for purged in [
+            RDKafkaErrorCode::PurgeQueue,
+            RDKafkaErrorCode::PurgeInflight,
+        ] {
+            let purged = KafkaError::MessageProduction(purged);
+            assert!(matches!(classify(&purged), Outcome::Aborted));
+        }
     }
 
     #[test]

@@ -220,9 +220,10 @@ impl Drop for Bridge {
         }
         if let Ok(dir) = std::env::var("KEB_KEEP_LOGS") {
             // Investigations keep every bridge's log: `KEB_KEEP_LOGS=/some/dir`.
-            let name = self.dir.path().file_name().unwrap_or_default().to_owned();
+            let name = self.dir.path().file_name().unwrap_or_default();
+            let name = format!("{}.log", name.to_string_lossy().trim_start_matches('.'));
             let _ = std::fs::create_dir_all(&dir);
-            let _ = std::fs::copy(&self.log, Path::new(&dir).join(name).with_extension("log"));
+            let _ = std::fs::copy(&self.log, Path::new(&dir).join(name));
         }
         if std::thread::panicking() {
             // A failing test shows what the bridge it ran last was doing.

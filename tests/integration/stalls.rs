@@ -127,8 +127,9 @@ async fn kafka_broker_refusing_a_record_inside_a_transaction_does_not_stall_the_
     let cluster = unique_name("c");
     let topic = format!("k8s.{cluster}.core.configmaps");
     create_topic_with(&topic, &[("max.message.bytes", "100000")]).await;
+    // A long linger keeps the records behind the big one queued when its refusal comes back.
     let config = format!(
-        "cluster: {cluster}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n{}checkpoint: {{intervalMs: 200}}\n",
+        "cluster: {cluster}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n{}    properties: {{linger.ms: \"100\"}}\ncheckpoint: {{intervalMs: 200}}\n",
         sink_yaml(SinkKind::Kafka, &cluster)
     );
     let mut bridge = Bridge::start(&config);
@@ -145,6 +146,21 @@ async fn kafka_broker_refusing_a_record_inside_a_transaction_does_not_stall_the_
         .create(&pp, &cm("big", json!({"blob": "x".repeat(200_000)})))
         .await
         .unwrap();
+    // Objects created at once behind the big one are still queued when its refusal voids the
+    // transaction: librdkafka neither sends nor times them out until the transaction aborts.
+    let behind = (0..20).map(|i| {
+        let cms = cms.clone();
+        async move {
+            cms.create(
+                &PostParams::default(),
+                &cm(&format!("behind-{i}"), json!({})),
+            )
+            .await
+        }
+    });
+    for created in futures::future::join_all(behind).await {
+        created.unwrap();
+    }
     cms.create(&pp, &cm("after", json!({}))).await.unwrap();
     cms.patch(
         "before",
@@ -165,6 +181,7 @@ async fn kafka_broker_refusing_a_record_inside_a_transaction_does_not_stall_the_
             expected
                 .iter()
                 .all(|(n, c)| got.iter().any(|r| r.ext("name") == *n && r.change() == *c))
+                && (0..20).all(|i| got.iter().any(|r| r.ext("name") == format!("behind-{i}")))
         })
         .await;
     let log = bridge.log_text();
