@@ -409,29 +409,31 @@ impl Pipeline {
         Ok(())
     }
 
-    /// With nothing in flight: the watch is synced once its initial state is acknowledged, and
-    /// a due checkpoint is saved (during a list, the open transaction is committed instead).
-    /// Returns whether it committed.
+    /// With nothing in flight: a due checkpoint is saved (during a list, the open transaction
+    /// is committed instead), and the watch is synced once its initial state is acknowledged
+    /// and, with durable checkpoints, saved. Returns whether it committed.
     async fn settle(
         &mut self,
         st: &mut State,
         due: bool,
         listing: bool,
     ) -> Result<bool, checkpoint::Error> {
-        if st.sync_pending {
+        if due {
+            if listing {
+                self.commit_events(st).await?;
+            } else {
+                self.commit(st).await?;
+            }
+        }
+        if st.sync_pending
+            && st.flight.queue.is_empty()
+            && (!self.store.durable() || st.committed == st.position)
+        {
             st.sync_pending = false;
             self.status.synced.store(true, Ordering::Relaxed);
             info!("initial state published");
         }
-        if !due {
-            return Ok(false);
-        }
-        if listing {
-            self.commit_events(st).await?;
-        } else {
-            self.commit(st).await?;
-        }
-        Ok(true)
+        Ok(due)
     }
 
     /// Filters, encodes and sends one change. In diff mode, `st.previous` holds the last
@@ -568,6 +570,11 @@ impl Pipeline {
                 st.listed_once = true;
                 if !self.status.synced.load(Ordering::Relaxed) {
                     st.sync_pending = true;
+                    // The starting point is saved at once: the watch reports itself synced only
+                    // once a restart would resume from a checkpoint rather than start afresh.
+                    st.last_commit = Instant::now()
+                        .checked_sub(self.checkpoint_interval)
+                        .unwrap_or(st.last_commit);
                 }
                 Step {
                     change: None,
