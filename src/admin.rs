@@ -26,7 +26,7 @@ use tokio_io_timeout::TimeoutStream;
 use tracing::{debug, info, warn};
 
 use crate::pipeline::{LATENCY_BUCKETS, STALL_REASONS, Status};
-use crate::runtime::WatchHandle;
+use crate::supervisor::WatchHandle;
 use crate::throttle;
 
 /// Metric name prefix.

@@ -16,6 +16,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::backoff::Backoff;
+use crate::config::{Config, LeaderElectionConfig};
+use crate::kubernetes;
 
 /// Errors of leader election that waiting will not heal; transient ones (5xx, 429, timeouts,
 /// connection errors) are retried with backoff and never surface.
@@ -60,6 +62,9 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// Leader election's own Kubernetes client could not be built.
+    #[error(transparent)]
+    Kubernetes(#[from] kubernetes::Error),
 }
 
 /// A `Result` with this module's [`Error`].
@@ -95,6 +100,38 @@ pub struct Settings {
     pub retry_period: Duration,
 }
 
+impl Settings {
+    /// The settings `leaderElection` asks for; what it leaves out comes from the pod's
+    /// environment, read through `env`: the namespace from `POD_NAMESPACE` (else `default`), the
+    /// identity from `POD_NAME` (else `HOSTNAME`) and the process id.
+    pub fn new(
+        le: &LeaderElectionConfig,
+        cluster: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Self {
+        let host = env("POD_NAME")
+            .or_else(|| env("HOSTNAME"))
+            .unwrap_or_else(|| "kube-event-bridge".into());
+        Self {
+            namespace: le
+                .namespace
+                .clone()
+                .or_else(|| env("POD_NAMESPACE"))
+                .unwrap_or_else(|| "default".into()),
+            name: le
+                .lease_name
+                .clone()
+                .unwrap_or_else(|| format!("kube-event-bridge-{cluster}")),
+            identity: le
+                .identity
+                .clone()
+                .unwrap_or_else(|| format!("{host}-{}", std::process::id())),
+            lease_duration: Duration::from_secs(le.lease_duration_secs),
+            retry_period: Duration::from_secs(le.retry_period_secs),
+        }
+    }
+}
+
 /// Held leadership: cancelled when lost; `is_valid` answers from local time alone.
 #[derive(Debug, Clone)]
 pub struct Leadership {
@@ -126,6 +163,19 @@ impl Leadership {
 
 fn now() -> MicroTime {
     MicroTime(k8s_openapi::jiff::Timestamp::now())
+}
+
+/// Waits for leadership when the configuration asks for leader election (with a client of its
+/// own, see [`kubernetes::client`]); `None` when it does not.
+pub async fn elect(config: &Config) -> Result<Option<Leadership>> {
+    if !config.leader_election.enabled {
+        return Ok(None);
+    }
+    let client = kubernetes::client(&config.kubernetes).await?;
+    let settings = Settings::new(&config.leader_election, &config.cluster, |name| {
+        std::env::var(name).ok()
+    });
+    Ok(Some(acquire(client, settings).await?))
 }
 
 /// Waits until this replica holds the lease, then keeps renewing it in the background.
@@ -323,6 +373,57 @@ mod tests {
             assert!(!is_transient(&api(code)), "{code}");
         }
         assert!(!is_transient(&kube::Error::TlsRequired));
+    }
+
+    #[test]
+    fn settings_come_from_the_config_then_the_pod_environment() {
+        let env = |name: &str| match name {
+            "POD_NAME" => Some("keb-7d9f".to_string()),
+            "HOSTNAME" => Some("node-host".to_string()),
+            "POD_NAMESPACE" => Some("bridges".to_string()),
+            _ => None,
+        };
+        let defaults = LeaderElectionConfig {
+            enabled: true,
+            ..Default::default()
+        };
+        let s = Settings::new(&defaults, "dev", env);
+        assert_eq!(s.namespace, "bridges");
+        assert_eq!(s.name, "kube-event-bridge-dev");
+        assert_eq!(s.identity, format!("keb-7d9f-{}", std::process::id()));
+        assert_eq!(
+            s.lease_duration,
+            Duration::from_secs(defaults.lease_duration_secs)
+        );
+        assert_eq!(
+            s.retry_period,
+            Duration::from_secs(defaults.retry_period_secs)
+        );
+
+        let outside_a_pod = Settings::new(&defaults, "dev", |name| {
+            (name == "HOSTNAME").then(|| "laptop".to_string())
+        });
+        assert_eq!(outside_a_pod.namespace, "default");
+        assert_eq!(
+            outside_a_pod.identity,
+            format!("laptop-{}", std::process::id())
+        );
+
+        let configured = LeaderElectionConfig {
+            enabled: true,
+            lease_name: Some("my-lease".into()),
+            namespace: Some("ops".into()),
+            identity: Some("replica-1".into()),
+            lease_duration_secs: 30,
+            retry_period_secs: 4,
+        };
+        let s = Settings::new(&configured, "dev", env);
+        assert_eq!(
+            (s.namespace.as_str(), s.name.as_str(), s.identity.as_str()),
+            ("ops", "my-lease", "replica-1")
+        );
+        assert_eq!(s.lease_duration, Duration::from_secs(30));
+        assert_eq!(s.retry_period, Duration::from_secs(4));
     }
 
     #[test]

@@ -4,13 +4,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use kube_event_bridge::config::{Config, ConfigFile, Sink};
 use kube_event_bridge::discovery::{self, ResolvedResource};
-use kube_event_bridge::leader::Leadership;
-use kube_event_bridge::{admin, runtime, schema, tail};
-use tokio_util::sync::CancellationToken;
-use tracing::{error, info};
+use kube_event_bridge::{kubernetes, runtime, schema, shutdown, snapshot, tail};
 
 #[derive(Parser)]
 #[command(
@@ -118,10 +116,11 @@ fn init_logging(format: LogFormat, default_filter: &str) {
     }
 }
 
-fn load(path: &std::path::Path) -> Result<Config, String> {
+/// Loads and validates the configuration file; its errors are prefixed with the file's path.
+fn load(path: &std::path::Path) -> anyhow::Result<Config> {
     ConfigFile::load(path)
         .and_then(ConfigFile::validate)
-        .map_err(|e| format!("{}: {e}", path.display()))
+        .with_context(|| path.display().to_string())
 }
 
 #[tokio::main]
@@ -133,7 +132,18 @@ async fn main() -> ExitCode {
         _ => "info,kube_client=warn,rdkafka=warn",
     };
     init_logging(cli.log_format, default_filter);
-    let result = match cli.command {
+    match command(cli.command).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // The error and its causes: `a: b: c`.
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn command(command: Command) -> anyhow::Result<()> {
+    match command {
         Command::Run { config } => run(&config).await,
         Command::CheckConfig { config, cluster } => check_config(&config, cluster).await,
         Command::Tail {
@@ -149,201 +159,44 @@ async fn main() -> ExitCode {
                 limit,
                 idle_timeout: idle_timeout_secs.map(Duration::from_secs),
             };
-            match load(&config) {
-                Ok(cfg) => tail::run(&cfg, options).await.map_err(|e| chain(&e)),
-                Err(e) => Err(e),
-            }
+            Ok(tail::run(&load(&config)?, options).await?)
         }
         Command::Snapshot {
             config,
             resource,
             namespace,
-        } => match load(&config) {
-            Ok(cfg) => {
-                match runtime::reset_checkpoints(&cfg, &resource, namespace.as_deref()).await {
-                    Ok(reset) if reset.is_empty() => Err(format!(
-                        "--resource {resource}: no configured watch matches (use apiVersion/plural, e.g. v1/configmaps)"
-                    )),
-                    Ok(reset) => {
-                        for w in reset {
-                            println!("checkpoint reset: {w}");
-                        }
-                        Ok(())
-                    }
-                    Err(e) => Err(chain(&e)),
-                }
+        } => {
+            let config = load(&config)?;
+            for w in snapshot::reset_checkpoints(&config, &resource, namespace.as_deref()).await? {
+                println!("checkpoint reset: {w}");
             }
-            Err(e) => Err(e),
-        },
+            Ok(())
+        }
         Command::Rbac {
             config,
             service_account,
             namespace,
-        } => match load(&config) {
-            Ok(cfg) => rbac(&cfg, &service_account, &namespace).await,
-            Err(e) => Err(e),
-        },
+        } => rbac(&load(&config)?, &service_account, &namespace).await,
         Command::Schema { dir } => schema::write_all(&dir)
-            .map_err(|e| format!("cannot write schemas to {}: {e}", dir.display())),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("error: {message}");
-            ExitCode::FAILURE
-        }
+            .with_context(|| format!("cannot write schemas to {}", dir.display())),
     }
 }
 
-/// An error with its causes, `a: b: c`.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
-}
-
-async fn run(path: &std::path::Path) -> Result<(), String> {
+async fn run(path: &std::path::Path) -> anyhow::Result<()> {
     // Signals are ours from the first instant: one arriving during start-up stops it cleanly
     // instead of killing the process half-way.
-    let stop = listen_for_signals().map_err(|e| format!("cannot listen for signals: {e}"))?;
+    let stop = shutdown::listen()?;
     let config = load(path)?;
-    let grace = Duration::from_secs(config.delivery.shutdown_grace_secs);
-    let delay = Duration::from_secs(config.admin.shutdown_delay_secs);
-    let admin = admin::State::new(config.sink.kind());
-    admin::serve(&config.admin.address, admin.clone())
-        .await
-        .map_err(|e| chain(&e))?;
-    if config.leader_election.enabled {
-        admin.set_role(admin::Role::Follower);
-    }
-    // Waiting for leadership holds nothing: a signal simply ends the wait.
-    let leadership = tokio::select! {
-        elected = runtime::elect(&config) => elected.map_err(|e| chain(&e))?,
-        () = stop.cancelled() => {
-            admin.shutting_down();
-            info!("stopped before start-up finished: nothing to drain");
-            info!("shutdown complete");
-            return Ok(());
-        }
-    };
-    if leadership.is_some() {
-        admin.set_role(admin::Role::Leader);
-    }
-    let watches = admin.clone();
-    let on_change = Box::new(move |w| watches.set_watches(w));
-    let started = runtime::Bridge::start(config, leadership.clone(), on_change);
-    tokio::pin!(started);
-    // A signal during start lets the start finish (it may have begun writing to the broker and
-    // the checkpoint store), then drains: no half-written state, within the grace period.
-    let deadline = tokio::select! {
-        bridge = &mut started => {
-            let bridge = bridge.map_err(|e| chain(&e))?;
-            return serve_until_stopped(bridge, leadership, &admin, &stop, delay, grace).await;
-        }
-        () = stop.cancelled() => tokio::time::Instant::now() + grace,
-    };
-    admin.shutting_down();
-    info!("signal during start-up: finishing the start, then draining");
-    let Ok(bridge) = tokio::time::timeout_at(deadline, started).await else {
-        return Err("shutdown grace period exceeded during start-up".into());
-    };
-    let bridge = bridge.map_err(|e| chain(&e))?;
-    drain(
-        bridge,
-        deadline.saturating_duration_since(tokio::time::Instant::now()),
-    )
-    .await
-}
-
-/// Runs the started bridge until the first signal, then drains it.
-async fn serve_until_stopped(
-    mut bridge: runtime::Bridge,
-    leadership: Option<Leadership>,
-    admin: &admin::State,
-    stop: &CancellationToken,
-    delay: Duration,
-    grace: Duration,
-) -> Result<(), String> {
-    let lost = async {
-        match &leadership {
-            Some(l) => l.lost().await,
-            None => std::future::pending().await,
-        }
-    };
-    tokio::pin!(lost);
-    tokio::select! {
-        () = stop.cancelled() => {}
-        failure = bridge.failure() => return Err(failure),
-        () = &mut lost => return Err(LEADERSHIP_LOST.into()),
-    }
-    admin.shutting_down();
-    if !delay.is_zero() {
-        info!(
-            delay_secs = delay.as_secs(),
-            "shutdown delay: not ready, still publishing"
-        );
-        tokio::select! {
-            () = tokio::time::sleep(delay) => {}
-            failure = bridge.failure() => return Err(failure),
-            () = &mut lost => return Err(LEADERSHIP_LOST.into()),
-        }
-    }
-    drain(bridge, grace).await
-}
-
-/// Stops the watches and drains what is in flight within `grace`.
-async fn drain(bridge: runtime::Bridge, grace: Duration) -> Result<(), String> {
-    if bridge.shutdown(grace).await {
-        info!("shutdown complete");
-        Ok(())
-    } else {
-        Err("shutdown grace period exceeded".into())
-    }
-}
-
-const LEADERSHIP_LOST: &str = "leadership lost: exiting so that a restart waits as a follower";
-
-/// Installs the SIGTERM and SIGINT handlers. The returned token is cancelled by the first
-/// signal (shut down cleanly); a second signal exits at once without draining.
-fn listen_for_signals() -> std::io::Result<CancellationToken> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    let stop = CancellationToken::new();
-    let first = stop.clone();
-    tokio::spawn(async move {
-        for second in [false, true] {
-            let name = tokio::select! {
-                _ = term.recv() => "SIGTERM",
-                _ = int.recv() => "SIGINT",
-            };
-            if second {
-                error!(signal = name, "second signal: exiting without draining");
-                std::process::exit(130);
-            }
-            info!(signal = name, "signal received");
-            first.cancel();
-        }
-    });
-    Ok(stop)
+    Ok(runtime::run(config, stop).await?)
 }
 
 /// Resolves the configured resources through discovery.
-async fn resolve(config: &Config) -> Result<Vec<ResolvedResource>, String> {
-    let client = runtime::client(&config.kubernetes)
-        .await
-        .map_err(|e| chain(&e))?;
-    discovery::resolve(&client, &config.resources)
-        .await
-        .map_err(|e| chain(&e))
+async fn resolve(config: &Config) -> anyhow::Result<Vec<ResolvedResource>> {
+    let client = kubernetes::client(&config.kubernetes).await?;
+    Ok(discovery::resolve(&client, &config.resources).await?)
 }
 
-async fn rbac(config: &Config, service_account: &str, namespace: &str) -> Result<(), String> {
+async fn rbac(config: &Config, service_account: &str, namespace: &str) -> anyhow::Result<()> {
     let resolved = resolve(config).await?;
     // The bridge keeps its Lease in its own namespace unless the config names another.
     let election = &config.leader_election;
@@ -363,7 +216,7 @@ async fn rbac(config: &Config, service_account: &str, namespace: &str) -> Result
     Ok(())
 }
 
-async fn check_config(path: &std::path::Path, cluster: bool) -> Result<(), String> {
+async fn check_config(path: &std::path::Path, cluster: bool) -> anyhow::Result<()> {
     let config = load(path)?;
     if !cluster {
         println!(

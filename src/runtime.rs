@@ -1,218 +1,75 @@
-//! Wires a validated [`Config`] into running watches and pipelines, and shuts them down: the first
-//! signal stops the watches and drains what is in flight within the grace period.
+//! The bridge's lifecycle: [`run`] serves the admin endpoints, waits for leadership, starts the
+//! [`Bridge`] (every watch and pipeline, owned by a [`Supervisor`]) and runs it until a shutdown
+//! signal, leadership lost or a failure. The first signal stops the watches and drains what is
+//! in flight within the grace period ([`crate::shutdown`] handles the second one).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::Client;
-use kube::api::{Api, DynamicObject, TypeMeta};
-use kube::client::ClientBuilder;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::checkpoint::{
-    self, Backend, Cluster, FileStore, KafkaStore, NatsStore, Store, WatchKey,
-};
-use crate::config::{self as cfg, Config, KubernetesConfig};
-use crate::discovery::{self, ResolvedResource};
+use crate::admin;
+use crate::config::Config;
+use crate::discovery;
+use crate::kubernetes;
 use crate::leader::{self, Leadership};
-use crate::pipeline::Status;
-use crate::sink::kafka::KafkaSink;
 use crate::sink::{self, AnySink};
-use crate::supervisor::{OnChange, Parts, Supervisor, list_namespaces};
-use crate::throttle::{self, ThrottleLayer};
-use crate::watch::Target;
+use crate::stores::{self, Stores};
+use crate::supervisor::{self, OnChange, Parts, Supervisor};
 
-/// Errors of starting the bridge.
+/// Errors of starting the bridge, and the reasons it stops other than a clean shutdown.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The kubeconfig could not be read.
-    #[error("kubernetes.kubeconfig: cannot read {path}")]
-    Kubeconfig {
-        /// The file.
-        path: String,
-        /// The cause.
-        #[source]
-        source: kube::config::KubeconfigError,
-    },
-    /// No usable client configuration (in-cluster or kubeconfig).
-    #[error("kubernetes: no usable client configuration")]
-    ClientConfig(#[source] Box<dyn std::error::Error + Send + Sync>),
-    /// The client could not be built.
-    #[error("kubernetes: cannot build the client")]
-    Client(#[source] kube::Error),
+    /// The Kubernetes client could not be built.
+    #[error(transparent)]
+    Kubernetes(#[from] kubernetes::Error),
     /// A resource could not be resolved.
     #[error(transparent)]
     Discovery(#[from] discovery::Error),
     /// The sink could not be connected.
     #[error(transparent)]
     Sink(#[from] sink::Error),
+    /// The checkpoint store could not be prepared.
+    #[error(transparent)]
+    Stores(#[from] stores::Error),
+    /// A watch could not start, or failed for good while running.
+    #[error(transparent)]
+    Supervisor(#[from] supervisor::Error),
     /// Leader election failed.
     #[error(transparent)]
     Leader(#[from] leader::Error),
-    /// A checkpoint could not be loaded, or the checkpoint store prepared.
+    /// The admin server could not start.
     #[error(transparent)]
-    Checkpoint(#[from] checkpoint::Error),
-    /// The namespaces of a `namespaceSelector` could not be listed.
-    #[error("namespaceSelector {selector:?}: {message}")]
-    NamespaceSelector {
-        /// The selector.
-        selector: String,
-        /// What failed.
-        message: String,
-    },
+    Admin(#[from] admin::Error),
+    /// Every watch stopped, so nothing is left to publish.
+    #[error("every watch stopped")]
+    AllStopped,
+    /// The supervisor task ended abnormally.
+    #[error("the supervisor task failed")]
+    SupervisorTask(#[source] tokio::task::JoinError),
+    /// Leadership was lost while running.
+    #[error("leadership lost: exiting so that a restart waits as a follower")]
+    LeadershipLost,
+    /// A signal came during start-up, and the start did not finish within the grace period.
+    #[error("shutdown grace period exceeded during start-up")]
+    GraceExceededDuringStart,
+    /// In-flight events were still undelivered when the grace period ended.
+    #[error("shutdown grace period exceeded")]
+    GraceExceeded,
 }
 
 /// A `Result` with this module's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Builds a client: the configured kubeconfig and context, else in-cluster, else `KUBECONFIG` or
-/// `~/.kube/config`, throttled to `kubernetes.qps` and `kubernetes.burst` ([`crate::throttle`]).
-///
-/// Each call makes a client with its own token bucket: the watches share one, and leader election
-/// has its own, so that a burst of relists cannot delay lease renewals (client-go's controllers
-/// give leader election its own client for the same reason).
-///
-/// A token file (a kubeconfig's `tokenFile`, or the in-cluster service account token) is read
-/// again by kube-client once the copy it holds is 50 seconds old, so rotated tokens are picked up.
-pub async fn client(k: &KubernetesConfig) -> Result<Client> {
-    Ok(client_and_url(k).await?.0)
-}
-
-/// A client and the API server's URL.
-async fn client_and_url(k: &KubernetesConfig) -> Result<(Client, String)> {
-    let options = KubeConfigOptions {
-        context: k.context.clone(),
-        ..Default::default()
-    };
-    let config = match &k.kubeconfig {
-        Some(path) => {
-            let kubeconfig = Kubeconfig::read_from(path).map_err(|source| Error::Kubeconfig {
-                path: path.display().to_string(),
-                source,
-            })?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &options)
-                .await
-                .map_err(|source| Error::Kubeconfig {
-                    path: path.display().to_string(),
-                    source,
-                })?
-        }
-        None if k.context.is_some() => kube::Config::from_kubeconfig(&options)
-            .await
-            .map_err(|e| Error::ClientConfig(Box::new(e)))?,
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| Error::ClientConfig(Box::new(e)))?,
-    };
-    let url = config.cluster_url.to_string();
-    let throttle = ThrottleLayer::new(k.qps, k.burst, throttle::Counters::process());
-    let client = ClientBuilder::try_from(config)
-        .map_err(Error::Client)?
-        .with_layer(&throttle)
-        .build();
-    Ok((client, url))
-}
-
-/// Deletes the checkpoints of the watches of `resource` (`v1/configmaps`, `apps/v1/deployments`),
-/// optionally only the one of `namespace`, so that the next start publishes a fresh snapshot.
-/// Returns the watches reset.
-pub async fn reset_checkpoints(
-    config: &Config,
-    resource: &str,
-    namespace: Option<&str>,
-) -> Result<Vec<String>> {
-    let client = client(&config.kubernetes).await?;
-    let resources = discovery::resolve(&client, &config.resources).await?;
-    let shared = Arc::new(AnySink::connect(&config.sink).await?);
-    let stores = Stores::prepare(config, &shared, &client).await?;
-    let mut selected = HashMap::new();
-    for r in resources.iter().filter(|r| r.label() == resource) {
-        if let Some(selector) = &r.config.namespace_selector
-            && !selected.contains_key(selector)
-        {
-            let found =
-                list_namespaces(&client, selector)
-                    .await
-                    .map_err(|e| Error::NamespaceSelector {
-                        selector: selector.clone(),
-                        message: format!("cannot list namespaces: {e}"),
-                    })?;
-            selected.insert(selector.clone(), found);
-        }
-    }
-    let mut reset = Vec::new();
-    for r in resources.iter().filter(|r| r.label() == resource) {
-        for scope in r
-            .scopes(&selected)
-            .into_iter()
-            .filter(|s| namespace.is_none() || s.as_deref() == namespace)
-        {
-            let key = WatchKey::for_scope(&config.cluster, r, scope.as_deref());
-            let (_, mut store) = stores.for_watch(config, &shared, &key).await?;
-            store.reset().await?;
-            reset.push(key.description);
-        }
-    }
-    Ok(reset)
-}
-
-/// Waits for leadership when the configuration asks for leader election.
-pub async fn elect(config: &Config) -> Result<Option<Leadership>> {
-    let le = &config.leader_election;
-    if !le.enabled {
-        return Ok(None);
-    }
-    let client = client(&config.kubernetes).await?;
-    let host = std::env::var("POD_NAME")
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .unwrap_or_else(|_| "kube-event-bridge".into());
-    let settings = leader::Settings {
-        namespace: le
-            .namespace
-            .clone()
-            .or_else(|| std::env::var("POD_NAMESPACE").ok())
-            .unwrap_or_else(|| "default".into()),
-        name: le
-            .lease_name
-            .clone()
-            .unwrap_or_else(|| format!("kube-event-bridge-{}", config.cluster)),
-        identity: le
-            .identity
-            .clone()
-            .unwrap_or_else(|| format!("{host}-{}", std::process::id())),
-        lease_duration: Duration::from_secs(le.lease_duration_secs),
-        retry_period: Duration::from_secs(le.retry_period_secs),
-    };
-    Ok(Some(leader::acquire(client, settings).await?))
-}
-
-/// One watch: its label for logs and its pipeline's status.
-#[derive(Debug, Clone)]
-pub struct WatchHandle {
-    /// `apps/v1/deployments`.
-    pub resource: String,
-    /// The namespace, `None` for all or cluster scope.
-    pub namespace: Option<String>,
-    /// Counters and acknowledged position.
-    pub status: Arc<Status>,
-}
-
 /// The running bridge: a [`Supervisor`] task owning every watch and pipeline.
 #[derive(Debug)]
 pub struct Bridge {
     stop: CancellationToken,
-    supervisor: JoinHandle<Result<(), String>>,
+    supervisor: JoinHandle<supervisor::Result<()>>,
     sink: Arc<AnySink>,
 }
-
-/// Watches and pipelines sized per resource.
-const PAGE_SIZE: u32 = 500;
-/// Below the API server's 5-minute limit, like client-go's reflector.
-const WATCH_TIMEOUT_SECS: u32 = 290;
 
 impl Bridge {
     /// Resolves every resource, connects the sink, loads each watch's checkpoint and starts one
@@ -223,7 +80,7 @@ impl Bridge {
         leadership: Option<Leadership>,
         on_change: OnChange,
     ) -> Result<Self> {
-        let (client, api_server) = client_and_url(&config.kubernetes).await?;
+        let (client, api_server) = kubernetes::client_and_url(&config.kubernetes).await?;
         let resources = discovery::resolve(&client, &config.resources).await?;
         let shared = Arc::new(AnySink::connect(&config.sink).await?);
         info!(
@@ -277,146 +134,105 @@ impl Bridge {
 
     /// Waits until a watch or pipeline fails for good (fenced, checkpoint store lost) and returns
     /// why; while everything is healthy it never returns.
-    pub async fn failure(&mut self) -> String {
+    pub async fn failure(&mut self) -> Error {
         match (&mut self.supervisor).await {
-            Ok(Err(failure)) => failure,
-            Ok(Ok(())) => "every watch stopped".into(),
-            Err(e) => format!("the supervisor task failed: {e}"),
+            Ok(Err(failure)) => failure.into(),
+            Ok(Ok(())) => Error::AllStopped,
+            Err(e) => Error::SupervisorTask(e),
         }
     }
 }
 
-/// What the checkpoint stores of all watches share.
-pub(crate) struct Stores {
-    kind: StoresKind,
-    /// The cluster checkpoints are tied to (`None` when nothing is durable).
-    cluster: Option<Cluster>,
-}
-
-#[expect(clippy::large_enum_variant, reason = "one value per process")]
-enum StoresKind {
-    /// Per-watch transactional producers writing to this topic.
-    Kafka { topic: String },
-    /// One KV bucket.
-    Nats(async_nats::jetstream::kv::Store),
-    /// Files in a directory.
-    Files(std::path::PathBuf),
-    /// Nothing durable.
-    Memory,
-}
-
-impl Stores {
-    /// Prepares the checkpoint store (creating or checking the Kafka topic, opening the KV bucket
-    /// or the directory) and reads the identity of the cluster checkpoints are tied to.
-    async fn prepare(config: &Config, shared: &Arc<AnySink>, client: &Client) -> Result<Self> {
-        let c = &config.checkpoint;
-        if !config.keeps_checkpoints() {
-            return Ok(Stores {
-                kind: StoresKind::Memory,
-                cluster: None,
-            });
+/// Runs the bridge of `config` until `stop` is cancelled (then drains), leadership is lost or a
+/// watch fails for good. Serves the admin endpoints from the start; readiness turns true once
+/// every watch has synced and false when shutdown begins.
+pub async fn run(config: Config, stop: CancellationToken) -> Result<()> {
+    let grace = Duration::from_secs(config.delivery.shutdown_grace_secs);
+    let delay = Duration::from_secs(config.admin.shutdown_delay_secs);
+    let admin = admin::State::new(config.sink.kind());
+    admin::serve(&config.admin.address, admin.clone()).await?;
+    if config.leader_election.enabled {
+        admin.set_role(admin::Role::Follower);
+    }
+    // Waiting for leadership holds nothing: a signal simply ends the wait.
+    let leadership = tokio::select! {
+        elected = leader::elect(&config) => elected?,
+        () = stop.cancelled() => {
+            admin.shutting_down();
+            info!("stopped before start-up finished: nothing to drain");
+            info!("shutdown complete");
+            return Ok(());
         }
-        let cluster = Cluster::identify(&config.cluster, client).await?;
-        let store_err = |store: &'static str, e: &dyn std::fmt::Display| checkpoint::Error::Store {
-            store,
-            message: e.to_string(),
-        };
-        let kind = match shared.as_ref() {
-            AnySink::Kafka(k) => {
-                checkpoint::kafka::ensure_topic(k.consumer_config(), &c.kafka_topic).await?;
-                StoresKind::Kafka {
-                    topic: c.kafka_topic.clone(),
-                }
-            }
-            AnySink::Nats(n) => {
-                let js = n
-                    .jetstream()
-                    .ok_or_else(|| store_err("nats", &"core NATS cannot checkpoint"))?;
-                StoresKind::Nats(checkpoint::nats_bucket(js, &c.nats_bucket).await?)
-            }
-            AnySink::Stdout(_) => {
-                let dir = c.directory.clone().unwrap_or_default();
-                tokio::fs::create_dir_all(&dir)
-                    .await
-                    .map_err(|e| store_err("file", &format!("{}: {e}", dir.display())))?;
-                StoresKind::Files(dir)
-            }
-        };
-        Ok(Stores {
-            kind,
-            cluster: Some(cluster),
-        })
-    }
-
-    /// The sink and checkpoint store of one watch. A Kafka watch gets its own transactional
-    /// producer (its transactional id fences an older instance of the same watch).
-    pub(crate) async fn for_watch(
-        &self,
-        config: &Config,
-        shared: &Arc<AnySink>,
-        key: &WatchKey,
-    ) -> Result<(Arc<AnySink>, Store)> {
-        let cluster = self.cluster.clone();
-        let (sink, backend) = match &self.kind {
-            StoresKind::Kafka { topic } => {
-                let cfg::Sink::Kafka {
-                    config: kafka,
-                    topic: template,
-                } = &config.sink
-                else {
-                    unreachable!("kafka stores need a kafka sink")
-                };
-                let id = format!("kube-event-bridge.{}", key.id);
-                let producer =
-                    Arc::new(KafkaSink::new_transactional(kafka, template.clone(), &id).await?);
-                let backend = Backend::Kafka(KafkaStore {
-                    key: key.clone(),
-                    sink: producer.clone(),
-                    topic: topic.clone(),
-                    cluster,
-                });
-                (Arc::new(AnySink::Kafka(producer)), backend)
-            }
-            StoresKind::Nats(kv) => (
-                shared.clone(),
-                Backend::Nats(NatsStore::new(key.clone(), kv.clone(), cluster)),
-            ),
-            StoresKind::Files(dir) => (
-                shared.clone(),
-                Backend::File(FileStore {
-                    key: key.clone(),
-                    path: dir.join(format!("{}.checkpoint", key.id)),
-                    cluster,
-                }),
-            ),
-            StoresKind::Memory => (shared.clone(), Backend::Memory),
-        };
-        Ok((sink, Store::new(backend)))
-    }
-}
-
-pub(crate) fn target(
-    client: &Client,
-    r: &ResolvedResource,
-    namespace: Option<&str>,
-    not_found: Arc<tokio::sync::Notify>,
-    page_bytes: usize,
-) -> Target {
-    let api: Api<DynamicObject> = match namespace {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &r.api),
-        None => Api::all_with(client.clone(), &r.api),
     };
-    Target {
-        api,
-        types: TypeMeta {
-            api_version: r.api.api_version.clone(),
-            kind: r.api.kind.clone(),
-        },
-        label_selector: r.config.label_selector.clone(),
-        field_selector: r.config.field_selector.clone(),
-        page_size: PAGE_SIZE,
-        page_bytes,
-        watch_timeout_secs: WATCH_TIMEOUT_SECS,
-        not_found,
+    if leadership.is_some() {
+        admin.set_role(admin::Role::Leader);
+    }
+    let watches = admin.clone();
+    let on_change = Box::new(move |w| watches.set_watches(w));
+    let started = Bridge::start(config, leadership.clone(), on_change);
+    tokio::pin!(started);
+    // A signal during start lets the start finish (it may have begun writing to the broker and
+    // the checkpoint store), then drains: no half-written state, within the grace period.
+    let deadline = tokio::select! {
+        bridge = &mut started => {
+            return serve_until_stopped(bridge?, leadership, &admin, &stop, delay, grace).await;
+        }
+        () = stop.cancelled() => tokio::time::Instant::now() + grace,
+    };
+    admin.shutting_down();
+    info!("signal during start-up: finishing the start, then draining");
+    let Ok(bridge) = tokio::time::timeout_at(deadline, started).await else {
+        return Err(Error::GraceExceededDuringStart);
+    };
+    drain(
+        bridge?,
+        deadline.saturating_duration_since(tokio::time::Instant::now()),
+    )
+    .await
+}
+
+/// Runs the started bridge until the first signal, then drains it.
+async fn serve_until_stopped(
+    mut bridge: Bridge,
+    leadership: Option<Leadership>,
+    admin: &admin::State,
+    stop: &CancellationToken,
+    delay: Duration,
+    grace: Duration,
+) -> Result<()> {
+    let lost = async {
+        match &leadership {
+            Some(l) => l.lost().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(lost);
+    tokio::select! {
+        () = stop.cancelled() => {}
+        failure = bridge.failure() => return Err(failure),
+        () = &mut lost => return Err(Error::LeadershipLost),
+    }
+    admin.shutting_down();
+    if !delay.is_zero() {
+        info!(
+            delay_secs = delay.as_secs(),
+            "shutdown delay: not ready, still publishing"
+        );
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            failure = bridge.failure() => return Err(failure),
+            () = &mut lost => return Err(Error::LeadershipLost),
+        }
+    }
+    drain(bridge, grace).await
+}
+
+/// Stops the watches and drains what is in flight within `grace`.
+async fn drain(bridge: Bridge, grace: Duration) -> Result<()> {
+    if bridge.shutdown(grace).await {
+        info!("shutdown complete");
+        Ok(())
+    } else {
+        Err(Error::GraceExceeded)
     }
 }

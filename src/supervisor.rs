@@ -13,7 +13,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
-use kube::api::{Api, PartialObjectMeta};
+use kube::api::{Api, DynamicObject, PartialObjectMeta, TypeMeta};
 use kube::runtime::watcher::{self, Event as WatcherEvent};
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinSet;
@@ -27,9 +27,63 @@ use crate::discovery::{self, ResolvedResource};
 use crate::encode::ResourceInfo;
 use crate::leader::Leadership;
 use crate::pipeline::{Heartbeat, Pipeline, Status};
-use crate::runtime::{Error, Result, Stores, WatchHandle, target};
-use crate::sink::AnySink;
-use crate::watch;
+use crate::sink::{self, AnySink};
+use crate::stores::{self, Stores};
+use crate::watch::{self, Target};
+
+/// Errors of starting watches, and the failures that stop the bridge while it runs.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The namespaces of a `namespaceSelector` could not be listed. The watcher's error already
+    /// prints its cause, so it is part of this message rather than a chained source.
+    #[error("namespaceSelector {selector:?}: cannot list namespaces: {error}")]
+    NamespaceSelector {
+        /// The selector.
+        selector: String,
+        /// What failed.
+        error: watcher::Error,
+    },
+    /// The Namespace watch of a `namespaceSelector` ended before its first complete listing.
+    #[error("namespaceSelector {selector:?}: the namespace watch stopped")]
+    NamespaceWatchStopped {
+        /// The selector.
+        selector: String,
+    },
+    /// A watch's sink or checkpoint store could not be prepared.
+    #[error(transparent)]
+    Stores(#[from] stores::Error),
+    /// A watch's checkpoint could not be loaded.
+    #[error(transparent)]
+    Checkpoint(#[from] checkpoint::Error),
+    /// The sink could not prepare the destinations of new resources.
+    #[error(transparent)]
+    Sink(#[from] sink::Error),
+    /// A running watch or pipeline failed for good (fenced, checkpoint store lost).
+    #[error(transparent)]
+    Watch(checkpoint::Error),
+    /// A watch or pipeline task panicked.
+    #[error("a watch task panicked")]
+    Panicked(#[source] tokio::task::JoinError),
+}
+
+/// A `Result` with this module's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Watches and pipelines sized per resource.
+const PAGE_SIZE: u32 = 500;
+/// Below the API server's 5-minute limit, like client-go's reflector.
+const WATCH_TIMEOUT_SECS: u32 = 290;
+
+/// One watch: its label for logs and its pipeline's status.
+#[derive(Debug, Clone)]
+pub struct WatchHandle {
+    /// `apps/v1/deployments`.
+    pub resource: String,
+    /// The namespace, `None` for all or cluster scope.
+    pub namespace: Option<String>,
+    /// Counters and acknowledged position.
+    pub status: Arc<Status>,
+}
 
 /// Called with the running watches whenever they change (the admin server's view).
 pub type OnChange = Box<dyn Fn(Vec<WatchHandle>) + Send + Sync>;
@@ -130,12 +184,10 @@ impl Supervisor {
                 self.rescope.clone(),
                 first_tx,
             ));
-            let first = first_rx
-                .await
-                .unwrap_or_else(|_| Err("the namespace watch stopped".into()));
-            match first {
-                Ok(n) => info!(selector = %selector, namespaces = n, "namespaces selected"),
-                Err(message) => return Err(Error::NamespaceSelector { selector, message }),
+            match first_rx.await {
+                Ok(Ok(n)) => info!(selector = %selector, namespaces = n, "namespaces selected"),
+                Ok(Err(error)) => return Err(Error::NamespaceSelector { selector, error }),
+                Err(_) => return Err(Error::NamespaceWatchStopped { selector }),
             }
         }
         if self.config.resources.iter().any(|r| r.is_wildcard()) {
@@ -158,7 +210,7 @@ impl Supervisor {
 
     /// Runs until shutdown (then drains every pipeline) or until a watch fails for good
     /// (fenced, checkpoint store lost), returning why.
-    pub async fn run(mut self) -> Result<(), String> {
+    pub async fn run(mut self) -> Result<()> {
         let period = Duration::from_secs(self.config.discovery.refresh_secs);
         let mut next_refresh = tokio::time::Instant::now() + period;
         loop {
@@ -188,7 +240,7 @@ impl Supervisor {
     }
 
     /// Looks at one finished task; returns a failure that must stop the bridge.
-    fn finished(&mut self, done: Result<Finished, tokio::task::JoinError>) -> Option<String> {
+    fn finished(&mut self, done: Result<Finished, tokio::task::JoinError>) -> Option<Error> {
         match done {
             Ok((key, generation, Err(e))) => {
                 let current = self
@@ -196,7 +248,7 @@ impl Supervisor {
                     .get(&key)
                     .is_some_and(|r| r.generation == generation);
                 if current {
-                    Some(e.to_string())
+                    Some(Error::Watch(e))
                 } else {
                     // A watch already stopped (its resource or namespace went away) may be
                     // fenced by its successor while draining: nothing is lost, its successor
@@ -205,7 +257,7 @@ impl Supervisor {
                     None
                 }
             }
-            Err(e) if e.is_panic() => Some(format!("a watch task panicked: {e}")),
+            Err(e) if e.is_panic() => Some(Error::Panicked(e)),
             _ => None,
         }
     }
@@ -372,6 +424,35 @@ impl Supervisor {
     }
 }
 
+/// What the watch of `r` in `namespace` (`None`: all namespaces, or cluster scope) lists and
+/// watches. `not_found` is told when the resource is no longer served; a LIST page is held whole
+/// while decoded, up to `page_bytes`.
+fn target(
+    client: &Client,
+    r: &ResolvedResource,
+    namespace: Option<&str>,
+    not_found: Arc<Notify>,
+    page_bytes: usize,
+) -> Target {
+    let api: Api<DynamicObject> = match namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &r.api),
+        None => Api::all_with(client.clone(), &r.api),
+    };
+    Target {
+        api,
+        types: TypeMeta {
+            api_version: r.api.api_version.clone(),
+            kind: r.api.kind.clone(),
+        },
+        label_selector: r.config.label_selector.clone(),
+        field_selector: r.config.field_selector.clone(),
+        page_size: PAGE_SIZE,
+        page_bytes,
+        watch_timeout_secs: WATCH_TIMEOUT_SECS,
+        not_found,
+    }
+}
+
 /// The namespaces matching `selector` now (one LIST), for commands that do not follow them.
 pub(crate) async fn list_namespaces(
     client: &Client,
@@ -396,7 +477,7 @@ async fn follow_namespaces(
     selector: String,
     selected: Selected,
     rescope: Arc<Notify>,
-    first: oneshot::Sender<Result<usize, String>>,
+    first: oneshot::Sender<Result<usize, watcher::Error>>,
 ) {
     let api: Api<PartialObjectMeta<Namespace>> = Api::all(client);
     let mut stream = watcher::watcher(api, watcher::Config::default().labels(&selector)).boxed();
@@ -443,7 +524,7 @@ async fn follow_namespaces(
             }
             Err(e) => {
                 if let Some(tx) = first.take() {
-                    let _ = tx.send(Err(format!("cannot list namespaces: {e}")));
+                    let _ = tx.send(Err(e));
                     return;
                 }
                 warn!(selector = %selector, error = %e, "namespace watch failed; retrying");

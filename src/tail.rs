@@ -14,7 +14,7 @@ use rdkafka::message::Headers;
 
 use crate::config::{Config, Sink};
 use crate::discovery::{self, ResolvedResource};
-use crate::runtime;
+use crate::kubernetes;
 use crate::sink::kafka::consumer_config;
 use crate::template::{Template, Values};
 
@@ -36,9 +36,9 @@ pub enum Error {
     /// The Kafka client settings could not be prepared (a property file is unreadable).
     #[error(transparent)]
     Sink(#[from] crate::sink::Error),
-    /// Starting (client, discovery) failed.
+    /// The Kubernetes client could not be built.
     #[error(transparent)]
-    Start(#[from] runtime::Error),
+    Kubernetes(#[from] kubernetes::Error),
     /// Discovery failed.
     #[error(transparent)]
     Discovery(#[from] discovery::Error),
@@ -171,7 +171,7 @@ pub fn format(e: &Event, verbose: bool) -> String {
 
 /// Subscribes where `config` publishes and prints events until the limit or idle timeout.
 pub async fn run(config: &Config, options: Options) -> Result<(), Error> {
-    let client = runtime::client(&config.kubernetes).await?;
+    let client = kubernetes::client(&config.kubernetes).await?;
     let resources = discovery::resolve(&client, &config.resources).await?;
     let mut seen = 0u64;
     let mut print = |e: Result<Event, Error>| {

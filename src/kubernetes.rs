@@ -1,0 +1,78 @@
+//! The Kubernetes client of the `kubernetes` configuration section: which kubeconfig and context,
+//! or in-cluster, throttled to `kubernetes.qps` and `kubernetes.burst` ([`crate::throttle`]).
+
+use kube::Client;
+use kube::client::ClientBuilder;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use crate::config::KubernetesConfig;
+use crate::throttle::{self, ThrottleLayer};
+
+/// Errors of building the Kubernetes client.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The kubeconfig could not be read.
+    #[error("kubernetes.kubeconfig: cannot read {path}")]
+    Kubeconfig {
+        /// The file.
+        path: String,
+        /// The cause.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// No usable client configuration (in-cluster or kubeconfig).
+    #[error("kubernetes: no usable client configuration")]
+    ClientConfig(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The client could not be built.
+    #[error("kubernetes: cannot build the client")]
+    Client(#[source] kube::Error),
+}
+
+/// A `Result` with this module's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Builds a client: the configured kubeconfig and context, else in-cluster, else `KUBECONFIG` or
+/// `~/.kube/config`, throttled to `kubernetes.qps` and `kubernetes.burst` ([`crate::throttle`]).
+///
+/// Each call makes a client with its own token bucket: the watches share one, and leader election
+/// has its own, so that a burst of relists cannot delay lease renewals (client-go's controllers
+/// give leader election its own client for the same reason).
+///
+/// A token file (a kubeconfig's `tokenFile`, or the in-cluster service account token) is read
+/// again by kube-client once the copy it holds is 50 seconds old, so rotated tokens are picked up.
+pub async fn client(k: &KubernetesConfig) -> Result<Client> {
+    Ok(client_and_url(k).await?.0)
+}
+
+/// A client (as [`client`] builds it) and the API server's URL.
+pub async fn client_and_url(k: &KubernetesConfig) -> Result<(Client, String)> {
+    let options = KubeConfigOptions {
+        context: k.context.clone(),
+        ..Default::default()
+    };
+    let config = match &k.kubeconfig {
+        Some(path) => {
+            let kubeconfig_error = |source| Error::Kubeconfig {
+                path: path.display().to_string(),
+                source,
+            };
+            let kubeconfig = Kubeconfig::read_from(path).map_err(kubeconfig_error)?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+                .await
+                .map_err(kubeconfig_error)?
+        }
+        None if k.context.is_some() => kube::Config::from_kubeconfig(&options)
+            .await
+            .map_err(|e| Error::ClientConfig(Box::new(e)))?,
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| Error::ClientConfig(Box::new(e)))?,
+    };
+    let url = config.cluster_url.to_string();
+    let throttle = ThrottleLayer::new(k.qps, k.burst, throttle::Counters::process());
+    let client = ClientBuilder::try_from(config)
+        .map_err(Error::Client)?
+        .with_layer(&throttle)
+        .build();
+    Ok((client, url))
+}

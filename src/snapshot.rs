@@ -1,0 +1,100 @@
+//! The `snapshot` command: deletes the checkpoints of one resource's watches, so that the next
+//! start lists and publishes every object again. A running bridge owning them is fenced.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::checkpoint::{self, WatchKey};
+use crate::config::Config;
+use crate::discovery;
+use crate::kubernetes;
+use crate::sink::{self, AnySink};
+use crate::stores::{self, Stores};
+use crate::supervisor::list_namespaces;
+
+/// Errors of resetting checkpoints.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No configured watch is of the resource asked for.
+    #[error(
+        "--resource {resource}: no configured watch matches (use apiVersion/plural, e.g. v1/configmaps)"
+    )]
+    NoWatch {
+        /// The resource asked for.
+        resource: String,
+    },
+    /// The Kubernetes client could not be built.
+    #[error(transparent)]
+    Kubernetes(#[from] kubernetes::Error),
+    /// A resource could not be resolved.
+    #[error(transparent)]
+    Discovery(#[from] discovery::Error),
+    /// The sink could not be connected.
+    #[error(transparent)]
+    Sink(#[from] sink::Error),
+    /// The checkpoint store, or a watch's store, could not be prepared.
+    #[error(transparent)]
+    Stores(#[from] stores::Error),
+    /// A checkpoint could not be deleted.
+    #[error(transparent)]
+    Checkpoint(#[from] checkpoint::Error),
+    /// The namespaces of a `namespaceSelector` could not be listed. The client's error already
+    /// prints its cause, so it is part of this message rather than a chained source.
+    #[error("namespaceSelector {selector:?}: cannot list namespaces: {error}")]
+    NamespaceSelector {
+        /// The selector.
+        selector: String,
+        /// What failed.
+        error: kube::Error,
+    },
+}
+
+/// A `Result` with this module's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Deletes the checkpoints of the watches of `resource` (`v1/configmaps`, `apps/v1/deployments`),
+/// optionally only the one of `namespace`, so that the next start publishes a fresh snapshot.
+/// Returns the watches reset; none is an error ([`Error::NoWatch`]).
+pub async fn reset_checkpoints(
+    config: &Config,
+    resource: &str,
+    namespace: Option<&str>,
+) -> Result<Vec<String>> {
+    let client = kubernetes::client(&config.kubernetes).await?;
+    let resources = discovery::resolve(&client, &config.resources).await?;
+    let shared = Arc::new(AnySink::connect(&config.sink).await?);
+    let stores = Stores::prepare(config, &shared, &client).await?;
+    let mut selected = HashMap::new();
+    for r in resources.iter().filter(|r| r.label() == resource) {
+        if let Some(selector) = &r.config.namespace_selector
+            && !selected.contains_key(selector)
+        {
+            let found = list_namespaces(&client, selector).await.map_err(|error| {
+                Error::NamespaceSelector {
+                    selector: selector.clone(),
+                    error,
+                }
+            })?;
+            selected.insert(selector.clone(), found);
+        }
+    }
+    let mut reset = Vec::new();
+    for r in resources.iter().filter(|r| r.label() == resource) {
+        for scope in r
+            .scopes(&selected)
+            .into_iter()
+            .filter(|s| namespace.is_none() || s.as_deref() == namespace)
+        {
+            let key = WatchKey::for_scope(&config.cluster, r, scope.as_deref());
+            let (_, mut store) = stores.for_watch(config, &shared, &key).await?;
+            store.reset().await?;
+            reset.push(key.description);
+        }
+    }
+    if reset.is_empty() {
+        return Err(Error::NoWatch {
+            resource: resource.into(),
+        });
+    }
+    Ok(reset)
+}
