@@ -744,11 +744,11 @@ impl ConfigFile {
 
     /// Parses YAML text.
     pub fn parse(text: &str) -> Result<Self> {
-        let de = serde_yaml::Deserializer::from_str(text);
+        let de = serde_yaml_ng::Deserializer::from_str(text);
         serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
             let path = if path == "." { "(root)".into() } else { path };
-            // serde_yaml's messages may start with the path too: say it once.
+            // serde_yaml_ng's messages may start with the path too: say it once.
             let message = e.into_inner().to_string();
             let message = match message.strip_prefix(&format!("{path}: ")) {
                 Some(rest) => rest.to_string(),
@@ -1535,7 +1535,7 @@ mod tests {
     /// documents of the configuration's shape, never make `parse` or `validate` panic.
     mod fuzz {
         use proptest::prelude::*;
-        use serde_yaml::{Mapping, Value};
+        use serde_yaml_ng::{Mapping, Value};
 
         use super::super::ConfigFile;
 
@@ -1803,7 +1803,7 @@ mod tests {
                 "{stdout: {}}",
             ]);
             (sink, prop::collection::vec(change, 1..4)).prop_map(|(sink, changes)| {
-                let mut doc: Value = serde_yaml::from_str(&format!(
+                let mut doc: Value = serde_yaml_ng::from_str(&format!(
                     "cluster: dev\nresources: [{{apiVersion: v1, resource: pods}}]\nsink: {sink}\n"
                 ))
                 .unwrap();
@@ -1857,12 +1857,12 @@ mod tests {
 
             #[test]
             fn documents_of_the_configs_shape_never_panic(doc in document()) {
-                decode(&serde_yaml::to_string(&doc).unwrap());
+                decode(&serde_yaml_ng::to_string(&doc).unwrap());
             }
 
             #[test]
             fn valid_files_with_arbitrary_settings_never_panic(doc in mutated()) {
-                decode(&serde_yaml::to_string(&doc).unwrap());
+                decode(&serde_yaml_ng::to_string(&doc).unwrap());
             }
         }
     }
