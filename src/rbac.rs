@@ -276,7 +276,7 @@ fn role_ref(kind: &str, name: &str) -> RoleRef {
 
 fn yaml(object: &impl Serialize) -> String {
     // Plain structs of strings, vectors and maps: serialization cannot fail.
-    serde_yaml::to_string(object).expect("RBAC objects serialize to YAML")
+    serde_yaml_ng::to_string(object).expect("RBAC objects serialize to YAML")
 }
 
 #[cfg(test)]
@@ -312,14 +312,14 @@ mod tests {
     }
 
     /// The documents of a rendering, as generic values.
-    fn docs(text: &str) -> Vec<serde_yaml::Value> {
-        serde_yaml::Deserializer::from_str(text)
-            .map(|d| serde_yaml::Value::deserialize(d).unwrap())
+    fn docs(text: &str) -> Vec<serde_yaml_ng::Value> {
+        serde_yaml_ng::Deserializer::from_str(text)
+            .map(|d| serde_yaml_ng::Value::deserialize(d).unwrap())
             .filter(|v| !v.is_null())
             .collect()
     }
 
-    fn summary(doc: &serde_yaml::Value) -> String {
+    fn summary(doc: &serde_yaml_ng::Value) -> String {
         let ns = doc["metadata"]["namespace"].as_str().unwrap_or("-");
         format!(
             "{} {ns}/{}",
@@ -549,14 +549,14 @@ mod tests {
                 "RoleBinding ops/kube-event-bridge:ops:bridge:leader-election",
             ]
         );
-        let rules_a: serde_yaml::Value = serde_yaml::from_str(
+        let rules_a: serde_yaml_ng::Value = serde_yaml_ng::from_str(
             "- {apiGroups: [''], resources: [configmaps], verbs: [list, watch]}\n\
              - {apiGroups: [apps], resources: [deployments], verbs: [list, watch]}\n\
              - {apiGroups: [stable.example.com], resources: [crontabs], verbs: [list, watch]}\n",
         )
         .unwrap();
         assert_eq!(d[0]["rules"], rules_a, "{text}");
-        let rules_b: serde_yaml::Value = serde_yaml::from_str(
+        let rules_b: serde_yaml_ng::Value = serde_yaml_ng::from_str(
             "- {apiGroups: [apps], resources: [deployments], verbs: [list, watch]}\n",
         )
         .unwrap();
@@ -596,7 +596,7 @@ mod tests {
                 "RoleBinding keb-system/kube-event-bridge:keb-system:keb:leader-election",
             ]
         );
-        let cluster_rules: serde_yaml::Value = serde_yaml::from_str(
+        let cluster_rules: serde_yaml_ng::Value = serde_yaml_ng::from_str(
             "- {apiGroups: [''], resources: [pods], verbs: [list, watch]}\n\
              - {apiGroups: [rbac.authorization.k8s.io], resources: [clusterroles], verbs: [list, watch]}\n",
         )
@@ -641,7 +641,7 @@ mod tests {
             .find(|x| x["kind"] == "Role")
             .expect("leader-election Role");
         assert_eq!(lease["metadata"]["namespace"], "home");
-        let expected: serde_yaml::Value = serde_yaml::from_str(
+        let expected: serde_yaml_ng::Value = serde_yaml_ng::from_str(
             "- {apiGroups: [coordination.k8s.io], resources: [leases], verbs: [get, create, update]}\n",
         )
         .unwrap();

@@ -7,12 +7,16 @@ use std::collections::BTreeSet;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{
-    Destination, default_true, is_dns_label, is_dns_subdomain, is_version, parse_template,
-};
+use super::destination::{Destination, parse_template};
+use super::names::{is_dns_label, is_dns_subdomain, is_version};
 use crate::change::ChangeKind;
 use crate::payload::{self, Pointer};
 use crate::template::Template;
+
+/// The default of flags that are on unless turned off.
+pub(super) const fn default_true() -> bool {
+    true
+}
 
 /// One watched resource, or a wildcard over many.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
@@ -293,117 +297,24 @@ pub(super) fn validate_resource(
     let at = format!("resources[{i}]");
     let before = errors.len();
     let (group, version) = split_api_version(&r.api_version);
-    if !is_group_pattern(&group) || !(version == "*" || is_version(&version)) {
-        errors.push(format!(
-            "{at}.apiVersion: {:?} is not of the form \"v1\", \"group/version\", \"group/*\" or \"*.group/*\"",
-            r.api_version
-        ));
-    }
-    if r.resource != "*"
-        && (r.resource.is_empty() || !r.resource.chars().all(|c| c.is_ascii_alphanumeric()))
-    {
-        errors.push(format!(
-            "{at}.resource: {:?} must be a plural resource name, a kind (letters and digits) or \"*\"",
-            r.resource
-        ));
-    }
-    if group.contains('*') && r.resource != "*" {
-        errors.push(format!(
-            "{at}.resource: a group pattern ({group:?}) matches many groups; use resource: \"*\" with exclude"
-        ));
-    }
-    let wildcard = group.contains('*') || version == "*" || r.resource == "*";
-    if !wildcard && !r.exclude.is_empty() {
-        errors.push(format!(
-            "{at}.exclude: only a wildcard entry (\"*\" in apiVersion or resource) can exclude resources"
-        ));
-    }
-    let exclude = r
-        .exclude
-        .into_iter()
-        .enumerate()
-        .map(|(j, x)| {
-            let (g, v) = match x.api_version.as_deref().map(split_api_version) {
-                Some((g, v)) => {
-                    if !is_group_pattern(&g) || !(v == "*" || is_version(&v)) {
-                        errors.push(format!(
-                            "{at}.exclude[{j}].apiVersion: {:?} is not of the form \"v1\", \"group/version\" or \"group/*\"",
-                            x.api_version.as_deref().unwrap_or_default()
-                        ));
-                    }
-                    (Some(g), Some(v))
-                }
-                None => (None, None),
-            };
-            if x.resource.is_empty() || !x.resource.chars().all(|c| c.is_ascii_alphanumeric()) {
-                errors.push(format!(
-                    "{at}.exclude[{j}].resource: {:?} must be a plural resource name or a kind",
-                    x.resource
-                ));
-            }
-            Exclude {
-                group: g,
-                version: v,
-                resource: x.resource,
-            }
-        })
-        .collect();
-    if let Some(ns) = &r.namespaces {
-        if ns.is_empty() {
-            errors.push(format!(
-                "{at}.namespaces: an empty list watches nothing; omit it to watch all namespaces"
-            ));
-        }
-        let mut seen = BTreeSet::new();
-        for (j, n) in ns.iter().enumerate() {
-            if !is_dns_label(n) {
-                errors.push(format!(
-                    "{at}.namespaces[{j}]: {n:?} is not a valid namespace name"
-                ));
-            } else if !seen.insert(n) {
-                errors.push(format!("{at}.namespaces[{j}]: {n:?} is listed twice"));
-            }
-        }
-        if r.namespace_selector.is_some() {
-            errors.push(format!(
-                "{at}.namespaceSelector: give either namespaces or namespaceSelector, not both"
-            ));
-        }
-    }
-    for (field, sel) in [
+    check_target(&at, &r, &group, &version, errors);
+    let exclude = validate_excludes(&at, r.exclude, errors);
+    check_namespaces(
+        &at,
+        r.namespaces.as_deref(),
+        r.namespace_selector.is_some(),
+        errors,
+    );
+    for (field, selector) in [
         ("labelSelector", &r.label_selector),
         ("fieldSelector", &r.field_selector),
         ("namespaceSelector", &r.namespace_selector),
     ] {
-        if let Some(s) = sel
-            && (s.trim().is_empty() || s.contains(['\n', '\r']))
-        {
-            errors.push(format!(
-                "{at}.{field}: {s:?} must be a non-empty single-line selector"
-            ));
-        }
+        check_selector(&at, field, selector.as_deref(), errors);
     }
-    let events: BTreeSet<_> = match r.events {
-        Some(list) if list.is_empty() => {
-            errors.push(format!(
-                "{at}.events: an empty list publishes nothing; omit it for all changes"
-            ));
-            BTreeSet::new()
-        }
-        Some(list) => list.into_iter().collect(),
-        None => [ChangeKind::Added, ChangeKind::Modified, ChangeKind::Deleted].into(),
-    };
+    let events = validate_events(&at, r.events, errors);
     let event_format = r.event_format.unwrap_or(default_format);
-    if r.include_previous && r.payload != payload::Mode::Diff {
-        errors.push(format!(
-            "{at}.includePrevious: only the diff payload carries the previous object; set payload: diff"
-        ));
-    }
-    if event_format == EventFormat::Knative && r.payload == payload::Mode::Diff {
-        errors.push(format!(
-            "{at}.payload: Knative-shaped events carry the object or a reference; diff needs eventFormat: cloudevents"
-        ));
-    }
+    check_payload(&at, r.payload, r.include_previous, event_format, errors);
     let ignore_paths = parse_pointers(&at, "ignorePaths", r.ignore_paths, errors);
     let redact = parse_pointers(&at, "redact", r.redact, errors);
     let topic = r.topic.as_deref().and_then(|t| {
@@ -439,6 +350,163 @@ pub(super) fn validate_resource(
         tombstones: r.tombstones,
         event_format,
     })
+}
+
+/// What the entry names: `apiVersion` (a version, or a group pattern with `*`) and `resource`;
+/// a group pattern needs `resource: "*"`, and only a wildcard entry may exclude resources.
+fn check_target(
+    at: &str,
+    r: &ResourceConfig,
+    group: &str,
+    version: &str,
+    errors: &mut Vec<String>,
+) {
+    if !is_group_pattern(group) || !(version == "*" || is_version(version)) {
+        errors.push(format!(
+            "{at}.apiVersion: {:?} is not of the form \"v1\", \"group/version\", \"group/*\" or \"*.group/*\"",
+            r.api_version
+        ));
+    }
+    if r.resource != "*" && !is_resource_name(&r.resource) {
+        errors.push(format!(
+            "{at}.resource: {:?} must be a plural resource name, a kind (letters and digits) or \"*\"",
+            r.resource
+        ));
+    }
+    if group.contains('*') && r.resource != "*" {
+        errors.push(format!(
+            "{at}.resource: a group pattern ({group:?}) matches many groups; use resource: \"*\" with exclude"
+        ));
+    }
+    let wildcard = group.contains('*') || version == "*" || r.resource == "*";
+    if !wildcard && !r.exclude.is_empty() {
+        errors.push(format!(
+            "{at}.exclude: only a wildcard entry (\"*\" in apiVersion or resource) can exclude resources"
+        ));
+    }
+}
+
+/// A plural resource name or a kind: letters and digits.
+fn is_resource_name(s: &str) -> bool {
+    !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric())
+}
+
+/// The `exclude` list, each item checked and split into group and version.
+fn validate_excludes(
+    at: &str,
+    exclude: Vec<ExcludeConfig>,
+    errors: &mut Vec<String>,
+) -> Vec<Exclude> {
+    exclude
+        .into_iter()
+        .enumerate()
+        .map(|(j, x)| {
+            let (g, v) = match x.api_version.as_deref().map(split_api_version) {
+                Some((g, v)) => {
+                    if !is_group_pattern(&g) || !(v == "*" || is_version(&v)) {
+                        errors.push(format!(
+                            "{at}.exclude[{j}].apiVersion: {:?} is not of the form \"v1\", \"group/version\" or \"group/*\"",
+                            x.api_version.as_deref().unwrap_or_default()
+                        ));
+                    }
+                    (Some(g), Some(v))
+                }
+                None => (None, None),
+            };
+            if !is_resource_name(&x.resource) {
+                errors.push(format!(
+                    "{at}.exclude[{j}].resource: {:?} must be a plural resource name or a kind",
+                    x.resource
+                ));
+            }
+            Exclude {
+                group: g,
+                version: v,
+                resource: x.resource,
+            }
+        })
+        .collect()
+}
+
+/// `namespaces`: not empty, valid names, none twice, and not together with a selector.
+fn check_namespaces(
+    at: &str,
+    namespaces: Option<&[String]>,
+    selector: bool,
+    errors: &mut Vec<String>,
+) {
+    let Some(ns) = namespaces else {
+        return;
+    };
+    if ns.is_empty() {
+        errors.push(format!(
+            "{at}.namespaces: an empty list watches nothing; omit it to watch all namespaces"
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    for (j, n) in ns.iter().enumerate() {
+        if !is_dns_label(n) {
+            errors.push(format!(
+                "{at}.namespaces[{j}]: {n:?} is not a valid namespace name"
+            ));
+        } else if !seen.insert(n) {
+            errors.push(format!("{at}.namespaces[{j}]: {n:?} is listed twice"));
+        }
+    }
+    if selector {
+        errors.push(format!(
+            "{at}.namespaceSelector: give either namespaces or namespaceSelector, not both"
+        ));
+    }
+}
+
+/// A selector the API server receives as one query parameter: not blank, one line.
+fn check_selector(at: &str, field: &str, selector: Option<&str>, errors: &mut Vec<String>) {
+    if let Some(s) = selector
+        && (s.trim().is_empty() || s.contains(['\n', '\r']))
+    {
+        errors.push(format!(
+            "{at}.{field}: {s:?} must be a non-empty single-line selector"
+        ));
+    }
+}
+
+/// The changes to publish: all three when omitted, an empty list refused.
+fn validate_events(
+    at: &str,
+    events: Option<Vec<ChangeKind>>,
+    errors: &mut Vec<String>,
+) -> BTreeSet<ChangeKind> {
+    match events {
+        Some(list) if list.is_empty() => {
+            errors.push(format!(
+                "{at}.events: an empty list publishes nothing; omit it for all changes"
+            ));
+            BTreeSet::new()
+        }
+        Some(list) => list.into_iter().collect(),
+        None => [ChangeKind::Added, ChangeKind::Modified, ChangeKind::Deleted].into(),
+    }
+}
+
+/// `includePrevious` needs the diff payload, which Knative-shaped events cannot carry.
+fn check_payload(
+    at: &str,
+    payload: payload::Mode,
+    include_previous: bool,
+    event_format: EventFormat,
+    errors: &mut Vec<String>,
+) {
+    if include_previous && payload != payload::Mode::Diff {
+        errors.push(format!(
+            "{at}.includePrevious: only the diff payload carries the previous object; set payload: diff"
+        ));
+    }
+    if event_format == EventFormat::Knative && payload == payload::Mode::Diff {
+        errors.push(format!(
+            "{at}.payload: Knative-shaped events carry the object or a reference; diff needs eventFormat: cloudevents"
+        ));
+    }
 }
 
 /// Fields only one sink understands, checked once the sink is known.
@@ -494,7 +562,7 @@ mod tests {
     use super::*;
 
     fn entry(yaml: &str) -> Result<Resource, Vec<String>> {
-        let r: ResourceConfig = serde_yaml::from_str(yaml).unwrap();
+        let r: ResourceConfig = serde_yaml_ng::from_str(yaml).unwrap();
         let mut errors = Vec::new();
         validate_resource(0, r, EventFormat::Cloudevents, "dev", &mut errors).ok_or(errors)
     }

@@ -153,7 +153,7 @@ async fn assert_reviews(client: &kube::Client, namespace: &str, name: &str, ques
 }
 
 /// Creates one rendered RBAC object through the API as its typed resource.
-async fn create<K>(client: &kube::Client, doc: serde_yaml::Value)
+async fn create<K>(client: &kube::Client, doc: serde_yaml_ng::Value)
 where
     K: kube::Resource<Scope = k8s_openapi::ClusterResourceScope>
         + DeserializeOwned
@@ -162,7 +162,7 @@ where
         + std::fmt::Debug,
     K::DynamicType: Default,
 {
-    let object: K = serde_yaml::from_value(doc).expect("a rendered RBAC object");
+    let object: K = serde_yaml_ng::from_value(doc).expect("a rendered RBAC object");
     Api::<K>::all(client.clone())
         .create(&PostParams::default(), &object)
         .await
@@ -170,7 +170,7 @@ where
 }
 
 /// Creates one rendered namespaced RBAC object in its namespace.
-async fn create_in<K>(client: &kube::Client, doc: serde_yaml::Value)
+async fn create_in<K>(client: &kube::Client, doc: serde_yaml_ng::Value)
 where
     K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
         + DeserializeOwned
@@ -179,7 +179,7 @@ where
         + std::fmt::Debug,
     K::DynamicType: Default,
 {
-    let object: K = serde_yaml::from_value(doc).expect("a rendered RBAC object");
+    let object: K = serde_yaml_ng::from_value(doc).expect("a rendered RBAC object");
     let namespace = object.meta().namespace.clone().expect("a namespace");
     Api::<K>::namespaced(client.clone(), &namespace)
         .create(&PostParams::default(), &object)
@@ -189,8 +189,8 @@ where
 
 /// Applies every document of a `rbac::render` output.
 async fn apply(client: &kube::Client, rendered: &str) {
-    for d in serde_yaml::Deserializer::from_str(rendered) {
-        let doc = serde_yaml::Value::deserialize(d).expect("rendered YAML");
+    for d in serde_yaml_ng::Deserializer::from_str(rendered) {
+        let doc = serde_yaml_ng::Value::deserialize(d).expect("rendered YAML");
         if doc.is_null() {
             continue;
         }

@@ -16,7 +16,7 @@ use kube_event_bridge::config::{ConfigFile, Sink};
 use kube_event_bridge::discovery::{self, ResolvedResource};
 use kube_event_bridge::rbac::{self, Grants, Permissions};
 use serde::Deserialize;
-use serde_yaml::Value;
+use serde_yaml_ng::Value;
 
 use crate::support::{self, create_crd, kube_client, unique_name, unique_namespace, wait_until};
 
@@ -142,7 +142,7 @@ async fn kube(kubectl: &str, args: &[&str], stdin: Option<&str>) -> String {
 // ------------------------------------------------------------------ YAML documents
 
 fn documents(text: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(text)
+    serde_yaml_ng::Deserializer::from_str(text)
         .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("invalid YAML: {e}\n{text}")))
         .filter(|v| !v.is_null())
         .collect()
@@ -150,7 +150,7 @@ fn documents(text: &str) -> Vec<Value> {
 
 fn to_yaml(docs: &[Value]) -> String {
     docs.iter()
-        .map(|d| format!("---\n{}", serde_yaml::to_string(d).expect("YAML")))
+        .map(|d| format!("---\n{}", serde_yaml_ng::to_string(d).expect("YAML")))
         .collect()
 }
 
@@ -170,7 +170,7 @@ fn strings(v: &Value) -> Vec<String> {
 fn str_of(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
-        other => serde_yaml::to_string(other)
+        other => serde_yaml_ng::to_string(other)
             .expect("YAML")
             .trim()
             .to_string(),
@@ -960,7 +960,7 @@ fn chart_values_schema_embeds_the_config_schema_and_versions_match() {
         assert_eq!(&defs[k], v, "$defs.{k} is stale: run deploy/render.sh");
     }
 
-    let chart_yaml: Value = serde_yaml::from_str(&read(&chart().join("Chart.yaml"))).unwrap();
+    let chart_yaml: Value = serde_yaml_ng::from_str(&read(&chart().join("Chart.yaml"))).unwrap();
     assert_eq!(
         chart_yaml["appVersion"].as_str(),
         Some(env!("CARGO_PKG_VERSION")),
@@ -1049,7 +1049,7 @@ async fn dockerfile_builds_in_rust_and_runs_the_binary_alone_as_non_root() {
         .parse()
         .expect("a numeric USER");
     assert_ne!(uid, 0, "USER must not be root");
-    let chart_values: Value = serde_yaml::from_str(&read(&chart().join("values.yaml"))).unwrap();
+    let chart_values: Value = serde_yaml_ng::from_str(&read(&chart().join("values.yaml"))).unwrap();
     assert_eq!(
         chart_values["podSecurityContext"]["runAsUser"].as_u64(),
         Some(u64::from(uid)),
@@ -1128,7 +1128,7 @@ async fn dockerfile_builds_in_rust_and_runs_the_binary_alone_as_non_root() {
 
 #[test]
 fn docker_compose_runs_kafka_kraft_nats_jetstream_and_the_bridge() {
-    let compose: Value = serde_yaml::from_str(&read(&repo().join("docker-compose.yml")))
+    let compose: Value = serde_yaml_ng::from_str(&read(&repo().join("docker-compose.yml")))
         .expect("docker-compose.yml parses");
     let services = compose["services"].as_mapping().expect("services");
     let names: BTreeSet<String> = services.keys().map(str_of).collect();

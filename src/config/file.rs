@@ -1,0 +1,347 @@
+//! The configuration file as written: one struct per section, camelCase keys, unknown keys
+//! rejected, and the defaults of every setting (each with the reason for its value).
+
+use std::path::PathBuf;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::limits::{
+    BURST, CHECKPOINT_INTERVAL_MS, DISCOVERY_REFRESH_SECS, HEARTBEAT_INTERVAL_SECS,
+    LEASE_DURATION_SECS, MAX_IN_FLIGHT, MAX_QUEUE_BYTES, QPS, QUEUE_CAPACITY, RETRY_PERIOD_SECS,
+    SHUTDOWN_DELAY_SECS, SHUTDOWN_GRACE_SECS,
+};
+use super::resource::{EventFormat, ResourceConfig, default_true};
+use super::sink::SinkConfig;
+
+/// The configuration file as written (camelCase keys, unknown keys rejected).
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ConfigFile {
+    /// This cluster's name, carried by every event (`source`, the `cluster` extension, templates).
+    pub cluster: String,
+    /// How to reach the API server; default: in-cluster, then `KUBECONFIG` or `~/.kube/config`.
+    #[serde(default)]
+    pub kubernetes: KubernetesConfig,
+    /// The resources to watch.
+    pub resources: Vec<ResourceConfig>,
+    /// Where events go: exactly one of `kafka`, `nats`, `stdout`; default `stdout`.
+    #[serde(default)]
+    pub sink: SinkConfig,
+    /// Buffering between the watches and the sink.
+    #[serde(default)]
+    pub delivery: DeliveryConfig,
+    /// Where and how often progress is saved.
+    #[serde(default)]
+    pub checkpoint: CheckpointConfig,
+    /// What the first start (no checkpoint yet) publishes: `initial` (every existing object, marked
+    /// `origin=snapshot`) or `none` (only changes from now on).
+    #[serde(default)]
+    pub initial_snapshot: SnapshotPolicy,
+    /// Run several replicas, one publishing at a time, through a Lease.
+    #[serde(default)]
+    pub leader_election: LeaderElectionConfig,
+    /// The admin server (`/livez`, `/readyz`, `/metrics`).
+    #[serde(default)]
+    pub admin: AdminConfig,
+    /// Periodic heartbeat events per watch, so consumers can tell a quiet resource from a
+    /// stalled bridge.
+    #[serde(default)]
+    pub heartbeat: HeartbeatConfig,
+    /// The shape of events: `cloudevents` (default) or `knative` (like Knative
+    /// ApiServerSource's); a resource entry may override it.
+    #[serde(default)]
+    pub event_format: EventFormat,
+    /// Dynamic discovery: how often to refresh the list of served resources, which picks up
+    /// CRDs and namespaces the watches of CRDs and namespaces missed.
+    #[serde(default)]
+    pub discovery: DiscoveryConfig,
+}
+
+/// Dynamic discovery settings.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DiscoveryConfig {
+    /// Seconds between two full discovery refreshes (CRD changes are also seen within seconds
+    /// through a watch on CustomResourceDefinitions when an entry uses a wildcard).
+    #[serde(default = "default_discovery_refresh_secs")]
+    #[schemars(range(min = DISCOVERY_REFRESH_SECS.min, max = DISCOVERY_REFRESH_SECS.max))]
+    pub refresh_secs: u64,
+}
+
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        Self {
+            refresh_secs: default_discovery_refresh_secs(),
+        }
+    }
+}
+
+const fn default_discovery_refresh_secs() -> u64 {
+    60
+}
+
+/// Heartbeat settings.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HeartbeatConfig {
+    /// Publish heartbeats; default false.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Seconds between two heartbeats of one watch.
+    #[serde(default = "default_heartbeat_interval_secs")]
+    #[schemars(range(min = HEARTBEAT_INTERVAL_SECS.min, max = HEARTBEAT_INTERVAL_SECS.max))]
+    pub interval_secs: u64,
+    /// Kafka topic or NATS subject (core publish) for heartbeats; `{cluster}` is replaced.
+    #[serde(default = "default_heartbeat_destination")]
+    pub destination: String,
+}
+
+impl Default for HeartbeatConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            interval_secs: default_heartbeat_interval_secs(),
+            destination: default_heartbeat_destination(),
+        }
+    }
+}
+
+/// Often enough for a one-minute staleness alert.
+const fn default_heartbeat_interval_secs() -> u64 {
+    30
+}
+
+fn default_heartbeat_destination() -> String {
+    "k8s.{cluster}.heartbeats".into()
+}
+
+/// Admin server settings.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct AdminConfig {
+    /// `host:port` to listen on; default `0.0.0.0:8080` (in a pod, probes and Prometheus reach it).
+    #[serde(default = "default_admin_address")]
+    pub address: String,
+    /// After the first SIGTERM, how long `/readyz` reports 503 while the bridge keeps publishing,
+    /// before it stops its watches and drains (a "lame duck" period, so that endpoints and
+    /// rollouts see the pod unready before it stops). Default 0: nothing is served through the
+    /// bridge's Service, and a delay postpones the handover to a standby replica.
+    #[serde(default)]
+    #[schemars(range(min = SHUTDOWN_DELAY_SECS.min, max = SHUTDOWN_DELAY_SECS.max))]
+    pub shutdown_delay_secs: u64,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            address: default_admin_address(),
+            shutdown_delay_secs: 0,
+        }
+    }
+}
+
+fn default_admin_address() -> String {
+    "0.0.0.0:8080".into()
+}
+
+/// Leader election settings.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LeaderElectionConfig {
+    /// Elect a leader among replicas; default false (a single replica publishes at once).
+    #[serde(default)]
+    pub enabled: bool,
+    /// The Lease name; default `kube-event-bridge-{cluster}`.
+    pub lease_name: Option<String>,
+    /// The Lease namespace; default `$POD_NAMESPACE`, else `default`.
+    pub namespace: Option<String>,
+    /// This replica's identity; default `$POD_NAME`, else the host name, with the process id.
+    pub identity: Option<String>,
+    /// How long a lease stays valid without renewal (client-go's default).
+    #[serde(default = "default_lease_duration_secs")]
+    #[schemars(range(min = LEASE_DURATION_SECS.min, max = LEASE_DURATION_SECS.max))]
+    pub lease_duration_secs: u64,
+    /// How often the leader renews and followers retry (client-go's default).
+    #[serde(default = "default_retry_period_secs")]
+    #[schemars(range(min = RETRY_PERIOD_SECS.min, max = RETRY_PERIOD_SECS.max))]
+    pub retry_period_secs: u64,
+}
+
+impl Default for LeaderElectionConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            lease_name: None,
+            namespace: None,
+            identity: None,
+            lease_duration_secs: default_lease_duration_secs(),
+            retry_period_secs: default_retry_period_secs(),
+        }
+    }
+}
+
+const fn default_lease_duration_secs() -> u64 {
+    15
+}
+
+const fn default_retry_period_secs() -> u64 {
+    2
+}
+
+/// Checkpoint settings.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CheckpointConfig {
+    /// Save progress, so a restart resumes where the broker's acknowledgements stopped. Default
+    /// true; core NATS (no JetStream) cannot checkpoint and must set false.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Kafka: the compacted topic holding checkpoints (created if missing).
+    #[serde(default = "default_checkpoint_topic")]
+    pub kafka_topic: String,
+    /// NATS: the JetStream KV bucket holding checkpoints (created if missing).
+    #[serde(default = "default_checkpoint_bucket")]
+    pub nats_bucket: String,
+    /// stdout: a directory for checkpoint files; omitted, the stdout sink keeps no checkpoint.
+    pub directory: Option<PathBuf>,
+    /// How often a busy watch saves progress. Default 500 ms: a crash replays at most about that
+    /// much; each save of a Kafka watch commits a transaction.
+    #[serde(default = "default_checkpoint_interval_ms")]
+    #[schemars(range(min = CHECKPOINT_INTERVAL_MS.min, max = CHECKPOINT_INTERVAL_MS.max))]
+    pub interval_ms: u64,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            kafka_topic: default_checkpoint_topic(),
+            nats_bucket: default_checkpoint_bucket(),
+            directory: None,
+            interval_ms: default_checkpoint_interval_ms(),
+        }
+    }
+}
+
+fn default_checkpoint_topic() -> String {
+    "kube-event-bridge.checkpoints".into()
+}
+
+fn default_checkpoint_bucket() -> String {
+    "kube-event-bridge".into()
+}
+
+const fn default_checkpoint_interval_ms() -> u64 {
+    500
+}
+
+/// What the first start publishes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum SnapshotPolicy {
+    /// Every existing object, once, as `added` with `origin=snapshot`.
+    #[default]
+    Initial,
+    /// Nothing: only changes after the start.
+    None,
+}
+
+/// How to reach the API server.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KubernetesConfig {
+    /// Path of a kubeconfig file; default: in-cluster, then `KUBECONFIG` or `~/.kube/config`.
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use; default: its current context.
+    pub context: Option<String>,
+    /// Requests per second the bridge starts against the API server, on average (client-side
+    /// throttling; a watch counts once however long it streams). Fractions are allowed.
+    #[serde(default = "default_qps")]
+    #[schemars(range(min = QPS.0, max = QPS.1))]
+    pub qps: f64,
+    /// Requests that may start at once after a quiet period, above `qps`.
+    #[serde(default = "default_burst")]
+    #[schemars(range(min = BURST.min, max = BURST.max))]
+    pub burst: u32,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        Self {
+            kubeconfig: None,
+            context: None,
+            qps: default_qps(),
+            burst: default_burst(),
+        }
+    }
+}
+
+/// Holding its watches, the bridge makes about one request per watch every 290 s; the limit
+/// matters at start and when every watch reconnects or relists at once. controller-runtime's and
+/// kube-controller-manager's default: 100 watches start (LIST + WATCH each) in under 10 s.
+const fn default_qps() -> f64 {
+    20.0
+}
+
+/// controller-runtime's default; discovery and the first watches start without waiting.
+const fn default_burst() -> u32 {
+    30
+}
+
+/// Buffering between the watches and the sink.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DeliveryConfig {
+    /// Changes buffered per watch before the watch pauses (backpressure, not loss).
+    #[serde(default = "default_queue_capacity")]
+    #[schemars(range(min = QUEUE_CAPACITY.min, max = QUEUE_CAPACITY.max))]
+    pub queue_capacity: usize,
+    /// Publishes awaiting acknowledgement per watch.
+    #[serde(default = "default_max_in_flight")]
+    #[schemars(range(min = MAX_IN_FLIGHT.min, max = MAX_IN_FLIGHT.max))]
+    pub max_in_flight: usize,
+    /// Bytes of objects per watch between reading them from the API server and the broker's
+    /// acknowledgement (queued, in flight, or in an open Kafka transaction); the watch pauses
+    /// while they are spent, so memory follows object sizes, not only event counts. LIST pages
+    /// are sized to a quarter of it. An object larger than the whole budget passes alone.
+    #[serde(default = "default_max_queue_bytes")]
+    #[schemars(range(min = MAX_QUEUE_BYTES.min, max = MAX_QUEUE_BYTES.max))]
+    pub max_queue_bytes: usize,
+    /// How long SIGTERM waits for in-flight events before exiting.
+    #[serde(default = "default_shutdown_grace_secs")]
+    #[schemars(range(min = SHUTDOWN_GRACE_SECS.min, max = SHUTDOWN_GRACE_SECS.max))]
+    pub shutdown_grace_secs: u64,
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        Self {
+            queue_capacity: default_queue_capacity(),
+            max_in_flight: default_max_in_flight(),
+            max_queue_bytes: default_max_queue_bytes(),
+            shutdown_grace_secs: default_shutdown_grace_secs(),
+        }
+    }
+}
+
+/// About a second of a busy resource: enough to ride out short broker stalls.
+const fn default_queue_capacity() -> usize {
+    1024
+}
+
+/// 64 MiB: thousands of ordinary objects, and a pod memory limit of 512 MiB holds it with room
+/// for the index and the broker client.
+const fn default_max_queue_bytes() -> usize {
+    64 << 20
+}
+
+/// Enough to keep a loopback broker busy; bounded so memory stays bounded.
+const fn default_max_in_flight() -> usize {
+    256
+}
+
+/// Kubernetes' default termination grace period is 30 s; leave room for the exit.
+const fn default_shutdown_grace_secs() -> u64 {
+    25
+}

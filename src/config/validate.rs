@@ -1,0 +1,291 @@
+//! The rules across sections, and building the validated [`Config`]: [`ConfigFile::validate`]
+//! runs the checks of every section, collects every problem with its path, and builds a
+//! `Config` only when there is none.
+
+use super::limits::{
+    ACK_TIMEOUT_SECS, BURST, CHECKPOINT_INTERVAL_MS, DISCOVERY_REFRESH_SECS, DUPLICATE_WINDOW_SECS,
+    HEARTBEAT_INTERVAL_SECS, LEASE_DURATION_SECS, MAX_IN_FLIGHT, MAX_QUEUE_BYTES, QPS,
+    QUEUE_CAPACITY, RETRY_PERIOD_SECS, SHUTDOWN_DELAY_SECS, SHUTDOWN_GRACE_SECS,
+    TRANSACTION_TIMEOUT_SECS,
+};
+use super::names::{is_dns_subdomain, is_nats_name};
+use super::resource::{self, Resource};
+use super::sink::{Sink, validate_sink};
+use super::{Config, ConfigFile, Error, Result};
+use crate::template;
+
+impl ConfigFile {
+    /// Checks every rule that needs no cluster and returns the validated config, or every
+    /// problem found, each prefixed by its path.
+    pub fn validate(self) -> Result<Config> {
+        let mut errors = Vec::new();
+        if !is_dns_subdomain(&self.cluster) {
+            errors.push(format!(
+                "cluster: {:?} must be a lowercase DNS name (letters, digits, '-', '.')",
+                self.cluster
+            ));
+        }
+        let resources = self.validate_resources(&mut errors);
+        let sink = validate_sink(self.sink.clone(), &self.cluster, &mut errors);
+        if let Some(sink) = &sink {
+            resource::check_sink_fields(&resources, sink.kind(), &mut errors);
+        }
+        self.check_numbers(&mut errors);
+        self.check_names(sink.as_ref(), &mut errors);
+        if self.admin.address.parse::<std::net::SocketAddr>().is_err() {
+            errors.push(format!(
+                "admin.address: {:?} is not host:port with an IP address",
+                self.admin.address
+            ));
+        }
+        self.check_leader_election(&mut errors);
+        self.check_checkpoint(sink.as_ref(), &mut errors);
+        match sink {
+            Some(sink) if errors.is_empty() => Ok(self.build(resources, sink)),
+            _ => Err(Error::Invalid(errors)),
+        }
+    }
+
+    /// Every `resources[]` entry that passes its checks; then entries watching the same objects.
+    fn validate_resources(&self, errors: &mut Vec<String>) -> Vec<Resource> {
+        if self.resources.is_empty() {
+            errors.push("resources: at least one resource is required".into());
+        }
+        let resources: Vec<Resource> = self
+            .resources
+            .iter()
+            .cloned()
+            .enumerate()
+            .filter_map(|(i, r)| {
+                resource::validate_resource(i, r, self.event_format, &self.cluster, errors)
+            })
+            .collect();
+        resource::check_overlaps(&resources, errors);
+        resources
+    }
+
+    /// A lease outlasts its retry period, and a new leader has a checkpoint to resume from.
+    fn check_leader_election(&self, errors: &mut Vec<String>) {
+        let le = &self.leader_election;
+        if le.enabled && le.lease_duration_secs <= le.retry_period_secs {
+            errors.push(
+                "leaderElection: leaseDurationSecs must be greater than retryPeriodSecs".into(),
+            );
+        }
+        if le.enabled && !self.checkpoint.enabled {
+            errors.push("leaderElection.enabled: a new leader resumes from the checkpoint; enable checkpoints".into());
+        }
+    }
+
+    /// Checkpoints need acknowledgements (JetStream, not core NATS), and only the stdout sink
+    /// keeps them in files.
+    fn check_checkpoint(&self, sink: Option<&Sink>, errors: &mut Vec<String>) {
+        let c = &self.checkpoint;
+        if c.enabled {
+            match sink {
+                Some(Sink::Nats { config, .. }) if config.jetstream.is_none() => errors.push(
+                    "checkpoint.enabled: core NATS has no acknowledgements to checkpoint; set sink.nats.jetstream or checkpoint.enabled: false".into(),
+                ),
+                Some(Sink::Kafka { .. } | Sink::Nats { .. }) if c.directory.is_some() => {
+                    errors.push("checkpoint.directory: only the stdout sink keeps checkpoint files".into())
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Every number of the file within its [`Limit`](super::Limit) (settings of a disabled
+    /// feature too: a value that would break it when enabled is refused now).
+    fn check_numbers(&self, errors: &mut Vec<String>) {
+        let d = &self.delivery;
+        QUEUE_CAPACITY.check("delivery.queueCapacity", d.queue_capacity, errors);
+        MAX_IN_FLIGHT.check("delivery.maxInFlight", d.max_in_flight, errors);
+        MAX_QUEUE_BYTES.check("delivery.maxQueueBytes", d.max_queue_bytes, errors);
+        SHUTDOWN_GRACE_SECS.check("delivery.shutdownGraceSecs", d.shutdown_grace_secs, errors);
+        let qps = self.kubernetes.qps;
+        if !(QPS.0..=QPS.1).contains(&qps) {
+            // NaN is in no range. Tiny and huge values in scientific notation, as written.
+            let shown = if qps == 0.0 || (1e-4..1e15).contains(&qps.abs()) {
+                qps.to_string()
+            } else {
+                format!("{qps:e}")
+            };
+            errors.push(format!(
+                "kubernetes.qps: {shown} is out of range; allowed: {} to {}",
+                QPS.0, QPS.1
+            ));
+        }
+        BURST.check("kubernetes.burst", self.kubernetes.burst, errors);
+        let le = &self.leader_election;
+        let lease = le.lease_duration_secs;
+        LEASE_DURATION_SECS.check("leaderElection.leaseDurationSecs", lease, errors);
+        let retry = le.retry_period_secs;
+        RETRY_PERIOD_SECS.check("leaderElection.retryPeriodSecs", retry, errors);
+        let interval = self.checkpoint.interval_ms;
+        CHECKPOINT_INTERVAL_MS.check("checkpoint.intervalMs", interval, errors);
+        let delay = self.admin.shutdown_delay_secs;
+        SHUTDOWN_DELAY_SECS.check("admin.shutdownDelaySecs", delay, errors);
+        let heartbeat = self.heartbeat.interval_secs;
+        HEARTBEAT_INTERVAL_SECS.check("heartbeat.intervalSecs", heartbeat, errors);
+        let refresh = self.discovery.refresh_secs;
+        DISCOVERY_REFRESH_SECS.check("discovery.refreshSecs", refresh, errors);
+        if let Some(kafka) = &self.sink.kafka {
+            let timeout = kafka.transaction_timeout_secs;
+            let at = "sink.kafka.transactionTimeoutSecs";
+            TRANSACTION_TIMEOUT_SECS.check(at, timeout, errors);
+            if self.checkpoint.enabled && interval.saturating_mul(2) > timeout.saturating_mul(1000)
+            {
+                errors.push(format!(
+                    "{at}: {timeout} s must be at least twice checkpoint.intervalMs ({interval} ms): a transaction is committed at every checkpoint"
+                ));
+            }
+        }
+        if let Some(js) = self.sink.nats.as_ref().and_then(|n| n.jetstream.as_ref()) {
+            let at = "sink.nats.jetstream";
+            let ack = js.ack_timeout_secs;
+            ACK_TIMEOUT_SECS.check(&format!("{at}.ackTimeoutSecs"), ack, errors);
+            let window = js.duplicate_window_secs;
+            DUPLICATE_WINDOW_SECS.check(&format!("{at}.duplicateWindowSecs"), window, errors);
+        }
+    }
+
+    /// The names the sink is given as they are (not templates): the heartbeat destination
+    /// (`{cluster}` replaced), the checkpoint topic or bucket.
+    fn check_names(&self, sink: Option<&Sink>, errors: &mut Vec<String>) {
+        let destination = self
+            .heartbeat
+            .destination
+            .replace("{cluster}", &self.cluster);
+        let checkpoint = &self.checkpoint;
+        match sink {
+            Some(Sink::Kafka { .. }) => {
+                if self.heartbeat.enabled
+                    && let Err(e) = template::check_topic_name(&destination)
+                {
+                    errors.push(format!("heartbeat.destination: {e}"));
+                }
+                if checkpoint.enabled
+                    && let Err(e) = template::check_topic_name(&checkpoint.kafka_topic)
+                {
+                    errors.push(format!("checkpoint.kafkaTopic: {e}"));
+                }
+            }
+            Some(Sink::Nats { .. }) => {
+                if self.heartbeat.enabled
+                    && let Err(e) = template::check_subject_name(&destination)
+                {
+                    errors.push(format!("heartbeat.destination: {e}"));
+                }
+                let bucket = &checkpoint.nats_bucket;
+                if checkpoint.enabled && !is_nats_name(bucket) {
+                    errors.push(format!(
+                        "checkpoint.natsBucket: {bucket:?} must be letters, digits, '_' or '-'"
+                    ));
+                }
+            }
+            Some(Sink::Stdout) | None => {}
+        }
+    }
+
+    /// The validated configuration, once every check passed.
+    fn build(self, resources: Vec<Resource>, sink: Sink) -> Config {
+        Config {
+            cluster: self.cluster,
+            kubernetes: self.kubernetes,
+            resources,
+            sink,
+            delivery: self.delivery,
+            checkpoint: self.checkpoint,
+            initial_snapshot: self.initial_snapshot,
+            leader_election: self.leader_election,
+            admin: self.admin,
+            heartbeat: self.heartbeat,
+            discovery: self.discovery,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{ConfigFile, invalid};
+
+    #[test]
+    fn every_problem_is_reported_with_its_path() {
+        let e = invalid(
+            "cluster: Dev_1\nresources:\n- apiVersion: apps/x1\n  resource: deployments\n  namespaces: [a, a, B]\n  events: []\n",
+        );
+        for needle in [
+            "cluster: \"Dev_1\"",
+            "resources[0].apiVersion: \"apps/x1\"",
+            "resources[0].namespaces[1]: \"a\" is listed twice",
+            "resources[0].namespaces[2]: \"B\" is not a valid namespace name",
+            "resources[0].events: an empty list",
+        ] {
+            assert!(e.contains(needle), "missing {needle:?} in {e}");
+        }
+    }
+
+    #[test]
+    fn overlapping_entries_are_refused() {
+        let e = invalid(
+            "cluster: dev\nresources:\n- {apiVersion: v1, resource: pods, namespaces: [a]}\n- {apiVersion: v1, resource: pods}\n",
+        );
+        assert!(
+            e.contains("resources[1]: watches the same objects as resources[0]"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_lease_must_outlast_its_retry_period() {
+        let e = invalid(
+            "cluster: dev\nresources: [{apiVersion: v1, resource: pods}]\nleaderElection: {enabled: true, leaseDurationSecs: 5, retryPeriodSecs: 5}\n",
+        );
+        assert!(
+            e.contains("leaderElection: leaseDurationSecs must be greater than retryPeriodSecs"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn heartbeat_and_checkpoint_names_are_checked_for_their_sink() {
+        let base = "cluster: prod.eu\nresources: [{apiVersion: v1, resource: pods}]\n";
+        let kafka = "sink: {kafka: {bootstrapServers: 'x:1'}}\n";
+        let e = invalid(&format!(
+            "{base}{kafka}heartbeat: {{enabled: true, destination: 'hb {{cluster}}'}}\ncheckpoint: {{kafkaTopic: 'a/b'}}\n"
+        ));
+        assert!(
+            e.contains("heartbeat.destination: \"hb prod.eu\" contains ' '"),
+            "{e}"
+        );
+        assert!(
+            e.contains("checkpoint.kafkaTopic: \"a/b\" contains '/'"),
+            "{e}"
+        );
+        // Unused names are not checked: heartbeats off, checkpoints off.
+        ConfigFile::parse(&format!(
+            "{base}{kafka}heartbeat: {{destination: 'hb x'}}\ncheckpoint: {{enabled: false, kafkaTopic: 'a/b'}}\n"
+        ))
+        .unwrap()
+        .validate()
+        .unwrap();
+
+        let nats = "sink: {nats: {url: 'nats://x', jetstream: {stream: s}}}\n";
+        let e = invalid(&format!(
+            "{base}{nats}heartbeat: {{enabled: true, destination: 'hb.>'}}\ncheckpoint: {{natsBucket: 'a.b'}}\n"
+        ));
+        assert!(
+            e.contains("heartbeat.destination: \"hb.>\" contains '>'"),
+            "{e}"
+        );
+        assert!(
+            e.contains("checkpoint.natsBucket: \"a.b\" must be letters, digits"),
+            "{e}"
+        );
+        let cfg = ConfigFile::parse(&format!("{base}{nats}heartbeat: {{enabled: true}}\n"))
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert_eq!(cfg.heartbeat.destination, "k8s.{cluster}.heartbeats");
+    }
+}
