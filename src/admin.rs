@@ -25,8 +25,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_io_timeout::TimeoutStream;
 use tracing::{debug, info, warn};
 
-use crate::pipeline::{LATENCY_BUCKETS, STALL_REASONS, Status};
 use crate::runtime::WatchHandle;
+use crate::status::{LATENCY_BUCKETS, STALL_REASONS, Status};
 use crate::throttle;
 
 /// Metric name prefix.
@@ -645,7 +645,7 @@ fn route(method: &Method, path: &str, state: &State) -> Response<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::Status;
+    use crate::status::Status;
 
     fn watch(synced: bool) -> WatchHandle {
         let status = Arc::new(Status::default());

@@ -22,6 +22,7 @@ pub mod rbac;
 pub mod runtime;
 pub mod schema;
 pub mod sink;
+pub mod status;
 pub mod supervisor;
 pub mod tail;
 pub mod template;

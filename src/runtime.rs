@@ -19,9 +19,9 @@ use crate::checkpoint::{
 use crate::config::{self as cfg, Config, KubernetesConfig};
 use crate::discovery::{self, ResolvedResource};
 use crate::leader::{self, Leadership};
-use crate::pipeline::Status;
 use crate::sink::kafka::KafkaSink;
 use crate::sink::{self, AnySink};
+use crate::status::Status;
 use crate::supervisor::{OnChange, Parts, Supervisor, list_namespaces};
 use crate::throttle::{self, ThrottleLayer};
 use crate::watch::Target;

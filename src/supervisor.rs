@@ -26,9 +26,10 @@ use crate::config::Config;
 use crate::discovery::{self, ResolvedResource};
 use crate::encode::ResourceInfo;
 use crate::leader::Leadership;
-use crate::pipeline::{Heartbeat, Pipeline, Status};
+use crate::pipeline::{Heartbeat, Pipeline};
 use crate::runtime::{Error, Result, Stores, WatchHandle, target};
 use crate::sink::AnySink;
+use crate::status::Status;
 use crate::watch;
 
 /// Called with the running watches whenever they change (the admin server's view).
