@@ -1,4 +1,5 @@
-//! The admin server: `/livez`, `/readyz` and `/metrics` (Prometheus text format).
+//! The admin server: `/livez`, `/readyz` and `/metrics` (OpenMetrics text, which Prometheus
+//! scrapes).
 //!
 //! Readiness is true once every watch has published its initial state (or resumed from a
 //! checkpoint) with the sink connected, and false again once shutdown starts. A follower waiting
@@ -8,7 +9,6 @@
 //! The API request counters are the process's ([`throttle::Counters::process`]).
 
 use std::convert::Infallible;
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,14 +20,16 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::registry::Registry;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_io_timeout::TimeoutStream;
 use tracing::{debug, info, warn};
 
-use crate::pipeline::{LATENCY_BUCKETS, STALL_REASONS, Status};
 use crate::supervisor::WatchHandle;
 use crate::throttle;
+
+mod metrics;
 
 /// Metric name prefix.
 pub const NAMESPACE: &str = "kube_event_bridge";
@@ -69,18 +71,21 @@ pub struct State {
     started: AtomicBool,
     watches: Mutex<Vec<WatchHandle>>,
     api: Arc<throttle::Counters>,
+    /// Holds the collector that reads this state at scrape time.
+    registry: Registry,
 }
 
 impl State {
     /// State for a bridge publishing to `sink`.
     pub fn new(sink: &'static str) -> Arc<Self> {
-        Arc::new(Self {
+        Arc::new_cyclic(|state| Self {
             sink,
             role: AtomicU8::new(Role::Single as u8),
             shutting_down: AtomicBool::new(false),
             started: AtomicBool::new(false),
             watches: Mutex::new(Vec::new()),
             api: throttle::Counters::process(),
+            registry: metrics::registry(state.clone()),
         })
     }
 
@@ -152,292 +157,17 @@ impl State {
         }
     }
 
-    /// The `/metrics` document.
+    /// The `/metrics` document (OpenMetrics text).
     pub fn metrics(&self) -> String {
-        let watches = self
-            .watches
+        metrics::encode(&self.registry)
+    }
+
+    /// The running watches, as registered last.
+    fn watches(&self) -> Vec<WatchHandle> {
+        self.watches
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        let mut m = Families {
-            out: String::new(),
-            watches: &watches,
-        };
-        m.header("build_info", "gauge", "Build information.");
-        m.line(
-            "build_info",
-            &format!(
-                "version=\"{}\",sink=\"{}\"",
-                env!("CARGO_PKG_VERSION"),
-                self.sink
-            ),
-            1,
-        );
-        m.header(
-            "ready",
-            "gauge",
-            "1 when every watch has synced and shutdown has not started.",
-        );
-        m.line("ready", "", u8::from(self.ready()));
-        m.header(
-            "leader",
-            "gauge",
-            "1 when this replica publishes (leader, or no leader election).",
-        );
-        m.line("leader", "", u8::from(self.role() != Role::Follower));
-        let api = &self.api;
-        m.header(
-            "api_requests_total",
-            "counter",
-            "Requests started against the Kubernetes API server (a watch counts once).",
-        );
-        m.line("api_requests_total", "", api.started());
-        m.header(
-            "api_requests_throttled_total",
-            "counter",
-            "API server requests delayed by kubernetes.qps and kubernetes.burst.",
-        );
-        m.line("api_requests_throttled_total", "", api.throttled());
-        m.header(
-            "api_throttle_wait_seconds_total",
-            "counter",
-            "Time API server requests were held back waiting for kubernetes.qps.",
-        );
-        m.line(
-            "api_throttle_wait_seconds_total",
-            "",
-            format!("{:.6}", api.waited().as_secs_f64()),
-        );
-        let kinds = ["added", "modified", "deleted"];
-        m.per_label(
-            "events_observed_total",
-            "counter",
-            "Changes classified for publishing, by resource and change.",
-            "change",
-            &kinds,
-            |s, i, _| s.observed[i].load(Ordering::Relaxed),
-        );
-        m.per_label(
-            "events_published_total",
-            "counter",
-            "Events acknowledged by the broker, by resource and change.",
-            "change",
-            &kinds,
-            |s, i, _| s.published[i].load(Ordering::Relaxed),
-        );
-        m.per_watch(
-            "events_filtered_total",
-            "counter",
-            "Changes dropped by the configured event-type filter.",
-            |s| s.filtered.load(Ordering::Relaxed).to_string(),
-        );
-        m.per_watch(
-            "events_suppressed_total",
-            "counter",
-            "Updates not published because only noise changed (resourceVersion, generation, managedFields, ignorePaths).",
-            |s| s.suppressed.load(Ordering::Relaxed).to_string(),
-        );
-        m.per_watch(
-            "events_truncated_total",
-            "counter",
-            "Events published as a reference because the whole event exceeded the broker's message size.",
-            |s| s.truncated.load(Ordering::Relaxed).to_string(),
-        );
-        m.per_watch(
-            "events_repaired_total",
-            "counter",
-            "Events found by a relist after lost watch history.",
-            |s| s.repaired.load(Ordering::Relaxed).to_string(),
-        );
-        m.per_label(
-            "publish_failures_total",
-            "counter",
-            "Publish failures: retried (sent again), refused for good and skipped (too_large, invalid, encode), or refused for every event and retried after a pause (not_authorized, unknown_topic, invalid_topic).",
-            "reason",
-            &[
-                "retried",
-                "encode",
-                "too_large",
-                "invalid",
-                "not_authorized",
-                "unknown_topic",
-                "invalid_topic",
-            ],
-            |s, _, reason| match reason {
-                "retried" => s.retried.load(Ordering::Relaxed),
-                "encode" => s.encode_failed.load(Ordering::Relaxed),
-                "not_authorized" | "unknown_topic" | "invalid_topic" => by_reason(&s.blocked, reason),
-                other => by_reason(&s.rejected, other),
-            },
-        );
-        m.per_label(
-            "watch_stalled",
-            "gauge",
-            "1 while a watch cannot publish, by reason: the broker refuses every event (not_authorized, unknown_topic, invalid_topic) or publishing has failed for 30 s (publish_failing, broker_unavailable). It retries and resumes by itself.",
-            "reason",
-            &STALL_REASONS,
-            |s, _, reason| u64::from(s.stall().is_some_and(|st| st.reason == reason)),
-        );
-        m.per_watch(
-            "transactions_aborted_total",
-            "counter",
-            "Kafka transactions aborted after a failed delivery or commit; their events were sent again.",
-            |s| s.aborted_transactions.load(Ordering::Relaxed).to_string(),
-        );
-        m.header(
-            "publish_latency_seconds",
-            "histogram",
-            "Time from a change being received to the broker's acknowledgement.",
-        );
-        for w in &watches {
-            let l = labels(w);
-            for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {
-                m.line(
-                    "publish_latency_seconds_bucket",
-                    &format!("{l},le=\"{bound}\""),
-                    w.status.latency_buckets[i].load(Ordering::Relaxed),
-                );
-            }
-            let count = w.status.latency_count.load(Ordering::Relaxed);
-            m.line(
-                "publish_latency_seconds_bucket",
-                &format!("{l},le=\"+Inf\""),
-                count,
-            );
-            m.line(
-                "publish_latency_seconds_sum",
-                &l,
-                w.status.latency_sum_micros.load(Ordering::Relaxed) as f64 / 1e6,
-            );
-            m.line("publish_latency_seconds_count", &l, count);
-        }
-        m.per_watch(
-            "queue_depth_events",
-            "gauge",
-            "Events queued or awaiting acknowledgement.",
-            |s| s.queue_depth.load(Ordering::Relaxed).to_string(),
-        );
-        m.per_label(
-            "watch_restarts_total",
-            "counter",
-            "Watch restarts by reason.",
-            "reason",
-            &crate::watch::RESTART_REASONS,
-            |s, _, r| by_reason(&s.restarts, r),
-        );
-        m.per_label(
-            "relists_total",
-            "counter",
-            "LISTs by reason: initial (no checkpoint) or gone (410).",
-            "reason",
-            &["initial", "gone"],
-            |s, _, r| by_reason(&s.relists, r),
-        );
-        m.per_watch("checkpoints_total", "counter", "Checkpoints saved.", |s| {
-            s.checkpoints.load(Ordering::Relaxed).to_string()
-        });
-        m.per_watch(
-            "checkpoints_corrupt_total",
-            "counter",
-            "Stored checkpoints that could not be decoded; the watch listed again to repair.",
-            |s| s.checkpoints_corrupt.load(Ordering::Relaxed).to_string(),
-        );
-        m.per_watch(
-            "checkpoint_age_seconds",
-            "gauge",
-            "Time since the last checkpoint was saved (-1 before the first).",
-            |s| {
-                format!(
-                    "{:.3}",
-                    s.checkpoint()
-                        .map(|(_, at)| at.elapsed().as_secs_f64())
-                        .unwrap_or(-1.0)
-                )
-            },
-        );
-        m.per_watch(
-            "checkpoint_lag_resource_versions",
-            "gauge",
-            "Watch position minus checkpointed resourceVersion (numeric resourceVersions).",
-            |s| {
-                let position = s.position.load(Ordering::Relaxed);
-                let saved: u64 = s
-                    .checkpoint_resource_version()
-                    .and_then(|r| r.parse().ok())
-                    .unwrap_or(position);
-                position.saturating_sub(saved).to_string()
-            },
-        );
-        m.out
-    }
-}
-
-/// The labels of one watch's samples.
-fn labels(w: &WatchHandle) -> String {
-    format!(
-        "resource=\"{}\",namespace=\"{}\"",
-        w.resource,
-        w.namespace.as_deref().unwrap_or("*")
-    )
-}
-
-/// A closed-set counter's value.
-fn by_reason(map: &Mutex<std::collections::BTreeMap<&'static str, u64>>, reason: &str) -> u64 {
-    map.lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(reason)
-        .copied()
-        .unwrap_or(0)
-}
-
-/// Writes metric families in the Prometheus text format.
-struct Families<'a> {
-    out: String,
-    watches: &'a [WatchHandle],
-}
-
-impl Families<'_> {
-    fn header(&mut self, name: &str, kind: &str, help: &str) {
-        let _ = writeln!(
-            self.out,
-            "# HELP {NAMESPACE}_{name} {help}\n# TYPE {NAMESPACE}_{name} {kind}"
-        );
-    }
-
-    fn line(&mut self, name: &str, labels: &str, value: impl std::fmt::Display) {
-        let _ = if labels.is_empty() {
-            writeln!(self.out, "{NAMESPACE}_{name} {value}")
-        } else {
-            writeln!(self.out, "{NAMESPACE}_{name}{{{labels}}} {value}")
-        };
-    }
-
-    /// One sample per watch.
-    fn per_watch(&mut self, name: &str, kind: &str, help: &str, value: impl Fn(&Status) -> String) {
-        self.header(name, kind, help);
-        for w in self.watches {
-            let v = value(&w.status);
-            self.line(name, &labels(w), v);
-        }
-    }
-
-    /// One sample per watch and value of `label`.
-    fn per_label(
-        &mut self,
-        name: &str,
-        kind: &str,
-        help: &str,
-        label: &str,
-        values: &[&str],
-        value: impl Fn(&Status, usize, &str) -> u64,
-    ) {
-        self.header(name, kind, help);
-        for w in self.watches {
-            for (i, v) in values.iter().enumerate() {
-                let n = value(&w.status, i, v);
-                self.line(name, &format!("{},{label}=\"{v}\"", labels(w)), n);
-            }
-        }
+            .clone()
     }
 }
 
@@ -622,11 +352,7 @@ fn route(method: &Method, path: &str, state: &State) -> Response<String> {
                 format!("not ready: {why}\n"),
             ),
         },
-        (&Method::GET, "/metrics") => (
-            StatusCode::OK,
-            "text/plain; version=0.0.4; charset=utf-8",
-            state.metrics(),
-        ),
+        (&Method::GET, "/metrics") => (StatusCode::OK, metrics::CONTENT_TYPE, state.metrics()),
         (&Method::GET, _) => (StatusCode::NOT_FOUND, TEXT, "not found\n".to_string()),
         _ => (
             StatusCode::METHOD_NOT_ALLOWED,
@@ -645,7 +371,7 @@ fn route(method: &Method, path: &str, state: &State) -> Response<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::Status;
+    use crate::status::Status;
 
     fn watch(synced: bool) -> WatchHandle {
         let status = Arc::new(Status::default());
@@ -715,7 +441,10 @@ mod tests {
         let (code, content_type, body) = get("/metrics");
         assert_eq!(
             (code, content_type.as_str()),
-            (200, "text/plain; version=0.0.4; charset=utf-8")
+            (
+                200,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8"
+            )
         );
         assert_eq!(body, s.metrics());
         assert_eq!(get("/nope"), (404, text.clone(), "not found\n".into()));

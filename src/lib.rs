@@ -25,6 +25,7 @@ pub mod schema;
 pub mod shutdown;
 pub mod sink;
 pub mod snapshot;
+pub mod status;
 pub mod stores;
 pub mod supervisor;
 pub mod tail;

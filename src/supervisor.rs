@@ -26,8 +26,9 @@ use crate::config::Config;
 use crate::discovery::{self, ResolvedResource};
 use crate::encode::ResourceInfo;
 use crate::leader::Leadership;
-use crate::pipeline::{Heartbeat, Pipeline, Status};
+use crate::pipeline::{Heartbeat, Pipeline};
 use crate::sink::{self, AnySink};
+use crate::status::Status;
 use crate::stores::{self, Stores};
 use crate::watch::{self, Target};
 

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use crate::backoff::Backoff;
 use crate::budget;
 use crate::change::ChangeKind;
-use crate::pipeline::{STALL_AFTER, Status, count};
+use crate::status::{STALL_AFTER, Status, count};
 
 /// Every reason a watch restart is counted under (`kube_event_bridge_watch_restarts_total`).
 pub const RESTART_REASONS: [&str; 8] = [

@@ -13,12 +13,13 @@ use futures::stream::FuturesOrdered;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
-use super::{Pipeline, STALL_AFTER, State, count, kind_index};
+use super::{Pipeline, State};
 use crate::backoff::Backoff;
 use crate::checkpoint;
 use crate::encode::Event;
 use crate::sink::kafka::CommitError;
 use crate::sink::{Delivered, Outcome};
+use crate::status::{STALL_AFTER, count, kind_index};
 
 /// A Kafka transaction holding more than this is committed early: what it holds stays in memory
 /// until then, to be sent again if it aborts.

@@ -1,0 +1,725 @@
+//! The `/metrics` document, encoded by the official `prometheus-client` crate.
+//!
+//! The watches and pipelines count in plain atomics of their [`Status`] (the hot path takes no
+//! lock and knows nothing of Prometheus); a [`Collector`] reads them at scrape time and encodes
+//! them as constant counters, gauges and histograms. The exposition is OpenMetrics text
+//! ([`CONTENT_TYPE`]), which Prometheus scrapes natively: a counter family's `# TYPE` line names
+//! it without `_total` and its samples end in `_total`, names ending in `_seconds` declare their
+//! unit in a `# UNIT` line, and the document ends with `# EOF`. Sample names and labels are those
+//! of docs/metrics.md.
+
+use std::fmt;
+use std::sync::Weak;
+use std::sync::atomic::Ordering;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeMetric, MetricEncoder, NoLabelSet, text,
+};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::{Registry, Unit};
+
+use super::{NAMESPACE, Role, State};
+use crate::status::{LATENCY_BUCKETS, STALL_REASONS, Status};
+use crate::supervisor::WatchHandle;
+
+/// The content type of the `/metrics` document.
+pub(super) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Closed set of `change` label values, in the order of [`Status::observed`].
+const CHANGES: [&str; 3] = ["added", "modified", "deleted"];
+
+/// Closed set of `reason` label values of `publish_failures_total`.
+const PUBLISH_FAILURES: [&str; 7] = [
+    "retried",
+    "encode",
+    "too_large",
+    "invalid",
+    "not_authorized",
+    "unknown_topic",
+    "invalid_topic",
+];
+
+/// Closed set of `reason` label values of `relists_total`.
+const RELISTS: [&str; 2] = ["initial", "gone"];
+
+/// The unit of every metric whose name ends in `_seconds`.
+static SECONDS: Unit = Unit::Seconds;
+
+/// A registry holding the collector of `state`'s metrics, all named `kube_event_bridge_*`.
+pub(super) fn registry(state: Weak<State>) -> Registry {
+    let mut registry = Registry::with_prefix(NAMESPACE);
+    registry.register_collector(Box::new(Exposition { state }));
+    registry
+}
+
+/// The OpenMetrics text of `registry`.
+pub(super) fn encode(registry: &Registry) -> String {
+    let mut out = String::new();
+    // Writing to a String cannot fail, and the collector fails only when its writer does.
+    let _ = text::encode(&mut out, registry);
+    out
+}
+
+/// Reads the admin state at scrape time.
+#[derive(Debug)]
+struct Exposition {
+    /// The state that owns the registry holding this collector.
+    state: Weak<State>,
+}
+
+impl Collector for Exposition {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let Some(state) = self.state.upgrade() else {
+            return Ok(());
+        };
+        let watches = state.watches();
+        process(&mut encoder, &state)?;
+        let mut families = Families {
+            encoder: &mut encoder,
+            watches: &watches,
+        };
+        events(&mut families)?;
+        publishing(&mut families)?;
+        watching(&mut families)?;
+        checkpoints(&mut families)
+    }
+}
+
+/// The process's families: build, readiness, leadership and API requests.
+fn process(encoder: &mut DescriptorEncoder, state: &State) -> fmt::Result {
+    let build =
+        encoder.encode_descriptor("build_info", "Build information.", None, MetricType::Gauge)?;
+    labelled(
+        build,
+        &[("version", env!("CARGO_PKG_VERSION")), ("sink", state.sink)],
+        ConstGauge::new(1),
+    )?;
+    single(
+        encoder,
+        "ready",
+        "1 when every watch has synced and shutdown has not started.",
+        None,
+        ConstGauge::new(i64::from(state.ready())),
+    )?;
+    single(
+        encoder,
+        "leader",
+        "1 when this replica publishes (leader, or no leader election).",
+        None,
+        ConstGauge::new(i64::from(state.role() != Role::Follower)),
+    )?;
+    let api = &state.api;
+    single(
+        encoder,
+        "api_requests",
+        "Requests started against the Kubernetes API server (a watch counts once).",
+        None,
+        ConstCounter::new(api.started()),
+    )?;
+    single(
+        encoder,
+        "api_requests_throttled",
+        "API server requests delayed by kubernetes.qps and kubernetes.burst.",
+        None,
+        ConstCounter::new(api.throttled()),
+    )?;
+    single(
+        encoder,
+        "api_throttle_wait",
+        "Time API server requests were held back waiting for kubernetes.qps.",
+        Some(&SECONDS),
+        ConstCounter::new(api.waited().as_secs_f64()),
+    )
+}
+
+/// What happened to the changes each watch saw.
+fn events(f: &mut Families) -> fmt::Result {
+    f.per_label(
+        "events_observed",
+        "Changes classified for publishing, by resource and change.",
+        MetricType::Counter,
+        ("change", &CHANGES),
+        |s, i, _| ConstCounter::new(s.observed[i].load(Ordering::Relaxed)),
+    )?;
+    f.per_label(
+        "events_published",
+        "Events acknowledged by the broker, by resource and change.",
+        MetricType::Counter,
+        ("change", &CHANGES),
+        |s, i, _| ConstCounter::new(s.published[i].load(Ordering::Relaxed)),
+    )?;
+    f.per_watch_counter(
+        "events_filtered",
+        "Changes dropped by the configured event-type filter.",
+        |s| s.filtered.load(Ordering::Relaxed),
+    )?;
+    f.per_watch_counter(
+        "events_suppressed",
+        "Updates not published because only noise changed (resourceVersion, generation, managedFields, ignorePaths).",
+        |s| s.suppressed.load(Ordering::Relaxed),
+    )?;
+    f.per_watch_counter(
+        "events_truncated",
+        "Events published as a reference because the whole event exceeded the broker's message size.",
+        |s| s.truncated.load(Ordering::Relaxed),
+    )?;
+    f.per_watch_counter(
+        "events_repaired",
+        "Events found by a relist after lost watch history.",
+        |s| s.repaired.load(Ordering::Relaxed),
+    )
+}
+
+/// How publishing goes: failures, stalls, aborted transactions, latency and queue depth.
+fn publishing(f: &mut Families) -> fmt::Result {
+    f.per_label(
+        "publish_failures",
+        "Publish failures: retried (sent again), refused for good and skipped (too_large, invalid, encode), or refused for every event and retried after a pause (not_authorized, unknown_topic, invalid_topic).",
+        MetricType::Counter,
+        ("reason", &PUBLISH_FAILURES),
+        |s, _, reason| {
+            ConstCounter::new(match reason {
+                "retried" => s.retried.load(Ordering::Relaxed),
+                "encode" => s.encode_failed.load(Ordering::Relaxed),
+                "not_authorized" | "unknown_topic" | "invalid_topic" => {
+                    by_reason(&s.blocked, reason)
+                }
+                other => by_reason(&s.rejected, other),
+            })
+        },
+    )?;
+    f.per_label(
+        "watch_stalled",
+        "1 while a watch cannot publish, by reason: the broker refuses every event (not_authorized, unknown_topic, invalid_topic) or publishing has failed for 30 s (publish_failing, broker_unavailable). It retries and resumes by itself.",
+        MetricType::Gauge,
+        ("reason", &STALL_REASONS),
+        |s, _, reason| ConstGauge::new(i64::from(s.stall().is_some_and(|st| st.reason == reason))),
+    )?;
+    f.per_watch_counter(
+        "transactions_aborted",
+        "Kafka transactions aborted after a failed delivery or commit; their events were sent again.",
+        |s| s.aborted_transactions.load(Ordering::Relaxed),
+    )?;
+    f.per_watch(
+        "publish_latency",
+        "Time from a change being received to the broker's acknowledgement.",
+        Some(&SECONDS),
+        MetricType::Histogram,
+        Latency::of,
+    )?;
+    f.per_watch(
+        "queue_depth_events",
+        "Events queued or awaiting acknowledgement.",
+        None,
+        MetricType::Gauge,
+        |s| ConstGauge::new(s.queue_depth.load(Ordering::Relaxed)),
+    )
+}
+
+/// The watches' restarts and lists.
+fn watching(f: &mut Families) -> fmt::Result {
+    f.per_label(
+        "watch_restarts",
+        "Watch restarts by reason.",
+        MetricType::Counter,
+        ("reason", &crate::watch::RESTART_REASONS),
+        |s, _, reason| ConstCounter::new(by_reason(&s.restarts, reason)),
+    )?;
+    f.per_label(
+        "relists",
+        "LISTs by reason: initial (no checkpoint) or gone (410).",
+        MetricType::Counter,
+        ("reason", &RELISTS),
+        |s, _, reason| ConstCounter::new(by_reason(&s.relists, reason)),
+    )
+}
+
+/// Checkpoints saved, found corrupt, their age and how far the watch is ahead of them.
+fn checkpoints(f: &mut Families) -> fmt::Result {
+    f.per_watch_counter("checkpoints", "Checkpoints saved.", |s| {
+        s.checkpoints.load(Ordering::Relaxed)
+    })?;
+    f.per_watch_counter(
+        "checkpoints_corrupt",
+        "Stored checkpoints that could not be decoded; the watch listed again to repair.",
+        |s| s.checkpoints_corrupt.load(Ordering::Relaxed),
+    )?;
+    f.per_watch(
+        "checkpoint_age",
+        "Time since the last checkpoint was saved (-1 before the first).",
+        Some(&SECONDS),
+        MetricType::Gauge,
+        |s| {
+            ConstGauge::new(
+                s.checkpoint()
+                    .map_or(-1.0, |(_, at)| at.elapsed().as_secs_f64()),
+            )
+        },
+    )?;
+    f.per_watch(
+        "checkpoint_lag_resource_versions",
+        "Watch position minus checkpointed resourceVersion (numeric resourceVersions).",
+        None,
+        MetricType::Gauge,
+        |s| {
+            let position = s.position.load(Ordering::Relaxed);
+            let saved: u64 = s
+                .checkpoint_resource_version()
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(position);
+            ConstGauge::new(position.saturating_sub(saved))
+        },
+    )
+}
+
+/// One family with one sample without labels.
+fn single(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    metric: impl EncodeMetric,
+) -> fmt::Result {
+    metric.encode(encoder.encode_descriptor(name, help, unit, metric.metric_type())?)
+}
+
+/// One sample of `family`, with `labels`.
+fn labelled(
+    mut family: MetricEncoder,
+    labels: &[(&str, &str)],
+    metric: impl EncodeMetric,
+) -> fmt::Result {
+    metric.encode(family.encode_family(&labels)?)
+}
+
+/// A closed-set counter's value.
+fn by_reason(
+    map: &std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
+    reason: &str,
+) -> u64 {
+    map.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(reason)
+        .copied()
+        .unwrap_or(0)
+}
+
+/// Encodes families with one sample per watch, labelled `resource` and `namespace` (`*` for a
+/// watch of every namespace or of a cluster-scoped resource).
+struct Families<'a, 'e> {
+    encoder: &'a mut DescriptorEncoder<'e>,
+    watches: &'a [WatchHandle],
+}
+
+impl Families<'_, '_> {
+    /// One sample per watch, of the metric `value` makes from its status.
+    fn per_watch<M: EncodeMetric>(
+        &mut self,
+        name: &str,
+        help: &str,
+        unit: Option<&Unit>,
+        metric_type: MetricType,
+        value: impl Fn(&Status) -> M,
+    ) -> fmt::Result {
+        let mut family = self
+            .encoder
+            .encode_descriptor(name, help, unit, metric_type)?;
+        for w in self.watches {
+            let labels = [
+                ("resource", w.resource.as_str()),
+                ("namespace", namespace(w)),
+            ];
+            value(&w.status).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+
+    /// A counter (`<name>_total`) with one sample per watch.
+    fn per_watch_counter(
+        &mut self,
+        name: &str,
+        help: &str,
+        value: impl Fn(&Status) -> u64,
+    ) -> fmt::Result {
+        self.per_watch(name, help, None, MetricType::Counter, |s| {
+            ConstCounter::new(value(s))
+        })
+    }
+
+    /// One sample per watch and value of a closed-set label: `value` gets the status, the
+    /// index of the label value and the label value.
+    fn per_label<M: EncodeMetric>(
+        &mut self,
+        name: &str,
+        help: &str,
+        metric_type: MetricType,
+        (label, values): (&str, &[&str]),
+        value: impl Fn(&Status, usize, &str) -> M,
+    ) -> fmt::Result {
+        let mut family = self
+            .encoder
+            .encode_descriptor(name, help, None, metric_type)?;
+        for w in self.watches {
+            for (i, v) in values.iter().enumerate() {
+                let labels = [
+                    ("resource", w.resource.as_str()),
+                    ("namespace", namespace(w)),
+                    (label, *v),
+                ];
+                value(&w.status, i, v).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The `namespace` label of a watch.
+fn namespace(w: &WatchHandle) -> &str {
+    w.namespace.as_deref().unwrap_or("*")
+}
+
+/// A watch's publish latency histogram, read from the cumulative bucket counts of its
+/// [`Status`].
+struct Latency {
+    sum: f64,
+    count: u64,
+    /// Upper bound and the count of observations in that bucket alone (the crate accumulates).
+    buckets: Vec<(f64, u64)>,
+}
+
+impl Latency {
+    fn of(status: &Status) -> Self {
+        let count = status.latency_count.load(Ordering::Relaxed);
+        // The atomics are read one by one while the pipeline may add to them: a bucket never
+        // goes below the one before.
+        let mut below = 0;
+        let mut buckets: Vec<(f64, u64)> = LATENCY_BUCKETS
+            .iter()
+            .zip(&status.latency_buckets)
+            .map(|(bound, cumulative)| {
+                let cumulative = cumulative.load(Ordering::Relaxed);
+                let own = cumulative.saturating_sub(below);
+                below = below.max(cumulative);
+                (*bound, own)
+            })
+            .collect();
+        buckets.push((f64::INFINITY, count.saturating_sub(below)));
+        Self {
+            sum: status.latency_sum_micros.load(Ordering::Relaxed) as f64 / 1e6,
+            count,
+            buckets,
+        }
+    }
+}
+
+impl EncodeMetric for Latency {
+    fn encode(&self, mut encoder: MetricEncoder) -> fmt::Result {
+        encoder.encode_histogram::<NoLabelSet>(self.sum, self.count, &self.buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering::Relaxed;
+
+    use super::*;
+    use crate::status::count;
+
+    /// A watch of deployments in `prod` with known counts, and an idle watch of configmaps.
+    fn watches() -> Vec<WatchHandle> {
+        let busy = Arc::new(Status::default());
+        for (i, n) in [3, 5, 7].into_iter().enumerate() {
+            busy.observed[i].store(n, Relaxed);
+            busy.published[i].store(n - 1, Relaxed);
+        }
+        busy.filtered.store(11, Relaxed);
+        busy.suppressed.store(12, Relaxed);
+        busy.truncated.store(13, Relaxed);
+        busy.encode_failed.store(14, Relaxed);
+        busy.retried.store(15, Relaxed);
+        busy.repaired.store(16, Relaxed);
+        count(&busy.rejected, "too_large");
+        count(&busy.rejected, "invalid");
+        count(&busy.rejected, "invalid");
+        count(&busy.blocked, "unknown_topic");
+        count(&busy.restarts, "gone");
+        count(&busy.relists, "initial");
+        count(&busy.relists, "gone");
+        busy.checkpoints.store(17, Relaxed);
+        busy.checkpoints_corrupt.store(18, Relaxed);
+        busy.queue_depth.store(19, Relaxed);
+        busy.aborted_transactions.store(20, Relaxed);
+        busy.position.store(120, Relaxed);
+        for seconds in [0.0005, 0.003, 0.2, 0.2, 2.0, 60.0] {
+            busy.observe_latency(seconds);
+        }
+        busy.set_stall("publish_failing", "broker timed out");
+        vec![
+            WatchHandle {
+                resource: "apps/v1/deployments".into(),
+                namespace: Some("prod".into()),
+                status: busy,
+            },
+            WatchHandle {
+                resource: "v1/configmaps".into(),
+                namespace: None,
+                status: Arc::new(Status::default()),
+            },
+        ]
+    }
+
+    /// The document of a Kafka bridge running [`watches`].
+    fn document() -> String {
+        let state = State::new("kafka");
+        state.set_watches(watches());
+        state.metrics()
+    }
+
+    /// Every sample of `document`: name and labels (sorted, `k=v` joined by `,`) to value.
+    fn samples(document: &str) -> HashMap<(String, String), f64> {
+        let scrape = prometheus_parse::Scrape::parse(document.lines().map(|l| Ok(l.to_string())))
+            .expect("the document parses");
+        let mut samples = HashMap::new();
+        for s in scrape.samples {
+            let labels = s.labels.iter().map(|(k, v)| format!("{k}={v}"));
+            match s.value {
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => {
+                    samples.insert((s.metric, sorted(labels)), v);
+                }
+                prometheus_parse::Value::Histogram(buckets) => {
+                    for b in buckets {
+                        let le = if b.less_than.is_infinite() {
+                            "+Inf".to_string()
+                        } else {
+                            b.less_than.to_string()
+                        };
+                        let labels = sorted(labels.clone().chain([format!("le={le}")]));
+                        samples.insert((format!("{}_bucket", s.metric), labels), b.count);
+                    }
+                }
+                other => panic!("unexpected sample {other:?}"),
+            }
+        }
+        samples
+    }
+
+    /// Labels `k=v`, sorted and joined by `,`.
+    fn sorted(labels: impl Iterator<Item = impl AsRef<str>>) -> String {
+        let mut labels: Vec<String> = labels.map(|l| l.as_ref().to_string()).collect();
+        labels.sort();
+        labels.join(",")
+    }
+
+    const PROD: &str = "namespace=prod,resource=apps/v1/deployments";
+    const ALL: &str = "namespace=*,resource=v1/configmaps";
+
+    #[test]
+    fn every_documented_sample_has_its_labels_and_value() {
+        // The API counters are the process's: other tests move them meanwhile.
+        let api = crate::throttle::Counters::process();
+        let before = (api.started(), api.throttled(), api.waited());
+        let samples = samples(&document());
+        let after = (api.started(), api.throttled(), api.waited());
+        let value = |name: &str, labels: &str| {
+            let key = (
+                format!("kube_event_bridge_{name}"),
+                sorted(labels.split(',').filter(|l| !l.is_empty())),
+            );
+            *samples
+                .get(&key)
+                .unwrap_or_else(|| panic!("no sample {name}{{{labels}}} in {samples:#?}"))
+        };
+        let version = env!("CARGO_PKG_VERSION");
+        assert_eq!(
+            value("build_info", &format!("sink=kafka,version={version}")),
+            1.0
+        );
+        assert_eq!(value("ready", ""), 0.0, "a watch is stalled");
+        assert_eq!(value("leader", ""), 1.0);
+        let requests = value("api_requests_total", "");
+        assert!((before.0 as f64..=after.0 as f64).contains(&requests));
+        let throttled = value("api_requests_throttled_total", "");
+        assert!((before.1 as f64..=after.1 as f64).contains(&throttled));
+        let waited = value("api_throttle_wait_seconds_total", "");
+        let (from, to) = (before.2.as_secs_f64(), after.2.as_secs_f64());
+        assert!(from - 1e-9 <= waited && waited <= to + 1e-9, "{waited}");
+        for (i, change) in CHANGES.iter().enumerate() {
+            let labels = format!("change={change},{PROD}");
+            let observed = [3.0, 5.0, 7.0][i];
+            assert_eq!(value("events_observed_total", &labels), observed);
+            assert_eq!(value("events_published_total", &labels), observed - 1.0);
+            let idle = format!("change={change},{ALL}");
+            assert_eq!(value("events_observed_total", &idle), 0.0);
+            assert_eq!(value("events_published_total", &idle), 0.0);
+        }
+        for (name, busy) in [
+            ("events_filtered_total", 11.0),
+            ("events_suppressed_total", 12.0),
+            ("events_truncated_total", 13.0),
+            ("events_repaired_total", 16.0),
+            ("transactions_aborted_total", 20.0),
+            ("queue_depth_events", 19.0),
+            ("checkpoints_total", 17.0),
+            ("checkpoints_corrupt_total", 18.0),
+            ("checkpoint_age_seconds", -1.0),
+            // No checkpoint yet: no lag to report.
+            ("checkpoint_lag_resource_versions", 0.0),
+        ] {
+            assert_eq!(value(name, PROD), busy, "{name}");
+            let idle = if name == "checkpoint_age_seconds" {
+                -1.0
+            } else {
+                0.0
+            };
+            assert_eq!(value(name, ALL), idle, "{name}");
+        }
+        for (reason, n) in [
+            ("retried", 15.0),
+            ("encode", 14.0),
+            ("too_large", 1.0),
+            ("invalid", 2.0),
+            ("not_authorized", 0.0),
+            ("unknown_topic", 1.0),
+            ("invalid_topic", 0.0),
+        ] {
+            let labels = format!("{PROD},reason={reason}");
+            assert_eq!(value("publish_failures_total", &labels), n, "{reason}");
+        }
+        for reason in STALL_REASONS {
+            let stalled = f64::from(u8::from(reason == "publish_failing"));
+            let labels = format!("{PROD},reason={reason}");
+            assert_eq!(value("watch_stalled", &labels), stalled, "{reason}");
+        }
+        for reason in crate::watch::RESTART_REASONS {
+            let restarts = f64::from(u8::from(reason == "gone"));
+            let labels = format!("{PROD},reason={reason}");
+            assert_eq!(value("watch_restarts_total", &labels), restarts, "{reason}");
+        }
+        for reason in RELISTS {
+            assert_eq!(
+                value("relists_total", &format!("{PROD},reason={reason}")),
+                1.0
+            );
+            assert_eq!(
+                value("relists_total", &format!("{ALL},reason={reason}")),
+                0.0
+            );
+        }
+        let cumulative = [1.0, 2.0, 2.0, 2.0, 2.0, 2.0, 4.0, 4.0, 5.0, 5.0];
+        for (bound, n) in LATENCY_BUCKETS.iter().zip(cumulative) {
+            let labels = format!("{PROD},le={bound}");
+            assert_eq!(
+                value("publish_latency_seconds_bucket", &labels),
+                n,
+                "le={bound}"
+            );
+        }
+        let inf = format!("{PROD},le=+Inf");
+        assert_eq!(value("publish_latency_seconds_bucket", &inf), 6.0);
+        assert_eq!(value("publish_latency_seconds_count", PROD), 6.0);
+        let sum = value("publish_latency_seconds_sum", PROD);
+        assert!((sum - 62.4035).abs() < 1e-6, "{sum}");
+        assert_eq!(value("publish_latency_seconds_count", ALL), 0.0);
+    }
+
+    #[test]
+    fn families_declare_their_type_and_unit_and_the_document_ends_with_eof() {
+        let document = document();
+        for (family, kind) in [
+            ("build_info", "gauge"),
+            ("ready", "gauge"),
+            ("leader", "gauge"),
+            ("api_requests", "counter"),
+            ("api_requests_throttled", "counter"),
+            ("api_throttle_wait_seconds", "counter"),
+            ("events_observed", "counter"),
+            ("events_published", "counter"),
+            ("events_filtered", "counter"),
+            ("events_suppressed", "counter"),
+            ("events_truncated", "counter"),
+            ("events_repaired", "counter"),
+            ("publish_failures", "counter"),
+            ("watch_stalled", "gauge"),
+            ("transactions_aborted", "counter"),
+            ("publish_latency_seconds", "histogram"),
+            ("queue_depth_events", "gauge"),
+            ("watch_restarts", "counter"),
+            ("relists", "counter"),
+            ("checkpoints", "counter"),
+            ("checkpoints_corrupt", "counter"),
+            ("checkpoint_age_seconds", "gauge"),
+            ("checkpoint_lag_resource_versions", "gauge"),
+        ] {
+            let line = format!("# TYPE kube_event_bridge_{family} {kind}\n");
+            assert_eq!(document.matches(&line).count(), 1, "{line}");
+            let unit = format!("# UNIT kube_event_bridge_{family} seconds\n");
+            assert_eq!(
+                document.contains(&unit),
+                family.ends_with("_seconds"),
+                "{unit}"
+            );
+        }
+        // Counters' samples, and only theirs, end in `_total`.
+        for line in document.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap();
+            let family = name.strip_suffix("_total").unwrap_or(name);
+            let counter = format!("# TYPE {family} counter\n");
+            assert_eq!(
+                document.contains(&counter),
+                name.ends_with("_total"),
+                "{line}"
+            );
+        }
+        assert!(document.ends_with("\n# EOF\n"), "{document}");
+    }
+
+    #[test]
+    fn a_follower_reports_no_leadership_and_label_values_are_escaped() {
+        let state = State::new("nats");
+        state.set_role(Role::Follower);
+        state.set_watches(vec![WatchHandle {
+            resource: "example.com/v1/\"quoted\"".into(),
+            namespace: Some("a\\b".into()),
+            status: Arc::new(Status::default()),
+        }]);
+        let document = state.metrics();
+        assert!(
+            document.contains("\nkube_event_bridge_leader 0\n"),
+            "{document}"
+        );
+        assert!(
+            document.contains(
+                "\nkube_event_bridge_checkpoints_total{resource=\"example.com/v1/\\\"quoted\\\"\",namespace=\"a\\\\b\"} 0\n"
+            ),
+            "{document}"
+        );
+    }
+
+    #[test]
+    fn latency_buckets_never_go_below_the_one_before() {
+        // Read while the pipeline adds an observation: a larger bucket not counted yet.
+        let status = Status::default();
+        status.latency_buckets[0].store(3, Relaxed);
+        status.latency_buckets[1].store(2, Relaxed);
+        for bucket in &status.latency_buckets[2..] {
+            bucket.store(4, Relaxed);
+        }
+        status.latency_count.store(4, Relaxed);
+        let latency = Latency::of(&status);
+        let own: Vec<u64> = latency.buckets.iter().map(|(_, n)| *n).collect();
+        assert_eq!(own, [3, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(latency.buckets.last().unwrap().0, f64::INFINITY);
+        assert_eq!(latency.count, 4);
+    }
+}
