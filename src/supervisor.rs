@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::budget::{self, Budget};
-use crate::checkpoint::{self, WatchKey};
+use crate::checkpoint::WatchKey;
 use crate::config::Config;
 use crate::discovery::{self, ResolvedResource};
 use crate::encode::ResourceInfo;
@@ -39,7 +39,7 @@ type Selected = Arc<Mutex<HashMap<String, BTreeSet<String>>>>;
 
 /// What a finished watch or pipeline task reports: its watch, the generation it was started in,
 /// and how it ended.
-type Finished = (String, u64, Result<(), checkpoint::Error>);
+type Finished = (String, u64, Result<(), crate::pipeline::Error>);
 
 struct Running {
     handle: WatchHandle,

@@ -13,9 +13,8 @@ use futures::stream::FuturesOrdered;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
-use super::{Pipeline, STALL_AFTER, State, count, kind_index};
+use super::{Error, Pipeline, Result, STALL_AFTER, State, count, kind_index};
 use crate::backoff::Backoff;
-use crate::checkpoint;
 use crate::encode::Event;
 use crate::sink::kafka::CommitError;
 use crate::sink::{Delivered, Outcome};
@@ -115,11 +114,7 @@ enum Failure {
 impl Pipeline {
     /// Takes one acknowledgement (the oldest): counts it, or retries until the broker settles
     /// the event. An error means the watch must stop (fenced).
-    pub(super) async fn complete(
-        &self,
-        delivered: Delivered,
-        st: &mut State,
-    ) -> Result<(), checkpoint::Error> {
+    pub(super) async fn complete(&self, delivered: Delivered, st: &mut State) -> Result<()> {
         st.flight.progress = Instant::now();
         st.flight.silence_reported = false;
         let transactional = self.sink.transactional().is_some();
@@ -142,7 +137,7 @@ impl Pipeline {
             Outcome::Rejected { reason, error } => self.refused(&event, reason, &error),
             Outcome::Fatal { error } => {
                 error!(error = %error, "producer fenced or broken: stopping this watch");
-                return Err(checkpoint::Error::Fenced {
+                return Err(Error::Fenced {
                     watch: self.info.source.clone(),
                 });
             }
@@ -198,7 +193,7 @@ impl Pipeline {
     /// Settles the oldest delivery, or restarts the transaction at once when a later delivery
     /// voided it (the oldest may be one librdkafka will not send until the abort). Returns
     /// whether anything was in flight.
-    pub(super) async fn settle_next(&self, st: &mut State) -> Result<bool, checkpoint::Error> {
+    pub(super) async fn settle_next(&self, st: &mut State) -> Result<bool> {
         if st.flight.queue.is_empty() {
             return Ok(false);
         }
@@ -228,7 +223,7 @@ impl Pipeline {
         &self,
         failed: Option<Delivered>,
         st: &mut State,
-    ) -> Result<(), checkpoint::Error> {
+    ) -> Result<()> {
         self.recover_transaction(st).await?;
         let mut settled: Vec<Delivered> = failed.into_iter().collect();
         while let Some(d) = st.flight.queue.next().await {
@@ -311,7 +306,7 @@ impl Pipeline {
         &self,
         st: &mut State,
         error: &(dyn std::fmt::Display + Sync),
-    ) -> Result<(), checkpoint::Error> {
+    ) -> Result<()> {
         self.status
             .aborted_transactions
             .fetch_add(1, Ordering::Relaxed);
@@ -328,7 +323,7 @@ impl Pipeline {
 
     /// Aborts the open transaction and opens a new one, waiting as long as the broker is
     /// unreachable (an outage of any length only pauses the watch).
-    async fn recover_transaction(&self, st: &mut State) -> Result<(), checkpoint::Error> {
+    async fn recover_transaction(&self, st: &mut State) -> Result<()> {
         let Some(kafka) = self.sink.transactional() else {
             return Ok(());
         };
@@ -337,7 +332,7 @@ impl Pipeline {
                 Ok(()) => return Ok(()),
                 Err(CommitError::Fenced) => {
                     error!("fenced: another instance owns this watch now");
-                    return Err(checkpoint::Error::Fenced {
+                    return Err(Error::Fenced {
                         watch: self.info.source.clone(),
                     });
                 }
@@ -353,7 +348,7 @@ impl Pipeline {
 
     /// Commits the open Kafka transaction without moving the checkpoint (during a list, and
     /// for heartbeats).
-    pub(super) async fn commit_events(&self, st: &mut State) -> Result<(), checkpoint::Error> {
+    pub(super) async fn commit_events(&self, st: &mut State) -> Result<()> {
         let Some(kafka) = self.sink.transactional() else {
             return Ok(());
         };
@@ -361,7 +356,7 @@ impl Pipeline {
             Ok(()) => st.flight.committed(),
             Err(CommitError::Fenced) => {
                 error!("fenced: another instance owns this watch now");
-                return Err(checkpoint::Error::Fenced {
+                return Err(Error::Fenced {
                     watch: self.info.source.clone(),
                 });
             }
