@@ -316,7 +316,7 @@ impl Pipeline {
     /// lost).
     pub async fn run(mut self, mut rx: mpsc::Receiver<(Item, Reservation)>) -> Result<()> {
         let mut st = self.start();
-        let transactional = self.sink.transactional().is_some();
+        let transactional = self.sink.transactions().is_some();
         loop {
             if let Some(l) = &self.leadership
                 && !l.is_valid()
@@ -533,10 +533,13 @@ impl Pipeline {
             .send_raw(&hb.destination, &hb.watch.id, payload)
             .await
         {
-            warn!(error = %e, "heartbeat not published");
+            // The broker client's own message says why.
+            let cause =
+                std::error::Error::source(&e).map_or_else(|| e.to_string(), |c| c.to_string());
+            warn!(error = %cause, "heartbeat not published");
             return Ok(());
         }
-        if self.sink.transactional().is_some() {
+        if self.sink.transactions().is_some() {
             // The heartbeat sits in the open transaction: commit it now.
             self.commit_events(st).await?;
         }
@@ -558,7 +561,7 @@ impl Pipeline {
                 error!(error = %e, "fenced: another instance owns this watch now");
                 return Err(e.into());
             }
-            Err(e) if self.sink.transactional().is_some() => {
+            Err(e) if self.sink.transactions().is_some() => {
                 // The checkpoint records went down with the transaction: write every bucket
                 // with the next one.
                 st.classifier.known().mark_all_dirty();

@@ -16,12 +16,11 @@ use tracing::{info, warn};
 use crate::checkpoint::{
     self, Backend, Cluster, FileStore, KafkaStore, NatsStore, Store, WatchKey,
 };
-use crate::config::{self as cfg, Config, KubernetesConfig};
+use crate::config::{Config, KubernetesConfig};
 use crate::discovery::{self, ResolvedResource};
 use crate::leader::{self, Leadership};
 use crate::pipeline::Status;
-use crate::sink::kafka::KafkaSink;
-use crate::sink::{self, AnySink};
+use crate::sink::{self, AnySink, Checkpoints};
 use crate::supervisor::{OnChange, Parts, Supervisor, list_namespaces};
 use crate::throttle::{self, ThrottleLayer};
 use crate::watch::Target;
@@ -127,7 +126,7 @@ pub async fn reset_checkpoints(
 ) -> Result<Vec<String>> {
     let client = client(&config.kubernetes).await?;
     let resources = discovery::resolve(&client, &config.resources).await?;
-    let shared = Arc::new(AnySink::connect(&config.sink).await?);
+    let shared = sink::connect(&config.sink).await?;
     let stores = Stores::prepare(config, &shared, &client).await?;
     let mut selected = HashMap::new();
     for r in resources.iter().filter(|r| r.label() == resource) {
@@ -152,7 +151,7 @@ pub async fn reset_checkpoints(
             .filter(|s| namespace.is_none() || s.as_deref() == namespace)
         {
             let key = WatchKey::for_scope(&config.cluster, r, scope.as_deref());
-            let (_, mut store) = stores.for_watch(config, &shared, &key).await?;
+            let (_, mut store) = stores.for_watch(&shared, &key).await?;
             store.reset().await?;
             reset.push(key.description);
         }
@@ -225,7 +224,7 @@ impl Bridge {
     ) -> Result<Self> {
         let (client, api_server) = client_and_url(&config.kubernetes).await?;
         let resources = discovery::resolve(&client, &config.resources).await?;
-        let shared = Arc::new(AnySink::connect(&config.sink).await?);
+        let shared = sink::connect(&config.sink).await?;
         info!(
             sink = shared.name(),
             resources = resources.len(),
@@ -321,20 +320,18 @@ impl Stores {
             store,
             message: e.to_string(),
         };
-        let kind = match shared.as_ref() {
-            AnySink::Kafka(k) => {
+        let kind = match shared.checkpoints() {
+            Checkpoints::KafkaTopic(k) => {
                 checkpoint::kafka::ensure_topic(k.consumer_config(), &c.kafka_topic).await?;
                 StoresKind::Kafka {
                     topic: c.kafka_topic.clone(),
                 }
             }
-            AnySink::Nats(n) => {
-                let js = n
-                    .jetstream()
-                    .ok_or_else(|| store_err("nats", &"core NATS cannot checkpoint"))?;
+            Checkpoints::NatsBucket(js) => {
                 StoresKind::Nats(checkpoint::nats_bucket(js, &c.nats_bucket).await?)
             }
-            AnySink::Stdout(_) => {
+            Checkpoints::Unsupported(why) => return Err(store_err(shared.name(), &why).into()),
+            Checkpoints::Directory => {
                 let dir = c.directory.clone().unwrap_or_default();
                 tokio::fs::create_dir_all(&dir)
                     .await
@@ -352,30 +349,23 @@ impl Stores {
     /// producer (its transactional id fences an older instance of the same watch).
     pub(crate) async fn for_watch(
         &self,
-        config: &Config,
         shared: &Arc<AnySink>,
         key: &WatchKey,
     ) -> Result<(Arc<AnySink>, Store)> {
         let cluster = self.cluster.clone();
         let (sink, backend) = match &self.kind {
             StoresKind::Kafka { topic } => {
-                let cfg::Sink::Kafka {
-                    config: kafka,
-                    topic: template,
-                } = &config.sink
-                else {
+                let Checkpoints::KafkaTopic(kafka) = shared.checkpoints() else {
                     unreachable!("kafka stores need a kafka sink")
                 };
-                let id = format!("kube-event-bridge.{}", key.id);
-                let producer =
-                    Arc::new(KafkaSink::new_transactional(kafka, template.clone(), &id).await?);
+                let producer = Arc::new(kafka.for_watch(&key.id).await?);
                 let backend = Backend::Kafka(KafkaStore {
                     key: key.clone(),
                     sink: producer.clone(),
                     topic: topic.clone(),
                     cluster,
                 });
-                (Arc::new(AnySink::Kafka(producer)), backend)
+                (producer as Arc<AnySink>, backend)
             }
             StoresKind::Nats(kv) => (
                 shared.clone(),

@@ -256,9 +256,7 @@ impl Supervisor {
             .collect();
         if !new.is_empty() {
             let fresh: Vec<ResolvedResource> = new.iter().map(|(_, r, _)| r.clone()).collect();
-            if let AnySink::Nats(n) = self.sink.as_ref() {
-                n.cover(&self.config.cluster, &fresh).await?;
-            }
+            self.sink.prepare(&self.config.cluster, &fresh).await?;
         }
         for (key, r, ns) in new {
             self.start_watch(key, &r, ns).await?;
@@ -290,7 +288,7 @@ impl Supervisor {
         let span = info_span!("watch", resource = %r.label(), namespace = namespace.as_deref().unwrap_or("*"));
         let (sink, mut store) = self
             .stores
-            .for_watch(&config, &self.sink, &key)
+            .for_watch(&self.sink, &key)
             .instrument(span.clone())
             .await?;
         let info = Arc::new(ResourceInfo::new(&config.cluster, r, &self.api_server));

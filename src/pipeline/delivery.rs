@@ -16,8 +16,7 @@ use tracing::{error, info, warn};
 use super::{Error, Pipeline, Result, STALL_AFTER, State, count, kind_index};
 use crate::backoff::Backoff;
 use crate::encode::Event;
-use crate::sink::kafka::CommitError;
-use crate::sink::{Delivered, Outcome};
+use crate::sink::{self, Delivered, Outcome};
 
 /// A Kafka transaction holding more than this is committed early: what it holds stays in memory
 /// until then, to be sent again if it aborts.
@@ -117,7 +116,7 @@ impl Pipeline {
     pub(super) async fn complete(&self, delivered: Delivered, st: &mut State) -> Result<()> {
         st.flight.progress = Instant::now();
         st.flight.silence_reported = false;
-        let transactional = self.sink.transactional().is_some();
+        let transactional = self.sink.transactions().is_some();
         if transactional && !matches!(delivered.outcome, Outcome::Acked) {
             return self.restart_transaction(Some(delivered), st).await;
         }
@@ -205,10 +204,10 @@ impl Pipeline {
         Ok(true)
     }
 
-    /// Resolves once a delivery failed inside the open Kafka transaction; never otherwise.
+    /// Resolves once a delivery failed inside the open transaction; never otherwise.
     pub(super) async fn voided(&self) {
-        match self.sink.transactional() {
-            Some(kafka) => kafka.voided().await,
+        match self.sink.transactions() {
+            Some(transactions) => transactions.voided().await,
             None => std::future::pending().await,
         }
     }
@@ -229,8 +228,8 @@ impl Pipeline {
         while let Some(d) = st.flight.queue.next().await {
             settled.push(d);
         }
-        if let Some(kafka) = self.sink.transactional() {
-            kafka.settled_voided();
+        if let Some(transactions) = self.sink.transactions() {
+            transactions.settled_voided();
         }
         let mut resend = st.flight.take_held();
         // The broker refuses the whole batch holding a record too large for it: only the
@@ -324,19 +323,14 @@ impl Pipeline {
     /// Aborts the open transaction and opens a new one, waiting as long as the broker is
     /// unreachable (an outage of any length only pauses the watch).
     async fn recover_transaction(&self, st: &mut State) -> Result<()> {
-        let Some(kafka) = self.sink.transactional() else {
+        let Some(transactions) = self.sink.transactions() else {
             return Ok(());
         };
         loop {
-            match kafka.recover().await {
+            match transactions.recover().await {
                 Ok(()) => return Ok(()),
-                Err(CommitError::Fenced) => {
-                    error!("fenced: another instance owns this watch now");
-                    return Err(Error::Fenced {
-                        watch: self.info.source.clone(),
-                    });
-                }
-                Err(CommitError::Kafka(e)) => {
+                Err(e) => {
+                    let e = self.transaction_failed(e)?;
                     let failure = Failure::Lasting("broker_unavailable");
                     let delay = self.pause(st, failure, &e.to_string(), "-");
                     warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "cannot abort the kafka transaction yet, retrying");
@@ -349,21 +343,36 @@ impl Pipeline {
     /// Commits the open Kafka transaction without moving the checkpoint (during a list, and
     /// for heartbeats).
     pub(super) async fn commit_events(&self, st: &mut State) -> Result<()> {
-        let Some(kafka) = self.sink.transactional() else {
+        let Some(transactions) = self.sink.transactions() else {
             return Ok(());
         };
-        match kafka.commit().await {
+        match transactions.commit().await {
             Ok(()) => st.flight.committed(),
-            Err(CommitError::Fenced) => {
-                error!("fenced: another instance owns this watch now");
-                return Err(Error::Fenced {
-                    watch: self.info.source.clone(),
-                });
+            Err(e) => {
+                let e = self.transaction_failed(e)?;
+                self.resend_after_abort(st, &e).await?;
             }
-            Err(CommitError::Kafka(e)) => self.resend_after_abort(st, &e).await?,
         }
         st.last_commit = Instant::now();
         Ok(())
+    }
+
+    /// A transaction call failed: fenced stops the watch; any other failure is returned as the
+    /// broker client's error, to be logged and retried.
+    fn transaction_failed(
+        &self,
+        e: sink::Error,
+    ) -> Result<Box<dyn std::error::Error + Send + Sync>> {
+        match e {
+            sink::Error::Transaction { source, .. } => Ok(source),
+            sink::Error::Fenced => {
+                error!("fenced: another instance owns this watch now");
+                Err(Error::Fenced {
+                    watch: self.info.source.clone(),
+                })
+            }
+            other => Ok(Box::new(other)),
+        }
     }
 
     /// The delay before trying again, and the stall to report: at once for a refusal of every
