@@ -30,6 +30,8 @@ use crate::watch::Item;
 
 mod classify;
 mod delivery;
+#[cfg(test)]
+mod tests;
 
 use classify::Classifier;
 use delivery::{Failing, Flight, HELD_BYTES_MAX};

@@ -15,6 +15,8 @@
 
 pub mod kafka;
 pub mod nats;
+#[cfg(test)]
+pub(crate) mod scripted;
 pub mod stdout;
 
 use std::sync::Arc;
