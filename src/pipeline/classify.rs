@@ -230,11 +230,12 @@ fn identity(meta: &ObjectMeta) -> Option<(&str, &str, Option<&str>, &str)> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::encode::tests::configmaps;
 
-    fn object(uid: &str, rv: &str, data: &str) -> DynamicObject {
+    /// ConfigMap `cm-{uid}` in namespace `ns` at `rv`, holding `data`.
+    pub(crate) fn object(uid: &str, rv: &str, data: &str) -> DynamicObject {
         DynamicObject {
             types: Some(TypeMeta {
                 api_version: "v1".into(),

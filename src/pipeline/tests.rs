@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
-use kube::api::{DynamicObject, ObjectMeta, TypeMeta};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use super::classify::tests::object;
 use super::{Error, Pipeline, Status};
 use crate::budget::Reservation;
 use crate::change::ChangeKind;
@@ -21,20 +21,7 @@ use crate::watch::Item;
 
 /// A live event of ConfigMap `uid` at resourceVersion `rv` (its data differs per version).
 fn event(uid: &str, rv: &str) -> Item {
-    let object = DynamicObject {
-        types: Some(TypeMeta {
-            api_version: "v1".into(),
-            kind: "ConfigMap".into(),
-        }),
-        metadata: ObjectMeta {
-            name: Some(format!("cm-{uid}")),
-            namespace: Some("ns".into()),
-            uid: Some(uid.into()),
-            resource_version: Some(rv.into()),
-            ..Default::default()
-        },
-        data: serde_json::json!({ "data": { "rv": rv } }),
-    };
+    let object = object(uid, rv, rv);
     let kind = if rv == "1" {
         ChangeKind::Added
     } else {
