@@ -484,8 +484,59 @@ fn redact_secret(object: &mut DynamicObject) {
     }
 }
 
+/// What a heartbeat says about one watch.
+#[derive(Debug)]
+pub struct HeartbeatReport<'a> {
+    /// The watch's id (the heartbeat's id prefix).
+    pub watch_id: &'a str,
+    /// The watch's description (`subject`).
+    pub watch: &'a str,
+    /// The resourceVersion of the last checkpoint.
+    pub checkpoint: &'a str,
+    /// The resourceVersion the watch has reached.
+    pub position: &'a str,
+    /// Events queued or awaiting acknowledgement.
+    pub queue_depth: u64,
+}
+
+/// Encodes a heartbeat as a structured CloudEvent (`io.kubeeventbridge.heartbeat`) sent at
+/// `now`: the checkpoint's resourceVersion, the position, and the lag between them when both
+/// are numeric.
+pub fn heartbeat(
+    info: &ResourceInfo,
+    report: &HeartbeatReport<'_>,
+    now: OffsetDateTime,
+) -> Vec<u8> {
+    let lag = report
+        .position
+        .parse::<u64>()
+        .ok()
+        .zip(report.checkpoint.parse::<u64>().ok())
+        .map(|(p, c)| p.saturating_sub(c));
+    let event = serde_json::json!({
+        "specversion": "1.0",
+        "id": format!("{}:{}:{}", report.watch_id, report.checkpoint, now.unix_timestamp()),
+        "source": info.source,
+        "type": "io.kubeeventbridge.heartbeat",
+        "time": now.format(&Rfc3339).unwrap_or_default(),
+        "subject": report.watch,
+        "cluster": &*info.cluster,
+        "resource": info.resource,
+        "datacontenttype": DATA_CONTENT_TYPE,
+        "data": {
+            "watch": report.watch,
+            "checkpointResourceVersion": report.checkpoint,
+            "positionResourceVersion": report.position,
+            "lagResourceVersions": lag,
+            "queueDepth": report.queue_depth,
+        },
+    });
+    // A map of strings and integers always serializes.
+    serde_json::to_vec(&event).expect("heartbeat serializes")
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::config;
     use kube::api::ObjectMeta;
@@ -543,7 +594,7 @@ mod tests {
     }
 
     /// ConfigMaps configured with `extra`.
-    fn configmaps(extra: &str) -> Arc<ResourceInfo> {
+    pub(crate) fn configmaps(extra: &str) -> Arc<ResourceInfo> {
         info_with("", "v1", "ConfigMap", "configmaps", true, extra)
     }
 
@@ -890,6 +941,47 @@ mod tests {
                 ev.truncate();
             }
         }
+    }
+
+    #[test]
+    fn a_heartbeat_reports_checkpoint_position_and_lag() {
+        let info = configmaps("");
+        let report = HeartbeatReport {
+            watch_id: "dev.v1.configmaps.all",
+            watch: "v1/configmaps in all namespaces",
+            checkpoint: "100",
+            position: "142",
+            queue_depth: 3,
+        };
+        let now = OffsetDateTime::from_unix_timestamp(1_700_000_000).unwrap();
+        let doc: Value = serde_json::from_slice(&heartbeat(&info, &report, now)).unwrap();
+        assert_eq!(
+            doc,
+            json!({
+                "specversion": "1.0",
+                "id": "dev.v1.configmaps.all:100:1700000000",
+                "source": "/k8s/dev/api/v1/configmaps",
+                "type": "io.kubeeventbridge.heartbeat",
+                "time": "2023-11-14T22:13:20Z",
+                "subject": "v1/configmaps in all namespaces",
+                "cluster": "dev",
+                "resource": "configmaps",
+                "datacontenttype": "application/json",
+                "data": {
+                    "watch": "v1/configmaps in all namespaces",
+                    "checkpointResourceVersion": "100",
+                    "positionResourceVersion": "142",
+                    "lagResourceVersions": 42,
+                    "queueDepth": 3,
+                },
+            })
+        );
+        let opaque = HeartbeatReport {
+            position: "abc",
+            ..report
+        };
+        let doc: Value = serde_json::from_slice(&heartbeat(&info, &opaque, now)).unwrap();
+        assert_eq!(doc["data"]["lagResourceVersions"], Value::Null);
     }
 
     #[test]

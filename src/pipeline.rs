@@ -1,6 +1,6 @@
-//! One watch's path to the sink: classify what the watch saw against the known-object index,
-//! filter, encode, send in order, take acknowledgements in order, and save a checkpoint only when
-//! every event before it has been acknowledged.
+//! One watch's path to the sink: classify what the watch saw against the known-object index
+//! ([`classify`]), filter, encode, send in order, take acknowledgements in order
+//! ([`delivery`]), and save a checkpoint only when every event before it has been acknowledged.
 //!
 //! Acknowledgements are handled before new input (a `biased` select), and at most
 //! `max_in_flight` events await one, so memory stays bounded while a slow broker applies
@@ -11,10 +11,9 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use futures::StreamExt;
-use kube::api::{DynamicObject, ObjectMeta};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
@@ -24,16 +23,43 @@ use crate::change::{Change, ChangeKind, Origin};
 use crate::checkpoint::{self, Checkpoint, Store};
 use crate::config::SnapshotPolicy;
 use crate::encode::{self, ResourceInfo};
-use crate::known::{KnownObjects, Seen};
 use crate::leader::Leadership;
-use crate::payload::{self, Mode};
+use crate::payload::Mode;
 use crate::sink::AnySink;
 use crate::status::{STALL_AFTER, Status, count, kind_index};
 use crate::watch::Item;
 
+mod classify;
 mod delivery;
+#[cfg(test)]
+mod tests;
 
+use classify::Classifier;
 use delivery::{Failing, Flight, HELD_BYTES_MAX};
+
+/// Why a pipeline stopped: this instance must not publish for the watch any more.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The lease was lost: another replica may be publishing now.
+    #[error("watch {watch}: leadership lost, stopped publishing")]
+    LeadershipLost {
+        /// The watch (its `source`).
+        watch: String,
+    },
+    /// A newer producer with the same transactional id took over, or the producer broke for
+    /// good.
+    #[error("watch {watch}: the producer was fenced by another instance")]
+    Fenced {
+        /// The watch (its `source`).
+        watch: String,
+    },
+    /// The checkpoint store fenced this instance.
+    #[error(transparent)]
+    Checkpoint(#[from] checkpoint::Error),
+}
+
+/// A `Result` with this module's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything one pipeline needs.
 #[derive(Debug)]
@@ -73,27 +99,14 @@ pub struct Heartbeat {
     pub watch: crate::checkpoint::WatchKey,
 }
 
-/// What classifying one item produced.
-struct Step {
-    change: Option<Change>,
-    /// Synthetic deletes found at the end of a relist.
-    deletes: Vec<Change>,
-    /// The resourceVersion the stream has reached, if the item moves it.
-    position: Option<String>,
-}
-
 struct State {
-    known: KnownObjects,
-    /// Origin of the list in progress, if any, and whether its findings are published.
-    listing: Option<(Origin, bool)>,
-    listed_once: bool,
+    /// The known-object index and the list in progress.
+    classifier: Classifier,
     position: Option<String>,
     committed: Option<String>,
     sync_pending: bool,
     last_commit: Instant,
     next_heartbeat: Instant,
-    /// Reused buffer for content digests.
-    scratch: Vec<u8>,
     /// Diff mode only: the last published version of each object, to diff the next against.
     previous: HashMap<Box<str>, Box<[u8]>>,
     /// Events sent and not yet settled (or, in a transaction, not yet committed).
@@ -104,50 +117,24 @@ struct State {
 
 impl Pipeline {
     /// Runs until the watch closes its side of the channel, then drains what is in flight and
-    /// saves a last checkpoint. An error means this instance must stop (fenced, or the store
-    /// failed in a way that leaves its state unknown).
-    pub async fn run(
-        mut self,
-        mut rx: mpsc::Receiver<(Item, Reservation)>,
-    ) -> Result<(), checkpoint::Error> {
-        let resumed = self.resume.take();
-        let mut st = State {
-            // A repair (a checkpoint that could not be decoded) lists as after a lost history.
-            listed_once: resumed.is_some(),
-            position: resumed.as_ref().and_then(|c| c.resource_version.clone()),
-            committed: resumed.as_ref().and_then(|c| c.resource_version.clone()),
-            known: resumed.map(|c| c.known).unwrap_or_default(),
-            listing: None,
-            sync_pending: false,
-            last_commit: Instant::now(),
-            next_heartbeat: Instant::now(),
-            scratch: Vec::new(),
-            previous: HashMap::new(),
-            flight: Flight::default(),
-            failing: None,
-        };
-        if let Some(rv) = &st.committed {
-            info!(rv = %rv, objects = st.known.len(), "resuming from checkpoint");
-            self.status.set_checkpointed(rv);
-            self.status.synced.store(true, Ordering::Relaxed);
-        } else if self.store.durable() {
-            // Everything a first checkpoint holds is new (after a repair: replaces what was stored).
-            st.known.mark_all_dirty();
-        }
-        let transactional = self.sink.transactional().is_some();
+    /// saves a last checkpoint. An error means this instance must stop (fenced, or leadership
+    /// lost).
+    pub async fn run(mut self, mut rx: mpsc::Receiver<(Item, Reservation)>) -> Result<()> {
+        let mut st = self.start();
+        let transactional = self.sink.transactions().is_some();
         loop {
             if let Some(l) = &self.leadership
                 && !l.is_valid()
             {
                 error!("leadership lost: stopping this watch");
-                return Err(checkpoint::Error::Fenced {
+                return Err(Error::LeadershipLost {
                     watch: self.info.source.clone(),
                 });
             }
             self.status
                 .queue_depth
                 .store((st.flight.queue.len() + rx.len()) as u64, Ordering::Relaxed);
-            let listing = st.listing.is_some();
+            let listing = st.classifier.listing();
             let pending = st.position != st.committed && !listing;
             // A transaction holding part of a list is committed as it goes (events only, the
             // checkpoint stays where it was), so that no transaction outgrows the broker's
@@ -185,29 +172,85 @@ impl Pipeline {
                 () = tokio::time::sleep_until(heartbeat_wake.unwrap_or(wake)), if heartbeat_wake.is_some() && idle => {}
                 item = rx.recv(), if room && !due => {
                     let Some((item, reservation)) = item else { break };
-                    // A list that begins (or is abandoned) proves nothing: a LIST failing again
-                    // and again sends those too.
-                    if !matches!(item, Item::ListBegin | Item::ListAbort)
-                        && let Some(stall) = self.status.clear_watch_stall()
-                    {
-                        info!(stalled_secs = stall.since.elapsed().as_secs(), "the watch delivers again");
-                    }
-                    let step = self.classify(item, &mut st);
-                    if let Some(rv) = step.position {
-                        self.status.position.store(rv.parse().unwrap_or(0), Ordering::Relaxed);
-                        st.position = Some(rv);
-                    }
-                    // The item's budget goes with its event, if it makes one.
-                    let mut reservation = Some(reservation);
-                    for change in step.change.into_iter().chain(step.deletes) {
-                        self.publish(change, reservation.take(), &mut st).await?;
-                    }
+                    self.take(item, reservation, &mut st).await?;
                 }
             }
         }
         while self.settle_next(&mut st).await? {}
-        if st.position != st.committed && st.listing.is_none() {
+        if st.position != st.committed && !st.classifier.listing() {
             self.commit(&mut st).await?;
+        }
+        Ok(())
+    }
+
+    /// The state at start: from the loaded checkpoint, if any.
+    fn start(&mut self) -> State {
+        let resumed = self.resume.take();
+        let committed = resumed.as_ref().and_then(|c| c.resource_version.clone());
+        // A repair (a checkpoint that could not be decoded) lists as after a lost history.
+        let repairs = resumed.is_some();
+        let known = resumed.map(|c| c.known).unwrap_or_default();
+        let classifier = Classifier::new(self.info.clone(), self.snapshot, known, repairs);
+        let mut st = State {
+            classifier,
+            position: committed.clone(),
+            committed,
+            sync_pending: false,
+            last_commit: Instant::now(),
+            next_heartbeat: Instant::now(),
+            previous: HashMap::new(),
+            flight: Flight::default(),
+            failing: None,
+        };
+        if let Some(rv) = &st.committed {
+            info!(rv = %rv, objects = st.classifier.known().len(), "resuming from checkpoint");
+            self.status.set_checkpointed(rv);
+            self.status.synced.store(true, Ordering::Relaxed);
+        } else if self.store.durable() {
+            // Everything a first checkpoint holds is new (after a repair: replaces what was stored).
+            st.classifier.known().mark_all_dirty();
+        }
+        st
+    }
+
+    /// Takes one item from the watch: classifies it, counts what the classification found, and
+    /// publishes what it produced.
+    async fn take(&self, item: Item, reservation: Reservation, st: &mut State) -> Result<()> {
+        // A list that begins (or is abandoned) proves nothing: a LIST failing again and again
+        // sends those too.
+        if !matches!(item, Item::ListBegin | Item::ListAbort)
+            && let Some(stall) = self.status.clear_watch_stall()
+        {
+            info!(
+                stalled_secs = stall.since.elapsed().as_secs(),
+                "the watch delivers again"
+            );
+        }
+        let step = st.classifier.classify(item);
+        if let Some(reason) = step.relist {
+            count(&self.status.relists, reason);
+        }
+        if step.suppressed {
+            self.status.suppressed.fetch_add(1, Ordering::Relaxed);
+        }
+        if step.listed && !self.status.synced.load(Ordering::Relaxed) {
+            st.sync_pending = true;
+            // The starting point is saved at once: the watch reports itself synced only once a
+            // restart would resume from a checkpoint rather than start afresh.
+            st.last_commit = Instant::now()
+                .checked_sub(self.checkpoint_interval)
+                .unwrap_or(st.last_commit);
+        }
+        if let Some(rv) = step.position {
+            self.status
+                .position
+                .store(rv.parse().unwrap_or(0), Ordering::Relaxed);
+            st.position = Some(rv);
+        }
+        // The item's budget goes with its event, if it makes one.
+        let mut reservation = Some(reservation);
+        for change in step.change.into_iter().chain(step.deletes) {
+            self.publish(change, reservation.take(), st).await?;
         }
         Ok(())
     }
@@ -215,12 +258,7 @@ impl Pipeline {
     /// With nothing in flight: a due checkpoint is saved (during a list, the open transaction
     /// is committed instead), and the watch is synced once its initial state is acknowledged
     /// and, with durable checkpoints, saved. Returns whether it committed.
-    async fn settle(
-        &mut self,
-        st: &mut State,
-        due: bool,
-        listing: bool,
-    ) -> Result<bool, checkpoint::Error> {
+    async fn settle(&mut self, st: &mut State, due: bool, listing: bool) -> Result<bool> {
         if due {
             if listing {
                 self.commit_events(st).await?;
@@ -246,7 +284,7 @@ impl Pipeline {
         change: Change,
         budget: Option<Reservation>,
         st: &mut State,
-    ) -> Result<(), checkpoint::Error> {
+    ) -> Result<()> {
         self.status.observed[kind_index(change.kind)].fetch_add(1, Ordering::Relaxed);
         if change.origin == Origin::Repaired {
             self.status.repaired.fetch_add(1, Ordering::Relaxed);
@@ -286,220 +324,45 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Classifies one item against the index (which it updates) and says what to publish.
-    fn classify(&self, item: Item, st: &mut State) -> Step {
-        let none = Step {
-            change: None,
-            deletes: Vec::new(),
-            position: None,
-        };
-        match item {
-            Item::Event(kind, mut object, observed) => {
-                let digest = if kind == ChangeKind::Deleted {
-                    0
-                } else {
-                    self.digest(&mut object, &mut st.scratch)
-                };
-                let Some((uid, rv, ns, name)) = identity(&object.metadata) else {
-                    return none;
-                };
-                let position = Some(rv.to_string());
-                let publish = match kind {
-                    ChangeKind::Deleted => {
-                        st.known.remove(uid);
-                        true
-                    }
-                    _ => self.worth_publishing(st.known.observe(uid, rv, ns, name, digest)),
-                };
-                let change = publish.then_some(Change {
-                    kind,
-                    origin: Origin::Live,
-                    object,
-                    observed,
-                });
-                Step {
-                    change,
-                    deletes: Vec::new(),
-                    position,
-                }
-            }
-            Item::ListBegin => {
-                let origin = if st.listed_once {
-                    Origin::Repaired
-                } else {
-                    Origin::Snapshot
-                };
-                count(
-                    &self.status.relists,
-                    if st.listed_once { "gone" } else { "initial" },
-                );
-                let publish =
-                    origin == Origin::Repaired || self.snapshot == SnapshotPolicy::Initial;
-                st.known.begin_relist();
-                st.listing = Some((origin, publish));
-                none
-            }
-            Item::Listed(mut object, observed) => {
-                let Some((origin, publish)) = st.listing else {
-                    return none;
-                };
-                let digest = self.digest(&mut object, &mut st.scratch);
-                let Some((uid, rv, ns, name)) = identity(&object.metadata) else {
-                    return none;
-                };
-                let seen = st.known.observe(uid, rv, ns, name, digest);
-                let kind = match seen {
-                    Seen::New => ChangeKind::Added,
-                    Seen::Changed => ChangeKind::Modified,
-                    Seen::Unchanged | Seen::Touched => {
-                        self.worth_publishing(seen);
-                        return none;
-                    }
-                };
-                Step {
-                    change: publish.then_some(Change {
-                        kind,
-                        origin,
-                        object,
-                        observed,
-                    }),
-                    deletes: Vec::new(),
-                    position: None,
-                }
-            }
-            Item::ListEnd(rv) => {
-                let gone = st.known.finish_relist();
-                st.listing = None;
-                st.listed_once = true;
-                if !self.status.synced.load(Ordering::Relaxed) {
-                    st.sync_pending = true;
-                    // The starting point is saved at once: the watch reports itself synced only
-                    // once a restart would resume from a checkpoint rather than start afresh.
-                    st.last_commit = Instant::now()
-                        .checked_sub(self.checkpoint_interval)
-                        .unwrap_or(st.last_commit);
-                }
-                Step {
-                    change: None,
-                    deletes: self.synthetic_deletes(gone),
-                    position: Some(rv),
-                }
-            }
-            Item::ListAbort => {
-                st.known.abort_relist();
-                st.listing = None;
-                none
-            }
-            Item::Progress(rv) => Step {
-                change: None,
-                deletes: Vec::new(),
-                position: Some(rv),
-            },
-        }
-    }
-
-    /// The content digest when the resource compares content, else 0 (unknown).
-    fn digest(&self, object: &mut DynamicObject, scratch: &mut Vec<u8>) -> u64 {
-        if self.info.compare_content {
-            payload::digest(object, &self.info.ignore, scratch)
-        } else {
-            0
-        }
-    }
-
-    /// Whether an observed version is published; counts the ones only noise changed.
-    fn worth_publishing(&self, seen: Seen) -> bool {
-        match seen {
-            Seen::New | Seen::Changed => true,
-            Seen::Unchanged => false,
-            Seen::Touched => {
-                self.status.suppressed.fetch_add(1, Ordering::Relaxed);
-                false
-            }
-        }
-    }
-
-    fn synthetic_deletes(&self, gone: Vec<(Box<str>, crate::known::Entry)>) -> Vec<Change> {
-        let observed = SystemTime::now();
-        gone.into_iter()
-            .map(|(uid, entry)| Change {
-                kind: ChangeKind::Deleted,
-                origin: Origin::Repaired,
-                object: DynamicObject {
-                    types: Some(kube::api::TypeMeta {
-                        api_version: self.info.api_version.clone(),
-                        kind: self.info.kind.clone(),
-                    }),
-                    metadata: ObjectMeta {
-                        name: Some(entry.name.into()),
-                        namespace: entry.namespace.map(|ns| ns.to_string()),
-                        uid: Some(uid.into()),
-                        resource_version: Some(entry.resource_version.into()),
-                        ..Default::default()
-                    },
-                    data: serde_json::Value::Object(Default::default()),
-                },
-                observed,
-            })
-            .collect()
-    }
-
     /// Publishes a heartbeat with the checkpoint's resourceVersion and the lag, then commits (a
     /// Kafka heartbeat becomes visible with the transaction it was sent in).
-    async fn heartbeat(&mut self, hb: &Heartbeat, st: &mut State) -> Result<(), checkpoint::Error> {
+    async fn heartbeat(&mut self, hb: &Heartbeat, st: &mut State) -> Result<()> {
         let position = st.position.clone().unwrap_or_default();
         self.commit(st).await?;
         let Some(committed) = st.committed.clone() else {
             return Ok(());
         };
-        let lag = position
-            .parse::<u64>()
-            .ok()
-            .zip(committed.parse::<u64>().ok())
-            .map(|(p, c)| p.saturating_sub(c));
-        let now = time::OffsetDateTime::now_utc();
-        let time = now
-            .format(&time::format_description::well_known::Rfc3339)
-            .unwrap_or_default();
-        let event = serde_json::json!({
-            "specversion": "1.0",
-            "id": format!("{}:{}:{}", hb.watch.id, committed, now.unix_timestamp()),
-            "source": self.info.source,
-            "type": "io.kubeeventbridge.heartbeat",
-            "time": time,
-            "subject": hb.watch.description,
-            "cluster": &*self.info.cluster,
-            "resource": self.info.resource,
-            "datacontenttype": "application/json",
-            "data": {
-                "watch": hb.watch.description,
-                "checkpointResourceVersion": committed,
-                "positionResourceVersion": position,
-                "lagResourceVersions": lag,
-                "queueDepth": self.status.queue_depth.load(Ordering::Relaxed),
-            },
-        });
-        let payload = serde_json::to_vec(&event).expect("heartbeat serializes");
+        let report = encode::HeartbeatReport {
+            watch_id: &hb.watch.id,
+            watch: &hb.watch.description,
+            checkpoint: &committed,
+            position: &position,
+            queue_depth: self.status.queue_depth.load(Ordering::Relaxed),
+        };
+        let payload = encode::heartbeat(&self.info, &report, time::OffsetDateTime::now_utc());
         if let Err(e) = self
             .sink
             .send_raw(&hb.destination, &hb.watch.id, payload)
             .await
         {
-            warn!(error = %e, "heartbeat not published");
+            // The broker client's own message says why.
+            let cause =
+                std::error::Error::source(&e).map_or_else(|| e.to_string(), |c| c.to_string());
+            warn!(error = %cause, "heartbeat not published");
             return Ok(());
         }
-        if self.sink.transactional().is_some() {
+        if self.sink.transactions().is_some() {
             // The heartbeat sits in the open transaction: commit it now.
             self.commit_events(st).await?;
         }
         Ok(())
     }
 
-    async fn commit(&mut self, st: &mut State) -> Result<(), checkpoint::Error> {
+    async fn commit(&mut self, st: &mut State) -> Result<()> {
         let Some(rv) = st.position.clone() else {
             return Ok(());
         };
-        match self.store.save(&rv, &mut st.known).await {
+        match self.store.save(&rv, st.classifier.known()).await {
             Ok(()) => {
                 self.status.checkpoints.fetch_add(1, Ordering::Relaxed);
                 self.status.set_checkpointed(&rv);
@@ -508,17 +371,17 @@ impl Pipeline {
             }
             Err(e @ checkpoint::Error::Fenced { .. }) => {
                 error!(error = %e, "fenced: another instance owns this watch now");
-                return Err(e);
+                return Err(e.into());
             }
-            Err(e) if self.sink.transactional().is_some() => {
+            Err(e) if self.sink.transactions().is_some() => {
                 // The checkpoint records went down with the transaction: write every bucket
                 // with the next one.
-                st.known.mark_all_dirty();
+                st.classifier.known().mark_all_dirty();
                 self.resend_after_abort(st, &e).await?;
             }
             Err(e) => {
                 warn!(error = %e, "checkpoint not saved, will retry");
-                st.known.mark_all_dirty();
+                st.classifier.known().mark_all_dirty();
             }
         }
         st.last_commit = Instant::now();
@@ -532,13 +395,4 @@ pub fn item_bytes(item: &Item) -> usize {
         Item::Event(_, object, _) | Item::Listed(object, _) => budget::serialized_size(object),
         _ => 0,
     }
-}
-
-fn identity(meta: &ObjectMeta) -> Option<(&str, &str, Option<&str>, &str)> {
-    Some((
-        meta.uid.as_deref()?,
-        meta.resource_version.as_deref()?,
-        meta.namespace.as_deref(),
-        meta.name.as_deref()?,
-    ))
 }

@@ -82,7 +82,7 @@ impl Bridge {
     ) -> Result<Self> {
         let (client, api_server) = kubernetes::client_and_url(&config.kubernetes).await?;
         let resources = discovery::resolve(&client, &config.resources).await?;
-        let shared = Arc::new(AnySink::connect(&config.sink).await?);
+        let shared = sink::connect(&config.sink).await?;
         info!(
             sink = shared.name(),
             resources = resources.len(),

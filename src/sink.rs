@@ -1,20 +1,31 @@
-//! Where events go. Every sink has the same shape: `send` hands one event to the broker client in
+//! Where events go. Every sink implements [`Sink`]: `send` hands one event to the broker client in
 //! order and returns a [`Pending`] acknowledgement; the pipeline awaits acknowledgements in order,
-//! so progress only moves past events the broker has accepted.
+//! so progress only moves past events the broker has accepted. What differs between sinks is said
+//! by capabilities, not by matching on the sink: whether two events of one object may await
+//! acknowledgement at once ([`Sink::ordered_in_flight`]), whether events are sent in
+//! transactions ([`Sink::transactions`]), where checkpoints live ([`Sink::checkpoints`]) and
+//! what a destination needs before new resources publish to it ([`Sink::prepare`]).
 //!
 //! Broker errors are sorted into [`Outcome::Retry`] (the event is sent again, nothing is lost) and
 //! [`Outcome::Rejected`] (the broker refuses it for good: logged with the object's reference,
 //! counted, and skipped so it never blocks the objects behind it) in one place per sink.
+//!
+//! Each sink is a folder (`kafka/`, `nats/`, `stdout/`): its client settings in `config.rs`
+//! beside the sink in `sink.rs`. Adding one means such a folder and a line in [`connect`].
 
 pub mod kafka;
 pub mod nats;
+#[cfg(test)]
+pub(crate) mod scripted;
 pub mod stdout;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 
 use crate::config;
+use crate::discovery::ResolvedResource;
 use crate::encode::Event;
 
 /// Errors of connecting to or preparing a sink.
@@ -84,6 +95,28 @@ pub enum Error {
         /// What went wrong.
         message: String,
     },
+    /// An out-of-band message ([`Sink::send_raw`]) was not published.
+    #[error("cannot publish to {destination}")]
+    Publish {
+        /// The topic, subject or stream.
+        destination: String,
+        /// The broker client's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A newer producer with the same transactional id exists: this instance must stop.
+    #[error("producer fenced by a newer instance with the same transactional id")]
+    Fenced,
+    /// The broker or client failed; the open transaction did not commit. Its events must be sent
+    /// again after [`Transactions::recover`].
+    #[error("{sink} transaction failed")]
+    Transaction {
+        /// The sink's name.
+        sink: &'static str,
+        /// The broker client's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 /// A `Result` with this module's [`Error`].
@@ -141,100 +174,112 @@ fn ready(event: Event, outcome: Outcome) -> Pending {
     Box::pin(std::future::ready(Delivered { event, outcome }))
 }
 
-/// The sinks this bridge knows.
-#[derive(Debug)]
-#[expect(clippy::large_enum_variant, reason = "one value per process")]
-pub enum AnySink {
-    /// Apache Kafka.
-    Kafka(std::sync::Arc<kafka::KafkaSink>),
-    /// NATS, JetStream or core.
-    Nats(nats::NatsSink),
-    /// JSON lines on standard output.
-    Stdout(stdout::StdoutSink),
-}
-
-impl AnySink {
-    /// Connects to the configured sink. The JetStream stream is prepared per resource, when its
-    /// watches start ([`nats::NatsSink::cover`]).
-    pub async fn connect(sink: &config::Sink) -> Result<Self> {
-        Ok(match sink {
-            config::Sink::Kafka { config, topic } => {
-                kafka::check_brokers(config).await?;
-                AnySink::Kafka(std::sync::Arc::new(kafka::KafkaSink::new(
-                    config,
-                    topic.clone(),
-                )?))
-            }
-            config::Sink::Nats { config, subject } => {
-                AnySink::Nats(nats::NatsSink::connect(config, subject.clone()).await?)
-            }
-            config::Sink::Stdout => AnySink::Stdout(stdout::StdoutSink::new()),
-        })
-    }
-
-    /// A short name for logs and metrics.
-    pub fn name(&self) -> &'static str {
-        match self {
-            AnySink::Kafka(_) => "kafka",
-            AnySink::Nats(_) => "nats",
-            AnySink::Stdout(_) => "stdout",
-        }
-    }
+/// A sink: where the pipelines of every watch send their events.
+///
+/// Methods that wait return boxed futures so that pipelines can hold any sink as
+/// `Arc<dyn Sink>` ([`AnySink`]).
+pub trait Sink: std::fmt::Debug + Send + Sync {
+    /// A short name for logs and metrics (`kafka`, `nats`, `stdout`).
+    fn name(&self) -> &'static str;
 
     /// Hands `event` to the broker client. Called in order; the returned acknowledgements may be
     /// awaited concurrently.
-    pub async fn send(&self, event: Event) -> Pending {
-        match self {
-            AnySink::Kafka(s) => s.send(event).await,
-            AnySink::Nats(s) => s.send(event).await,
-            AnySink::Stdout(s) => s.send(event),
-        }
-    }
+    fn send(&self, event: Event) -> BoxFuture<'_, Pending>;
 
-    /// Publishes one out-of-band message (a heartbeat) to `destination` and waits for it to be
-    /// handed over (Kafka: acknowledged within the open transaction; NATS: core publish, flushed).
-    pub async fn send_raw(
-        &self,
-        destination: &str,
-        key: &str,
+    /// Publishes one out-of-band message (a heartbeat, a structured CloudEvent) to
+    /// `destination` under `key` and waits for it to be handed over (in a transaction: sent
+    /// within the open one).
+    fn send_raw<'a>(
+        &'a self,
+        destination: &'a str,
+        key: &'a str,
         payload: Vec<u8>,
-    ) -> Result<(), String> {
-        match self {
-            AnySink::Kafka(s) => s.send_raw(destination, key, &payload).await,
-            AnySink::Nats(s) => s.send_raw(destination, payload).await,
-            AnySink::Stdout(_) => {
-                use std::io::Write;
-                let mut out = std::io::stdout().lock();
-                out.write_all(&payload)
-                    .and_then(|()| out.write_all(b"\n"))
-                    .and_then(|()| out.flush())
-                    .map_err(|e| e.to_string())
-            }
-        }
-    }
-
-    /// The transactional Kafka producer, when events are committed in transactions with the
-    /// checkpoint: a failed delivery then voids the whole open transaction.
-    pub fn transactional(&self) -> Option<&kafka::KafkaSink> {
-        match self {
-            AnySink::Kafka(s) if s.is_transactional() => Some(s),
-            _ => None,
-        }
-    }
-
-    /// Whether two events of one object may be awaiting acknowledgement at once without risking
-    /// their order. Kafka's idempotent producer keeps order within a partition across its own
-    /// retries; a JetStream publish that is retried could land after a later one.
-    pub fn ordered_in_flight(&self) -> bool {
-        !matches!(self, AnySink::Nats(_))
-    }
+    ) -> BoxFuture<'a, Result<()>>;
 
     /// Waits until everything handed over is acknowledged, or `timeout`.
-    pub async fn flush(&self, timeout: Duration) {
-        match self {
-            AnySink::Kafka(s) => s.flush(timeout).await,
-            AnySink::Nats(s) => s.flush(timeout).await,
-            AnySink::Stdout(s) => s.flush(),
-        }
+    fn flush(&self, timeout: Duration) -> BoxFuture<'_, ()>;
+
+    /// Whether two events of one object may be awaiting acknowledgement at once without risking
+    /// their order (a client that retries on its own may reorder them; then the pipeline keeps
+    /// one per object in flight).
+    fn ordered_in_flight(&self) -> bool {
+        true
     }
+
+    /// The transactions events are sent in, when they are committed together with the
+    /// checkpoint: a failed delivery then voids the whole open transaction.
+    fn transactions(&self) -> Option<&dyn Transactions> {
+        None
+    }
+
+    /// Where the checkpoints of this sink's watches live.
+    fn checkpoints(&self) -> Checkpoints<'_> {
+        Checkpoints::Directory
+    }
+
+    /// Prepares the destinations of `resources` before their watches start (at start and for
+    /// resources discovered later); nothing by default.
+    fn prepare<'a>(
+        &'a self,
+        cluster: &'a str,
+        resources: &'a [ResolvedResource],
+    ) -> BoxFuture<'a, Result<()>> {
+        let _ = (cluster, resources);
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+/// Any sink, as the supervisor and the pipelines hold it (`Arc<AnySink>`).
+pub type AnySink = dyn Sink;
+
+/// The transactions of a sink whose events are committed together with the checkpoint. One
+/// transaction is open at any time; a failed delivery voids it, and everything sent in it since
+/// the last commit must be sent again after [`Transactions::recover`].
+pub trait Transactions: Send + Sync {
+    /// Resolves once a delivery failed inside the open transaction; never otherwise. Stays
+    /// resolved until [`Transactions::settled_voided`].
+    fn voided(&self) -> BoxFuture<'_, ()>;
+
+    /// Every delivery of the aborted transaction has settled: lowers the signal of
+    /// [`Transactions::voided`].
+    fn settled_voided(&self);
+
+    /// Aborts the open transaction (its deliveries settle) and opens a new one. Fails with
+    /// [`Error::Fenced`] when another instance took over, and with [`Error::Transaction`] while
+    /// the broker cannot be reached (call again later).
+    fn recover(&self) -> BoxFuture<'_, Result<()>>;
+
+    /// Commits the open transaction as it is (events only, the checkpoint stays where it was)
+    /// and opens the next.
+    fn commit(&self) -> BoxFuture<'_, Result<()>>;
+}
+
+/// Where the checkpoints of a sink's watches live.
+#[derive(Debug)]
+pub enum Checkpoints<'a> {
+    /// Files in `checkpoint.directory`.
+    Directory,
+    /// A key-value bucket (`checkpoint.natsBucket`) of this JetStream.
+    NatsBucket(&'a async_nats::jetstream::Context),
+    /// A compacted topic (`checkpoint.kafkaTopic`), written in the transaction of each watch's
+    /// events: every watch gets its own transactional producer
+    /// ([`kafka::KafkaSink::for_watch`]).
+    KafkaTopic(&'a kafka::KafkaSink),
+    /// Nowhere: this sink cannot keep checkpoints, for the reason given.
+    Unsupported(&'static str),
+}
+
+/// Connects to the configured sink. Destinations are prepared per resource, when their watches
+/// start ([`Sink::prepare`]).
+pub async fn connect(sink: &config::Sink) -> Result<Arc<AnySink>> {
+    Ok(match sink {
+        config::Sink::Kafka { config, topic } => {
+            kafka::check_brokers(config).await?;
+            Arc::new(kafka::KafkaSink::new(config, topic.clone())?)
+        }
+        config::Sink::Nats { config, subject } => {
+            Arc::new(nats::NatsSink::connect(config, subject.clone()).await?)
+        }
+        config::Sink::Stdout => Arc::new(stdout::StdoutSink::new()),
+    })
 }

@@ -2,13 +2,12 @@
 //! start lists and publishes every object again. A running bridge owning them is fenced.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use crate::checkpoint::{self, WatchKey};
 use crate::config::Config;
 use crate::discovery;
 use crate::kubernetes;
-use crate::sink::{self, AnySink};
+use crate::sink;
 use crate::stores::{self, Stores};
 use crate::supervisor::list_namespaces;
 
@@ -62,7 +61,7 @@ pub async fn reset_checkpoints(
 ) -> Result<Vec<String>> {
     let client = kubernetes::client(&config.kubernetes).await?;
     let resources = discovery::resolve(&client, &config.resources).await?;
-    let shared = Arc::new(AnySink::connect(&config.sink).await?);
+    let shared = sink::connect(&config.sink).await?;
     let stores = Stores::prepare(config, &shared, &client).await?;
     let mut selected = HashMap::new();
     for r in resources.iter().filter(|r| r.label() == resource) {
@@ -86,7 +85,7 @@ pub async fn reset_checkpoints(
             .filter(|s| namespace.is_none() || s.as_deref() == namespace)
         {
             let key = WatchKey::for_scope(&config.cluster, r, scope.as_deref());
-            let (_, mut store) = stores.for_watch(config, &shared, &key).await?;
+            let (_, mut store) = stores.for_watch(&shared, &key).await?;
             store.reset().await?;
             reset.push(key.description);
         }

@@ -10,9 +10,8 @@ use kube::Client;
 use crate::checkpoint::{
     self, Backend, Cluster, FileStore, KafkaStore, NatsStore, Store, WatchKey,
 };
-use crate::config::{self as cfg, Config};
-use crate::sink::kafka::KafkaSink;
-use crate::sink::{self, AnySink};
+use crate::config::Config;
+use crate::sink::{self, AnySink, Checkpoints};
 
 /// Errors of preparing the checkpoint stores or a watch's store.
 #[derive(Debug, thiserror::Error)]
@@ -67,20 +66,18 @@ impl Stores {
             store,
             message: e.to_string(),
         };
-        let kind = match shared.as_ref() {
-            AnySink::Kafka(k) => {
+        let kind = match shared.checkpoints() {
+            Checkpoints::KafkaTopic(k) => {
                 checkpoint::kafka::ensure_topic(k.consumer_config(), &c.kafka_topic).await?;
                 StoresKind::Kafka {
                     topic: c.kafka_topic.clone(),
                 }
             }
-            AnySink::Nats(n) => {
-                let js = n
-                    .jetstream()
-                    .ok_or_else(|| store_err("nats", &"core NATS cannot checkpoint"))?;
+            Checkpoints::NatsBucket(js) => {
                 StoresKind::Nats(checkpoint::nats_bucket(js, &c.nats_bucket).await?)
             }
-            AnySink::Stdout(_) => {
+            Checkpoints::Unsupported(why) => return Err(store_err(shared.name(), &why).into()),
+            Checkpoints::Directory => {
                 let dir = c.directory.clone().unwrap_or_default();
                 tokio::fs::create_dir_all(&dir)
                     .await
@@ -98,30 +95,23 @@ impl Stores {
     /// producer (its transactional id fences an older instance of the same watch).
     pub(crate) async fn for_watch(
         &self,
-        config: &Config,
         shared: &Arc<AnySink>,
         key: &WatchKey,
     ) -> Result<(Arc<AnySink>, Store)> {
         let cluster = self.cluster.clone();
         let (sink, backend) = match &self.kind {
             StoresKind::Kafka { topic } => {
-                let cfg::Sink::Kafka {
-                    config: kafka,
-                    topic: template,
-                } = &config.sink
-                else {
+                let Checkpoints::KafkaTopic(kafka) = shared.checkpoints() else {
                     unreachable!("kafka stores need a kafka sink")
                 };
-                let id = format!("kube-event-bridge.{}", key.id);
-                let producer =
-                    Arc::new(KafkaSink::new_transactional(kafka, template.clone(), &id).await?);
+                let producer = Arc::new(kafka.for_watch(&key.id).await?);
                 let backend = Backend::Kafka(KafkaStore {
                     key: key.clone(),
                     sink: producer.clone(),
                     topic: topic.clone(),
                     cluster,
                 });
-                (Arc::new(AnySink::Kafka(producer)), backend)
+                (producer as Arc<AnySink>, backend)
             }
             StoresKind::Nats(kv) => (
                 shared.clone(),

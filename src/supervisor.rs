@@ -61,7 +61,7 @@ pub enum Error {
     Sink(#[from] sink::Error),
     /// A running watch or pipeline failed for good (fenced, checkpoint store lost).
     #[error(transparent)]
-    Watch(checkpoint::Error),
+    Watch(crate::pipeline::Error),
     /// A watch or pipeline task panicked.
     #[error("a watch task panicked")]
     Panicked(#[source] tokio::task::JoinError),
@@ -94,7 +94,7 @@ type Selected = Arc<Mutex<HashMap<String, BTreeSet<String>>>>;
 
 /// What a finished watch or pipeline task reports: its watch, the generation it was started in,
 /// and how it ended.
-type Finished = (String, u64, Result<(), checkpoint::Error>);
+type Finished = (String, u64, Result<(), crate::pipeline::Error>);
 
 struct Running {
     handle: WatchHandle,
@@ -309,9 +309,7 @@ impl Supervisor {
             .collect();
         if !new.is_empty() {
             let fresh: Vec<ResolvedResource> = new.iter().map(|(_, r, _)| r.clone()).collect();
-            if let AnySink::Nats(n) = self.sink.as_ref() {
-                n.cover(&self.config.cluster, &fresh).await?;
-            }
+            self.sink.prepare(&self.config.cluster, &fresh).await?;
         }
         for (key, r, ns) in new {
             self.start_watch(key, &r, ns).await?;
@@ -343,7 +341,7 @@ impl Supervisor {
         let span = info_span!("watch", resource = %r.label(), namespace = namespace.as_deref().unwrap_or("*"));
         let (sink, mut store) = self
             .stores
-            .for_watch(&config, &self.sink, &key)
+            .for_watch(&self.sink, &key)
             .instrument(span.clone())
             .await?;
         let info = Arc::new(ResourceInfo::new(&config.cluster, r, &self.api_server));

@@ -13,12 +13,10 @@ use futures::stream::FuturesOrdered;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
-use super::{Pipeline, State};
+use super::{Error, Pipeline, Result, State};
 use crate::backoff::Backoff;
-use crate::checkpoint;
 use crate::encode::Event;
-use crate::sink::kafka::CommitError;
-use crate::sink::{Delivered, Outcome};
+use crate::sink::{self, Delivered, Outcome};
 use crate::status::{STALL_AFTER, count, kind_index};
 
 /// A Kafka transaction holding more than this is committed early: what it holds stays in memory
@@ -116,14 +114,10 @@ enum Failure {
 impl Pipeline {
     /// Takes one acknowledgement (the oldest): counts it, or retries until the broker settles
     /// the event. An error means the watch must stop (fenced).
-    pub(super) async fn complete(
-        &self,
-        delivered: Delivered,
-        st: &mut State,
-    ) -> Result<(), checkpoint::Error> {
+    pub(super) async fn complete(&self, delivered: Delivered, st: &mut State) -> Result<()> {
         st.flight.progress = Instant::now();
         st.flight.silence_reported = false;
-        let transactional = self.sink.transactional().is_some();
+        let transactional = self.sink.transactions().is_some();
         if transactional && !matches!(delivered.outcome, Outcome::Acked) {
             return self.restart_transaction(Some(delivered), st).await;
         }
@@ -143,7 +137,7 @@ impl Pipeline {
             Outcome::Rejected { reason, error } => self.refused(&event, reason, &error),
             Outcome::Fatal { error } => {
                 error!(error = %error, "producer fenced or broken: stopping this watch");
-                return Err(checkpoint::Error::Fenced {
+                return Err(Error::Fenced {
                     watch: self.info.source.clone(),
                 });
             }
@@ -199,7 +193,7 @@ impl Pipeline {
     /// Settles the oldest delivery, or restarts the transaction at once when a later delivery
     /// voided it (the oldest may be one librdkafka will not send until the abort). Returns
     /// whether anything was in flight.
-    pub(super) async fn settle_next(&self, st: &mut State) -> Result<bool, checkpoint::Error> {
+    pub(super) async fn settle_next(&self, st: &mut State) -> Result<bool> {
         if st.flight.queue.is_empty() {
             return Ok(false);
         }
@@ -211,10 +205,10 @@ impl Pipeline {
         Ok(true)
     }
 
-    /// Resolves once a delivery failed inside the open Kafka transaction; never otherwise.
+    /// Resolves once a delivery failed inside the open transaction; never otherwise.
     pub(super) async fn voided(&self) {
-        match self.sink.transactional() {
-            Some(kafka) => kafka.voided().await,
+        match self.sink.transactions() {
+            Some(transactions) => transactions.voided().await,
             None => std::future::pending().await,
         }
     }
@@ -229,14 +223,14 @@ impl Pipeline {
         &self,
         failed: Option<Delivered>,
         st: &mut State,
-    ) -> Result<(), checkpoint::Error> {
+    ) -> Result<()> {
         self.recover_transaction(st).await?;
         let mut settled: Vec<Delivered> = failed.into_iter().collect();
         while let Some(d) = st.flight.queue.next().await {
             settled.push(d);
         }
-        if let Some(kafka) = self.sink.transactional() {
-            kafka.settled_voided();
+        if let Some(transactions) = self.sink.transactions() {
+            transactions.settled_voided();
         }
         let mut resend = st.flight.take_held();
         // The broker refuses the whole batch holding a record too large for it: only the
@@ -312,7 +306,7 @@ impl Pipeline {
         &self,
         st: &mut State,
         error: &(dyn std::fmt::Display + Sync),
-    ) -> Result<(), checkpoint::Error> {
+    ) -> Result<()> {
         self.status
             .aborted_transactions
             .fetch_add(1, Ordering::Relaxed);
@@ -329,20 +323,15 @@ impl Pipeline {
 
     /// Aborts the open transaction and opens a new one, waiting as long as the broker is
     /// unreachable (an outage of any length only pauses the watch).
-    async fn recover_transaction(&self, st: &mut State) -> Result<(), checkpoint::Error> {
-        let Some(kafka) = self.sink.transactional() else {
+    async fn recover_transaction(&self, st: &mut State) -> Result<()> {
+        let Some(transactions) = self.sink.transactions() else {
             return Ok(());
         };
         loop {
-            match kafka.recover().await {
+            match transactions.recover().await {
                 Ok(()) => return Ok(()),
-                Err(CommitError::Fenced) => {
-                    error!("fenced: another instance owns this watch now");
-                    return Err(checkpoint::Error::Fenced {
-                        watch: self.info.source.clone(),
-                    });
-                }
-                Err(CommitError::Kafka(e)) => {
+                Err(e) => {
+                    let e = self.transaction_failed(e)?;
                     let failure = Failure::Lasting("broker_unavailable");
                     let delay = self.pause(st, failure, &e.to_string(), "-");
                     warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "cannot abort the kafka transaction yet, retrying");
@@ -354,22 +343,37 @@ impl Pipeline {
 
     /// Commits the open Kafka transaction without moving the checkpoint (during a list, and
     /// for heartbeats).
-    pub(super) async fn commit_events(&self, st: &mut State) -> Result<(), checkpoint::Error> {
-        let Some(kafka) = self.sink.transactional() else {
+    pub(super) async fn commit_events(&self, st: &mut State) -> Result<()> {
+        let Some(transactions) = self.sink.transactions() else {
             return Ok(());
         };
-        match kafka.commit().await {
+        match transactions.commit().await {
             Ok(()) => st.flight.committed(),
-            Err(CommitError::Fenced) => {
-                error!("fenced: another instance owns this watch now");
-                return Err(checkpoint::Error::Fenced {
-                    watch: self.info.source.clone(),
-                });
+            Err(e) => {
+                let e = self.transaction_failed(e)?;
+                self.resend_after_abort(st, &e).await?;
             }
-            Err(CommitError::Kafka(e)) => self.resend_after_abort(st, &e).await?,
         }
         st.last_commit = Instant::now();
         Ok(())
+    }
+
+    /// A transaction call failed: fenced stops the watch; any other failure is returned as the
+    /// broker client's error, to be logged and retried.
+    fn transaction_failed(
+        &self,
+        e: sink::Error,
+    ) -> Result<Box<dyn std::error::Error + Send + Sync>> {
+        match e {
+            sink::Error::Transaction { source, .. } => Ok(source),
+            sink::Error::Fenced => {
+                error!("fenced: another instance owns this watch now");
+                Err(Error::Fenced {
+                    watch: self.info.source.clone(),
+                })
+            }
+            other => Ok(Box::new(other)),
+        }
     }
 
     /// The delay before trying again, and the stall to report: at once for a refusal of every

@@ -1,19 +1,22 @@
-//! NATS: JetStream publishes wait for the stream's acknowledgement and carry `Nats-Msg-Id` = event
-//! id, so the server drops a duplicate within its window. Core NATS (no `jetstream` section) is
-//! fire-and-forget: at most once.
+//! The NATS sink: JetStream publishes wait for the stream's acknowledgement and carry
+//! `Nats-Msg-Id` = event id, so the server drops a duplicate within its window. Core NATS (no
+//! `jetstream` section) is fire-and-forget: at most once. The JetStream stream is created or
+//! extended to capture the subjects of the watched resources.
 
 use std::time::Duration;
 
 use async_nats::jetstream::{self, context::PublishErrorKind, stream};
 use async_nats::{HeaderMap, HeaderValue};
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 use tracing::{info, warn};
 
-use super::{Delivered, Error, Outcome, Pending, Result, ready};
-use crate::config::{ContentMode, NatsConfig, NatsCredentials};
+use super::config::{connect_error, connect_options};
+use crate::config::{ContentMode, NatsConfig};
 use crate::discovery::ResolvedResource;
 use crate::encode::{DATA_CONTENT_TYPE, Event, STRUCTURED_CONTENT_TYPE};
+use crate::sink::{Checkpoints, Delivered, Error, Outcome, Pending, Result, Sink, ready};
 use crate::template::Template;
 
 /// Characters percent-encoded in `ce-` header values (the NATS binding asks for percent-encoding;
@@ -36,58 +39,6 @@ struct StreamSettings {
     name: String,
     create: bool,
     duplicate_window: Duration,
-}
-
-async fn read_secret(field: &'static str, path: &std::path::Path) -> Result<String> {
-    tokio::fs::read_to_string(path)
-        .await
-        .map(|s| s.trim().to_string())
-        .map_err(|source| Error::NatsCredential {
-            field,
-            path: path.display().to_string(),
-            source,
-        })
-}
-
-async fn connect_options(c: &NatsCredentials) -> Result<async_nats::ConnectOptions> {
-    let mut o = async_nats::ConnectOptions::new()
-        .name("kube-event-bridge")
-        .connection_timeout(Duration::from_secs(10))
-        .event_callback(|event| async move {
-            match event {
-                async_nats::Event::Connected => info!("nats connected"),
-                async_nats::Event::Disconnected => warn!("nats disconnected"),
-                other => info!(event = %other, "nats connection event"),
-            }
-        });
-    if let (Some(user), Some(path)) = (&c.user, &c.password_file) {
-        o = o.user_and_password(user.clone(), read_secret("passwordFile", path).await?);
-    }
-    if let Some(path) = &c.token_file {
-        o = o.token(read_secret("tokenFile", path).await?);
-    }
-    if let Some(path) = &c.nkey_seed_file {
-        o = o.nkey(read_secret("nkeySeedFile", path).await?);
-    }
-    if let Some(path) = &c.creds_file {
-        o = o
-            .credentials_file(path)
-            .await
-            .map_err(|source| Error::NatsCredential {
-                field: "credsFile",
-                path: path.display().to_string(),
-                source,
-            })?;
-    }
-    if let Some(ca) = &c.tls_ca_file {
-        o = o.add_root_certificates(ca.clone()).require_tls(true);
-    }
-    if let (Some(cert), Some(key)) = (&c.tls_cert_file, &c.tls_key_file) {
-        o = o
-            .add_client_certificate(cert.clone(), key.clone())
-            .require_tls(true);
-    }
-    Ok(o)
 }
 
 impl NatsSink {
@@ -122,7 +73,7 @@ impl NatsSink {
 
     /// Makes sure the JetStream stream captures the subjects of `resources` (creating or
     /// extending it when `create` is set); for resources discovered while running as well.
-    pub async fn cover(&self, cluster: &str, resources: &[ResolvedResource]) -> Result<()> {
+    async fn cover(&self, cluster: &str, resources: &[ResolvedResource]) -> Result<()> {
         let (Some(ctx), Some(stream)) = (&self.jetstream, &self.stream) else {
             return Ok(());
         };
@@ -138,11 +89,6 @@ impl NatsSink {
         ensure_stream(ctx, stream, subjects).await
     }
 
-    /// The JetStream context, if publishing to JetStream.
-    pub fn jetstream(&self) -> Option<&jetstream::Context> {
-        self.jetstream.as_ref()
-    }
-
     /// The subject for `event`.
     pub fn subject_for(&self, event: &Event) -> String {
         event
@@ -154,7 +100,7 @@ impl NatsSink {
     }
 
     /// Publishes `event`; for JetStream the returned future resolves on the stream's ack.
-    pub async fn send(&self, event: Event) -> Pending {
+    async fn publish(&self, event: Event) -> Pending {
         let subject = self.subject_for(&event);
         let (headers, payload) = message(&event, self.mode, self.jetstream.is_some());
         // Headers travel inside max_payload too; percent-encoding rarely grows them.
@@ -202,24 +148,72 @@ impl NatsSink {
     }
 
     /// Publishes one structured CloudEvent on core NATS and flushes.
-    pub async fn send_raw(&self, subject: &str, payload: Vec<u8>) -> Result<(), String> {
+    async fn publish_raw(&self, subject: &str, payload: Vec<u8>) -> Result<()> {
+        let failed = |source: Box<dyn std::error::Error + Send + Sync>| Error::Publish {
+            destination: subject.to_string(),
+            source,
+        };
         let mut headers = HeaderMap::new();
         headers.insert("Content-Type", STRUCTURED_CONTENT_TYPE);
         self.client
             .publish_with_headers(subject.to_string(), headers, payload.into())
             .await
-            .map_err(|e| e.to_string())?;
-        self.client.flush().await.map_err(|e| e.to_string())
+            .map_err(|e| failed(Box::new(e)))?;
+        self.client.flush().await.map_err(|e| failed(Box::new(e)))
     }
 
     /// Flushes the client's buffer.
-    pub async fn flush(&self, timeout: Duration) {
+    async fn flush_buffer(&self, timeout: Duration) {
         if tokio::time::timeout(timeout, self.client.flush())
             .await
             .is_err()
         {
             warn!("nats flush timed out");
         }
+    }
+}
+
+impl Sink for NatsSink {
+    fn name(&self) -> &'static str {
+        "nats"
+    }
+
+    fn send(&self, event: Event) -> BoxFuture<'_, Pending> {
+        Box::pin(self.publish(event))
+    }
+
+    fn send_raw<'a>(
+        &'a self,
+        destination: &'a str,
+        _key: &'a str,
+        payload: Vec<u8>,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.publish_raw(destination, payload))
+    }
+
+    fn flush(&self, timeout: Duration) -> BoxFuture<'_, ()> {
+        Box::pin(self.flush_buffer(timeout))
+    }
+
+    /// A JetStream publish that is retried could land after a later one.
+    fn ordered_in_flight(&self) -> bool {
+        false
+    }
+
+    fn checkpoints(&self) -> Checkpoints<'_> {
+        match &self.jetstream {
+            Some(js) => Checkpoints::NatsBucket(js),
+            None => Checkpoints::Unsupported("core NATS cannot checkpoint"),
+        }
+    }
+
+    /// Makes sure the JetStream stream captures the subjects of `resources`.
+    fn prepare<'a>(
+        &'a self,
+        cluster: &'a str,
+        resources: &'a [ResolvedResource],
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.cover(cluster, resources))
     }
 }
 
@@ -351,81 +345,6 @@ async fn ensure_stream(
     }
 }
 
-/// The error for a failed connection: a refused credential or a failed TLS handshake names the
-/// field behind it; anything else is a plain connection failure.
-fn connect_error(c: &NatsCredentials, url: &str, source: async_nats::ConnectError) -> Error {
-    use async_nats::ConnectErrorKind as Kind;
-    let url = redact_url(url);
-    let (field, what) = match source.kind() {
-        Kind::AuthorizationViolation | Kind::Authentication => {
-            (credential_field(c), "refused the credentials")
-        }
-        Kind::Tls => (tls_field(c), "could not complete the TLS setup"),
-        Kind::Io if is_tls_failure(&source) => {
-            (tls_field(c), "could not complete the TLS handshake")
-        }
-        _ => return Error::NatsConnect { url, source },
-    };
-    Error::NatsRefused {
-        field: field.into(),
-        url,
-        what,
-        reason: source.to_string(),
-    }
-}
-
-/// The credential the client presented, as its configuration path.
-fn credential_field(c: &NatsCredentials) -> &'static str {
-    if c.creds_file.is_some() {
-        "sink.nats.credentials.credsFile"
-    } else if c.nkey_seed_file.is_some() {
-        "sink.nats.credentials.nkeySeedFile"
-    } else if c.token_file.is_some() {
-        "sink.nats.credentials.tokenFile"
-    } else if c.password_file.is_some() {
-        "sink.nats.credentials.passwordFile"
-    } else {
-        // None configured (or a `user:password@` in the URL).
-        "sink.nats.credentials"
-    }
-}
-
-/// The setting TLS verification rests on, as its configuration path.
-fn tls_field(c: &NatsCredentials) -> &'static str {
-    if c.tls_ca_file.is_some() {
-        "sink.nats.credentials.tlsCaFile"
-    } else {
-        "sink.nats.credentials.tlsCaFile (unset: the system's roots)"
-    }
-}
-
-/// Whether `error` comes from the TLS library (a certificate not verified, a protocol mismatch).
-fn is_tls_failure(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cause = Some(error);
-    while let Some(e) = cause {
-        if e.is::<async_nats::rustls::Error>()
-            || e.downcast_ref::<std::io::Error>()
-                .and_then(|io| io.get_ref())
-                .is_some_and(|inner| inner.is::<async_nats::rustls::Error>())
-        {
-            return true;
-        }
-        cause = e.source();
-    }
-    false
-}
-
-/// The URL with any `user:password@` removed, for error messages.
-pub fn redact_url(url: &str) -> String {
-    url.split(',')
-        .map(|u| match (u.find("://"), u.rfind('@')) {
-            (Some(s), Some(at)) if at > s => format!("{}***@{}", &u[..s + 3], &u[at + 1..]),
-            _ => u.to_string(),
-        })
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -451,17 +370,5 @@ mod tests {
         ));
         assert!(!captures("k8s.>", "k8s"));
         assert!(!captures("k8s.*", "k8s.>"));
-    }
-
-    #[test]
-    fn credentials_never_reach_messages() {
-        assert_eq!(
-            redact_url("nats://alice:s3cret@host:4222"),
-            "nats://***@host:4222"
-        );
-        assert_eq!(
-            redact_url("nats://host:4222,tls://t@h2"),
-            "nats://host:4222,tls://***@h2"
-        );
     }
 }

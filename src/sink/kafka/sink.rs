@@ -1,21 +1,26 @@
-//! Kafka: one idempotent producer (`acks=all`), record key = partition key (the object's uid), so
-//! every change of an object lands in one partition, in order.
+//! The Kafka sink: one idempotent producer (`acks=all`), record key = partition key (the object's
+//! uid), so every change of an object lands in one partition, in order. With checkpoints, every
+//! watch gets its own transactional producer, whose transactions carry its events and its
+//! checkpoint records together.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use rdkafka::ClientConfig;
-use rdkafka::client::ClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseProducer, FutureProducer, FutureRecord, Producer, ProducerContext};
-use tracing::{info, warn};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use tracing::warn;
 
-use super::{Delivered, Error, Outcome, Pending, Result, ready};
+use super::config::{consumer_settings, producer_config};
 use crate::change::ChangeKind;
 use crate::config::{ContentMode, KafkaConfig};
 use crate::encode::{DATA_CONTENT_TYPE, Event, STRUCTURED_CONTENT_TYPE};
+use crate::sink::{
+    Checkpoints, Delivered, Error, Outcome, Pending, Result, Sink, Transactions, ready,
+};
 use crate::template::Template;
 
 /// Errors of committing, aborting or starting a transaction.
@@ -68,6 +73,8 @@ pub struct KafkaSink {
     transactional: Option<Transactional>,
     topic: Template,
     mode: ContentMode,
+    /// The validated settings, for the transactional producers of the watches.
+    config: KafkaConfig,
 }
 
 impl std::fmt::Debug for KafkaSink {
@@ -76,221 +83,6 @@ impl std::fmt::Debug for KafkaSink {
             .field("topic", &self.topic.to_string())
             .finish_non_exhaustive()
     }
-}
-
-/// Producer settings the delivery guarantees rest on; user properties cannot weaken them
-/// (validated in `config`). The values of `propertyFiles` are read here, each time.
-pub fn producer_config(config: &KafkaConfig) -> Result<ClientConfig> {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", &config.bootstrap_servers)
-        .set("client.id", "kube-event-bridge")
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        // Never give up on a message: an unreachable broker pauses the watches behind a bounded
-        // queue instead of dropping events.
-        .set("message.timeout.ms", "0")
-        .set("linger.ms", "5");
-    for (k, v) in &config.properties {
-        c.set(k, v);
-    }
-    for (key, path) in &config.property_files {
-        c.set(key, read_property_file(key, path)?);
-    }
-    Ok(c)
-}
-
-/// The value of a secret property kept in a file (a mounted Kubernetes Secret): the whole file,
-/// without its trailing line break. The value is handed to librdkafka only, never logged.
-fn read_property_file(key: &str, path: &std::path::Path) -> Result<String> {
-    let mut value = std::fs::read_to_string(path).map_err(|source| Error::KafkaPropertyFile {
-        key: key.into(),
-        path: path.display().to_string(),
-        source,
-    })?;
-    let kept = value.trim_end_matches(['\n', '\r']).len();
-    value.truncate(kept);
-    Ok(value)
-}
-
-/// How long the start-up check waits for the brokers before going on without them.
-const CHECK_TIMEOUT: Duration = Duration::from_secs(20);
-
-/// Checks at start that the brokers accept this client's TLS and credentials, so a wrong password
-/// or CA stops the start with the brokers' reason instead of leaving librdkafka to retry it
-/// forever behind a healthy-looking process. Brokers that cannot be reached yet are only logged:
-/// the producer keeps trying, as it does while running. Also warns once when the properties turn
-/// TLS certificate verification off (librdkafka verifies by default).
-pub async fn check_brokers(config: &KafkaConfig) -> Result<()> {
-    let settings = producer_config(config)?;
-    for (property, value) in unverified_tls(&settings) {
-        warn!(
-            property,
-            value,
-            "kafka tls certificate verification is turned off: the brokers' identity is not checked"
-        );
-    }
-    let producer: BaseProducer<RefusalContext> = settings
-        .create_with_context(RefusalContext::default())
-        .map_err(Error::KafkaClient)?;
-    let outcome = tokio::task::spawn_blocking(move || {
-        let deadline = std::time::Instant::now() + CHECK_TIMEOUT;
-        loop {
-            let reached = producer
-                .client()
-                .fetch_metadata(None, Duration::from_millis(500));
-            // Serves every queued event (log lines included: one poll with a zero timeout would
-            // take only one), so a refusal reaches the context.
-            producer.poll(Duration::from_millis(100));
-            if let Some(refusal) = producer.context().take() {
-                return Err(refusal);
-            }
-            match reached {
-                Ok(_) => return Ok(None),
-                Err(e) if std::time::Instant::now() >= deadline => return Ok(Some(e)),
-                Err(_) => {}
-            }
-        }
-    })
-    .await
-    .expect("broker check task");
-    match outcome {
-        Ok(None) => {
-            info!(servers = %config.bootstrap_servers, "kafka brokers accepted the connection");
-            Ok(())
-        }
-        Ok(Some(error)) => {
-            warn!(servers = %config.bootstrap_servers, error = %error, "kafka brokers not reachable at start; the producer keeps trying");
-            Ok(())
-        }
-        Err(Refusal { tls, reason }) => Err(Error::KafkaRefused {
-            fields: refused_fields(config, tls),
-            what: if tls {
-                "could not complete the TLS handshake"
-            } else {
-                "refused the credentials"
-            },
-            servers: config.bootstrap_servers.clone(),
-            reason,
-        }),
-    }
-}
-
-/// The properties of `settings` that turn TLS verification off, with their values.
-fn unverified_tls(settings: &ClientConfig) -> Vec<(&'static str, String)> {
-    let mut off = Vec::new();
-    if let Some(v) = settings.get("enable.ssl.certificate.verification")
-        && matches!(v.trim().to_ascii_lowercase().as_str(), "false" | "f" | "0")
-    {
-        off.push(("enable.ssl.certificate.verification", v.to_string()));
-    }
-    if let Some(v) = settings.get("ssl.endpoint.identification.algorithm")
-        && v.trim().eq_ignore_ascii_case("none")
-    {
-        off.push(("ssl.endpoint.identification.algorithm", v.to_string()));
-    }
-    off
-}
-
-/// Where the settings behind a refusal come from, as configuration paths.
-fn refused_fields(config: &KafkaConfig, tls: bool) -> String {
-    let keys: &[&str] = if tls {
-        &["ssl.ca.location", "ssl.ca.pem"]
-    } else {
-        &["sasl.username", "sasl.password", "sasl.oauthbearer.config"]
-    };
-    let fields: Vec<String> = keys
-        .iter()
-        .filter_map(|key| {
-            if config.property_files.contains_key(*key) {
-                Some(format!("sink.kafka.propertyFiles.{key}"))
-            } else if config.properties.contains_key(*key) {
-                Some(format!("sink.kafka.properties.{key}"))
-            } else {
-                None
-            }
-        })
-        .collect();
-    if fields.is_empty() {
-        "sink.kafka.properties".into()
-    } else {
-        fields.join(", ")
-    }
-}
-
-/// A refusal no retry can fix, as librdkafka reported it (its text names the broker and carries
-/// the broker's reason; librdkafka never puts a secret in it).
-#[derive(Debug)]
-struct Refusal {
-    /// The TLS handshake failed (else: authentication failed).
-    tls: bool,
-    reason: String,
-}
-
-/// Records the first authentication or TLS error librdkafka reports.
-#[derive(Default)]
-struct RefusalContext {
-    refusal: std::sync::Mutex<Option<Refusal>>,
-}
-
-impl RefusalContext {
-    fn take(&self) -> Option<Refusal> {
-        self.refusal
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
-    }
-}
-
-impl ClientContext for RefusalContext {
-    fn error(&self, error: KafkaError, reason: &str) {
-        let tls = match error.rdkafka_error_code() {
-            Some(RDKafkaErrorCode::Authentication) => false,
-            Some(RDKafkaErrorCode::SSL) => true,
-            _ => {
-                warn!(error = %error, reason, "kafka client error during the start-up check");
-                return;
-            }
-        };
-        let mut slot = self
-            .refusal
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        slot.get_or_insert(Refusal {
-            tls,
-            reason: reason.to_string(),
-        });
-    }
-}
-
-impl ProducerContext for RefusalContext {
-    type DeliveryOpaque = ();
-
-    fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: ()) {}
-}
-
-/// Client settings for consumers and admin clients: the user's properties (TLS, SASL) without the
-/// producer-only ones, reading committed records only.
-pub fn consumer_config(config: &KafkaConfig) -> Result<ClientConfig> {
-    Ok(consumer_settings(producer_config(config)?))
-}
-
-/// `producer` without the producer-only settings, reading committed records only.
-fn consumer_settings(producer: ClientConfig) -> ClientConfig {
-    let mut c = producer;
-    for key in [
-        "enable.idempotence",
-        "acks",
-        "message.timeout.ms",
-        "linger.ms",
-        "client.id",
-        "compression.type",
-        "compression.codec",
-    ] {
-        c.remove(key);
-    }
-    c.set("isolation.level", "read_committed")
-        .set("enable.auto.commit", "false");
-    c
 }
 
 impl KafkaSink {
@@ -304,6 +96,7 @@ impl KafkaSink {
             transactional: None,
             topic,
             mode: config.content_mode,
+            config: config.clone(),
         })
     }
 
@@ -320,10 +113,17 @@ impl KafkaSink {
         self.transactional.is_some()
     }
 
+    /// The transactional producer of one watch, with the settings of this sink: its
+    /// transactional id (from `watch_id`) fences an older instance of the same watch.
+    pub async fn for_watch(&self, watch_id: &str) -> Result<Self> {
+        let id = format!("kube-event-bridge.{watch_id}");
+        Self::new_transactional(&self.config, self.topic.clone(), &id).await
+    }
+
     /// Resolves once a delivery failed inside the open transaction (never for a sink without
     /// transactions). The signal stays raised until [`KafkaSink::recover`] has aborted the
     /// transaction and [`KafkaSink::settled_voided`] clears it.
-    pub async fn voided(&self) {
+    async fn voided(&self) {
         let Some(t) = &self.transactional else {
             return std::future::pending().await;
         };
@@ -337,7 +137,7 @@ impl KafkaSink {
     }
 
     /// Every delivery of the aborted transaction has settled: the signal is lowered.
-    pub fn settled_voided(&self) {
+    fn settled_voided(&self) {
         if let Some(t) = &self.transactional {
             t.voided.raised.store(false, Ordering::Release);
         }
@@ -367,6 +167,7 @@ impl KafkaSink {
             transactional: Some(transactional),
             topic,
             mode: config.content_mode,
+            config: config.clone(),
         })
     }
 
@@ -376,7 +177,7 @@ impl KafkaSink {
     /// replaced by a new one with the same transactional id. Fails with
     /// [`CommitError::Fenced`] when another instance owns the id, and with
     /// [`CommitError::Kafka`] while the broker cannot be reached (call again later).
-    pub async fn recover(&self) -> Result<(), CommitError> {
+    async fn recover(&self) -> Result<(), CommitError> {
         let Some(transactional) = &self.transactional else {
             return Ok(());
         };
@@ -416,7 +217,7 @@ impl KafkaSink {
     /// Commits the open transaction as it is (events only, no checkpoint record) and opens the
     /// next: used during a long list, so that no transaction outlives the broker's timeout and
     /// memory holds only what the open transaction holds.
-    pub async fn commit(&self) -> Result<(), CommitError> {
+    async fn commit(&self) -> Result<(), CommitError> {
         self.write_and_commit("", Vec::new(), true).await
     }
 
@@ -502,7 +303,7 @@ impl KafkaSink {
     }
 
     /// Enqueues `event`; waits while librdkafka's queue is full.
-    pub async fn send(&self, event: Event) -> Pending {
+    async fn publish(&self, event: Event) -> Pending {
         let topic = self.topic_for(&event);
         let structured;
         let (payload, headers) = match self.mode {
@@ -583,7 +384,7 @@ impl KafkaSink {
     }
 
     /// Sends one structured CloudEvent to `topic` and waits for its acknowledgement.
-    pub async fn send_raw(&self, topic: &str, key: &str, payload: &[u8]) -> Result<(), String> {
+    async fn publish_raw(&self, topic: &str, key: &str, payload: &[u8]) -> Result<()> {
         let headers = OwnedHeaders::new_with_capacity(1).insert(Header {
             key: "content-type",
             value: Some(STRUCTURED_CONTENT_TYPE),
@@ -592,23 +393,95 @@ impl KafkaSink {
             .key(key)
             .payload(payload)
             .headers(headers);
+        let failed = |error: KafkaError| Error::Publish {
+            destination: topic.to_string(),
+            source: Box::new(error),
+        };
         let delivery = self
             .producer()
             .send_result(record)
-            .map_err(|(e, _)| e.to_string())?;
+            .map_err(|(e, _)| failed(e))?;
         match delivery.await {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err((e, _))) => Err(e.to_string()),
-            Err(_) => Err("delivery canceled".into()),
+            Ok(Err((e, _))) => Err(failed(e)),
+            Err(_) => Err(failed(KafkaError::Canceled)),
         }
     }
 
     /// Flushes the producer's queue.
-    pub async fn flush(&self, timeout: Duration) {
+    async fn flush_queue(&self, timeout: Duration) {
         let producer = self.producer();
         let flushed = tokio::task::spawn_blocking(move || producer.flush(timeout)).await;
         if let Ok(Err(error)) = flushed {
             warn!(error = %error, "kafka flush incomplete");
+        }
+    }
+}
+
+impl Sink for KafkaSink {
+    fn name(&self) -> &'static str {
+        "kafka"
+    }
+
+    fn send(&self, event: Event) -> BoxFuture<'_, Pending> {
+        Box::pin(self.publish(event))
+    }
+
+    fn send_raw<'a>(
+        &'a self,
+        destination: &'a str,
+        key: &'a str,
+        payload: Vec<u8>,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move { self.publish_raw(destination, key, &payload).await })
+    }
+
+    fn flush(&self, timeout: Duration) -> BoxFuture<'_, ()> {
+        Box::pin(self.flush_queue(timeout))
+    }
+
+    /// The idempotent producer keeps order within a partition across its own retries.
+    fn ordered_in_flight(&self) -> bool {
+        true
+    }
+
+    fn transactions(&self) -> Option<&dyn Transactions> {
+        self.transactional
+            .as_ref()
+            .map(|_| self as &dyn Transactions)
+    }
+
+    fn checkpoints(&self) -> Checkpoints<'_> {
+        Checkpoints::KafkaTopic(self)
+    }
+}
+
+impl Transactions for KafkaSink {
+    fn voided(&self) -> BoxFuture<'_, ()> {
+        Box::pin(KafkaSink::voided(self))
+    }
+
+    fn settled_voided(&self) {
+        KafkaSink::settled_voided(self);
+    }
+
+    fn recover(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move { KafkaSink::recover(self).await.map_err(Error::from) })
+    }
+
+    fn commit(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move { KafkaSink::commit(self).await.map_err(Error::from) })
+    }
+}
+
+impl From<CommitError> for Error {
+    fn from(e: CommitError) -> Self {
+        match e {
+            CommitError::Fenced => Error::Fenced,
+            CommitError::Kafka(source) => Error::Transaction {
+                sink: "kafka",
+                source: Box::new(source),
+            },
         }
     }
 }
@@ -727,7 +600,6 @@ pub fn classify(error: &KafkaError) -> Outcome {
         error: error.to_string(),
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -773,117 +645,5 @@ mod tests {
             let purged = KafkaError::MessageProduction(purged);
             assert!(matches!(classify(&purged), Outcome::Aborted));
         }
-    }
-
-    #[test]
-    fn user_properties_pass_through_but_guarantees_stay() {
-        let cfg = KafkaConfig {
-            bootstrap_servers: "127.0.0.1:9092".into(),
-            topic: "t".into(),
-            content_mode: ContentMode::Binary,
-            properties: [("compression.type".to_string(), "zstd".to_string())].into(),
-            property_files: Default::default(),
-            transaction_timeout_secs: 60,
-        };
-        let c = producer_config(&cfg).unwrap();
-        assert_eq!(c.get("compression.type"), Some("zstd"));
-        assert_eq!(c.get("enable.idempotence"), Some("true"));
-        assert_eq!(c.get("acks"), Some("all"));
-    }
-
-    fn with_files(files: &[(&str, std::path::PathBuf)]) -> KafkaConfig {
-        KafkaConfig {
-            bootstrap_servers: "127.0.0.1:9092".into(),
-            topic: "t".into(),
-            content_mode: ContentMode::Binary,
-            properties: [("sasl.username".to_string(), "bridge".to_string())].into(),
-            property_files: files
-                .iter()
-                .map(|(k, p)| (k.to_string(), p.clone()))
-                .collect(),
-            transaction_timeout_secs: 60,
-        }
-    }
-
-    #[test]
-    fn property_files_are_read_without_their_trailing_newline() {
-        let dir = tempfile::tempdir().unwrap();
-        let password = dir.path().join("password");
-        std::fs::write(&password, "s3cret with spaces \n").unwrap();
-        let jaas = dir.path().join("config");
-        std::fs::write(&jaas, "a=b\r\n").unwrap();
-        let cfg = with_files(&[
-            ("sasl.password", password),
-            ("sasl.oauthbearer.config", jaas),
-        ]);
-        let c = producer_config(&cfg).unwrap();
-        assert_eq!(c.get("sasl.password"), Some("s3cret with spaces "));
-        assert_eq!(c.get("sasl.oauthbearer.config"), Some("a=b"));
-        assert_eq!(c.get("sasl.username"), Some("bridge"));
-        let consumer = consumer_config(&cfg).unwrap();
-        assert_eq!(consumer.get("sasl.password"), Some("s3cret with spaces "));
-        assert_eq!(consumer.get("acks"), None);
-    }
-
-    #[test]
-    fn only_explicit_properties_turn_tls_verification_off() {
-        let mut cfg = with_files(&[]);
-        cfg.properties
-            .insert("security.protocol".into(), "sasl_ssl".into());
-        assert!(unverified_tls(&producer_config(&cfg).unwrap()).is_empty());
-        cfg.properties
-            .insert("enable.ssl.certificate.verification".into(), "False".into());
-        cfg.properties.insert(
-            "ssl.endpoint.identification.algorithm".into(),
-            "none".into(),
-        );
-        let off: Vec<&str> = unverified_tls(&producer_config(&cfg).unwrap())
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect();
-        assert_eq!(
-            off,
-            [
-                "enable.ssl.certificate.verification",
-                "ssl.endpoint.identification.algorithm"
-            ]
-        );
-        cfg.properties
-            .insert("enable.ssl.certificate.verification".into(), "true".into());
-        cfg.properties.insert(
-            "ssl.endpoint.identification.algorithm".into(),
-            "https".into(),
-        );
-        assert!(unverified_tls(&producer_config(&cfg).unwrap()).is_empty());
-    }
-
-    #[test]
-    fn a_refusal_names_where_its_settings_come_from() {
-        let mut cfg = with_files(&[("sasl.password", "/p".into())]);
-        assert_eq!(
-            refused_fields(&cfg, false),
-            "sink.kafka.properties.sasl.username, sink.kafka.propertyFiles.sasl.password"
-        );
-        assert_eq!(refused_fields(&cfg, true), "sink.kafka.properties");
-        cfg.properties
-            .insert("ssl.ca.location".into(), "/ca.crt".into());
-        assert_eq!(
-            refused_fields(&cfg, true),
-            "sink.kafka.properties.ssl.ca.location"
-        );
-    }
-
-    #[test]
-    fn an_unreadable_property_file_names_the_field_and_path() {
-        let cfg = with_files(&[("sasl.password", "/nonexistent/kafka/password".into())]);
-        let e = producer_config(&cfg).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "sink.kafka.propertyFiles.sasl.password: cannot read /nonexistent/kafka/password"
-        );
-        assert!(
-            std::error::Error::source(&e).is_some(),
-            "the io error is chained"
-        );
     }
 }

@@ -1,0 +1,276 @@
+//! The pipeline's ordering, retry and gating rules, on the scripted sink with tokio's paused
+//! clock (backoffs pass at once, nothing waits on real time).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::classify::tests::object;
+use super::{Error, Pipeline, Status};
+use crate::budget::Reservation;
+use crate::change::ChangeKind;
+use crate::checkpoint::{Backend, Store};
+use crate::config::SnapshotPolicy;
+use crate::encode::tests::configmaps;
+use crate::sink::AnySink;
+use crate::sink::scripted::{Script, ScriptedSink};
+use crate::watch::Item;
+
+/// A live event of ConfigMap `uid` at resourceVersion `rv` (its data differs per version).
+fn event(uid: &str, rv: &str) -> Item {
+    let object = object(uid, rv, rv);
+    let kind = if rv == "1" {
+        ChangeKind::Added
+    } else {
+        ChangeKind::Modified
+    };
+    Item::Event(kind, object, SystemTime::now())
+}
+
+/// The id of the event of `uid` at `rv`.
+fn id(uid: &str, rv: &str) -> String {
+    let kind = if rv == "1" { "added" } else { "modified" };
+    format!("{uid}:{rv}:{kind}")
+}
+
+/// A running pipeline on `sink`, fed `items`; the watch's side of the channel stays open until
+/// [`Run::finish`].
+struct Run {
+    sink: Arc<ScriptedSink>,
+    status: Arc<Status>,
+    watch: mpsc::Sender<(Item, Reservation)>,
+    task: JoinHandle<Result<(), Error>>,
+}
+
+impl Run {
+    fn start(sink: ScriptedSink, items: Vec<Item>) -> Self {
+        let sink = Arc::new(sink);
+        let status = Arc::new(Status::default());
+        let pipeline = Pipeline {
+            info: configmaps(""),
+            events: [ChangeKind::Added, ChangeKind::Modified, ChangeKind::Deleted].into(),
+            sink: sink.clone() as Arc<AnySink>,
+            max_in_flight: 8,
+            status: status.clone(),
+            store: Store::new(Backend::Memory),
+            resume: None,
+            snapshot: SnapshotPolicy::Initial,
+            checkpoint_interval: Duration::from_secs(1),
+            leadership: None,
+            heartbeat: None,
+        };
+        let (tx, rx) = mpsc::channel(items.len().max(1));
+        for item in items {
+            tx.try_send((item, Reservation::none())).expect("room");
+        }
+        let task = tokio::spawn(pipeline.run(rx));
+        Self {
+            sink,
+            status,
+            watch: tx,
+            task,
+        }
+    }
+
+    /// Closes the watch's side, waits until the pipeline drained and stopped; returns how it
+    /// ended.
+    async fn finish(self) -> (Arc<ScriptedSink>, Arc<Status>, Result<(), Error>) {
+        drop(self.watch);
+        let ended = self.task.await.expect("the pipeline does not panic");
+        (self.sink, self.status, ended)
+    }
+
+    fn published(&self) -> u64 {
+        published(&self.status)
+    }
+}
+
+fn published(status: &Status) -> u64 {
+    status
+        .published
+        .iter()
+        .map(|n| n.load(Ordering::Relaxed))
+        .sum()
+}
+
+fn sent_ids(sink: &ScriptedSink) -> Vec<String> {
+    sink.book().sent.iter().map(|s| s.id.clone()).collect()
+}
+
+/// Polls `condition` on the paused clock until it holds (a generous virtual timeout).
+async fn until(what: &str, condition: impl Fn() -> bool) {
+    for _ in 0..60_000 {
+        if condition() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_publishes_of_one_object_are_never_in_flight_at_once_when_the_sink_cannot_order_them() {
+    let sink = ScriptedSink::new(false, false);
+    sink.script("a", &[Script::AckAfter(Duration::from_secs(1))]);
+    let items = vec![event("a", "1"), event("b", "1"), event("a", "2")];
+    let (sink, status, ended) = Run::start(sink, items).finish().await;
+    ended.expect("the pipeline ends cleanly");
+    let book = sink.book();
+    assert_eq!(book.max_in_flight_per_object, 1);
+    assert_eq!(book.max_in_flight, 2, "another object is not held up");
+    assert_eq!(book.acked, [id("b", "1"), id("a", "1"), id("a", "2")]);
+    assert_eq!(published(&status), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sink_that_keeps_order_gets_several_publishes_of_one_object_at_once() {
+    let sink = ScriptedSink::new(true, false);
+    sink.script("a", &[Script::AckAfter(Duration::from_secs(1))]);
+    let (sink, _, ended) = Run::start(sink, vec![event("a", "1"), event("a", "2")])
+        .finish()
+        .await;
+    ended.expect("the pipeline ends cleanly");
+    assert_eq!(sink.book().max_in_flight_per_object, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retries_send_the_same_id_until_the_broker_stores_it() {
+    let sink = ScriptedSink::new(true, false);
+    sink.script("a", &[Script::Retry, Script::Retry]);
+    let (sink, status, ended) = Run::start(sink, vec![event("a", "1"), event("b", "1")])
+        .finish()
+        .await;
+    ended.expect("the pipeline ends cleanly");
+    assert_eq!(
+        sent_ids(&sink),
+        [id("a", "1"), id("a", "1"), id("a", "1"), id("b", "1")]
+    );
+    assert_eq!(sink.book().acked, [id("a", "1"), id("b", "1")]);
+    assert_eq!(status.retried.load(Ordering::Relaxed), 2);
+    assert_eq!(published(&status), 2);
+    assert!(status.stall().is_none(), "a short failure does not stall");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_event_refused_twice_as_too_large_is_published_as_a_truncated_reference() {
+    let sink = ScriptedSink::new(true, false);
+    sink.script("a", &[Script::TooLarge, Script::TooLarge]);
+    let (sink, status, ended) = Run::start(sink, vec![event("a", "1")]).finish().await;
+    ended.expect("the pipeline ends cleanly");
+    let truncated: Vec<bool> = sink.book().sent.iter().map(|s| s.truncated).collect();
+    assert_eq!(
+        truncated,
+        [false, false, true],
+        "cut only when refused alone again"
+    );
+    assert_eq!(sink.book().acked, [id("a", "1")]);
+    assert_eq!(status.truncated.load(Ordering::Relaxed), 1);
+    assert_eq!(published(&status), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_event_refused_for_good_is_skipped_and_counted_without_blocking_later_objects() {
+    let sink = ScriptedSink::new(true, false);
+    sink.script("a", &[Script::Refuse]);
+    let items = vec![event("a", "1"), event("b", "1"), event("b", "2")];
+    let (sink, status, ended) = Run::start(sink, items).finish().await;
+    ended.expect("the pipeline ends cleanly");
+    assert_eq!(sent_ids(&sink), [id("a", "1"), id("b", "1"), id("b", "2")]);
+    assert_eq!(sink.book().acked, [id("b", "1"), id("b", "2")]);
+    let rejected = status.rejected.lock().unwrap().clone();
+    assert_eq!(rejected.get("invalid"), Some(&1));
+    assert_eq!(published(&status), 2);
+    assert_eq!(status.checkpoint_resource_version().as_deref(), Some("2"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refusal_of_every_event_pauses_and_stalls_the_watch_until_it_is_lifted() {
+    let sink = ScriptedSink::new(true, false);
+    sink.script("a", &[Script::Block, Script::Block, Script::Hold]);
+    let run = Run::start(sink, vec![event("a", "1")]);
+    run.sink.sent(3).await;
+    let stall = run.status.stall().expect("stalled while refused");
+    assert_eq!(stall.reason, "not_authorized");
+    {
+        let book = run.sink.book();
+        let at: Vec<_> = book.sent.iter().map(|s| s.at).collect();
+        assert!(at[1] > at[0] && at[2] > at[1], "each refusal pauses");
+        assert!(book.acked.is_empty());
+    }
+    assert_eq!(run.published(), 0);
+    // The operator fixes the permission: the held send is stored.
+    run.sink.release();
+    let (sink, status, ended) = run.finish().await;
+    ended.expect("the pipeline ends cleanly");
+    assert_eq!(sink.book().acked, [id("a", "1")]);
+    assert!(
+        status.stall().is_none(),
+        "publishing again clears the stall"
+    );
+    let blocked = status.blocked.lock().unwrap().clone();
+    assert_eq!(blocked.get("not_authorized"), Some(&2));
+    assert_eq!(published(&status), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_checkpoint_never_passes_an_unacknowledged_event() {
+    let sink = ScriptedSink::new(true, false);
+    sink.script("a", &[Script::Hold]);
+    let items = vec![event("a", "7"), event("b", "8"), Item::Progress("9".into())];
+    let run = Run::start(sink, items);
+    run.sink.sent(2).await;
+    // The broker stays silent past the stall threshold: the watch says so, and saves nothing.
+    let status = run.status.clone();
+    until("the silent broker stalls the watch", || {
+        status
+            .stall()
+            .is_some_and(|s| s.reason == "broker_unavailable")
+    })
+    .await;
+    assert_eq!(run.sink.book().acked, [id("b", "8")]);
+    assert_eq!(
+        run.status.checkpoint_resource_version(),
+        None,
+        "b is stored, but a before it is not"
+    );
+    run.sink.release();
+    let (_, status, ended) = run.finish().await;
+    ended.expect("the pipeline ends cleanly");
+    assert_eq!(status.checkpoint_resource_version().as_deref(), Some("9"));
+    assert!(status.stall().is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failure_inside_a_transaction_aborts_it_and_sends_its_events_again_in_order() {
+    let sink = ScriptedSink::new(true, true);
+    // b fails once c is sent behind it; the abort purges c.
+    sink.script("b", &[Script::RetryAfter(Duration::from_secs(1))]);
+    sink.script("c", &[Script::Hold]);
+    let items = vec![event("a", "1"), event("b", "1"), event("c", "1")];
+    let (sink, status, ended) = Run::start(sink, items).finish().await;
+    ended.expect("the pipeline ends cleanly");
+    let round = [id("a", "1"), id("b", "1"), id("c", "1")];
+    assert_eq!(sent_ids(&sink), [round.clone(), round.clone()].concat());
+    let book = sink.book();
+    assert_eq!(book.aborts, 1);
+    assert_eq!(book.acked, [vec![id("a", "1")], round.to_vec()].concat());
+    assert_eq!(status.aborted_transactions.load(Ordering::Relaxed), 1);
+    assert_eq!(status.checkpoint_resource_version().as_deref(), Some("1"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fenced_producer_stops_the_pipeline() {
+    let sink = ScriptedSink::new(true, false);
+    sink.script("a", &[Script::Fatal]);
+    let (_, status, ended) = Run::start(sink, vec![event("a", "1"), event("b", "1")])
+        .finish()
+        .await;
+    assert!(
+        matches!(ended, Err(Error::Fenced { .. })),
+        "ended with {ended:?}"
+    );
+    assert_eq!(status.checkpoint_resource_version(), None);
+}

@@ -1,0 +1,157 @@
+//! The NATS client's settings from the validated `sink.nats` section: credentials read from
+//! their files, TLS, and errors of a refused connection that name the field behind them.
+
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use crate::config::NatsCredentials;
+use crate::sink::{Error, Result};
+
+async fn read_secret(field: &'static str, path: &std::path::Path) -> Result<String> {
+    tokio::fs::read_to_string(path)
+        .await
+        .map(|s| s.trim().to_string())
+        .map_err(|source| Error::NatsCredential {
+            field,
+            path: path.display().to_string(),
+            source,
+        })
+}
+
+pub(super) async fn connect_options(c: &NatsCredentials) -> Result<async_nats::ConnectOptions> {
+    let mut o = async_nats::ConnectOptions::new()
+        .name("kube-event-bridge")
+        .connection_timeout(Duration::from_secs(10))
+        .event_callback(|event| async move {
+            match event {
+                async_nats::Event::Connected => info!("nats connected"),
+                async_nats::Event::Disconnected => warn!("nats disconnected"),
+                other => info!(event = %other, "nats connection event"),
+            }
+        });
+    if let (Some(user), Some(path)) = (&c.user, &c.password_file) {
+        o = o.user_and_password(user.clone(), read_secret("passwordFile", path).await?);
+    }
+    if let Some(path) = &c.token_file {
+        o = o.token(read_secret("tokenFile", path).await?);
+    }
+    if let Some(path) = &c.nkey_seed_file {
+        o = o.nkey(read_secret("nkeySeedFile", path).await?);
+    }
+    if let Some(path) = &c.creds_file {
+        o = o
+            .credentials_file(path)
+            .await
+            .map_err(|source| Error::NatsCredential {
+                field: "credsFile",
+                path: path.display().to_string(),
+                source,
+            })?;
+    }
+    if let Some(ca) = &c.tls_ca_file {
+        o = o.add_root_certificates(ca.clone()).require_tls(true);
+    }
+    if let (Some(cert), Some(key)) = (&c.tls_cert_file, &c.tls_key_file) {
+        o = o
+            .add_client_certificate(cert.clone(), key.clone())
+            .require_tls(true);
+    }
+    Ok(o)
+}
+
+/// The error for a failed connection: a refused credential or a failed TLS handshake names the
+/// field behind it; anything else is a plain connection failure.
+pub(super) fn connect_error(
+    c: &NatsCredentials,
+    url: &str,
+    source: async_nats::ConnectError,
+) -> Error {
+    use async_nats::ConnectErrorKind as Kind;
+    let url = redact_url(url);
+    let (field, what) = match source.kind() {
+        Kind::AuthorizationViolation | Kind::Authentication => {
+            (credential_field(c), "refused the credentials")
+        }
+        Kind::Tls => (tls_field(c), "could not complete the TLS setup"),
+        Kind::Io if is_tls_failure(&source) => {
+            (tls_field(c), "could not complete the TLS handshake")
+        }
+        _ => return Error::NatsConnect { url, source },
+    };
+    Error::NatsRefused {
+        field: field.into(),
+        url,
+        what,
+        reason: source.to_string(),
+    }
+}
+
+/// The credential the client presented, as its configuration path.
+fn credential_field(c: &NatsCredentials) -> &'static str {
+    if c.creds_file.is_some() {
+        "sink.nats.credentials.credsFile"
+    } else if c.nkey_seed_file.is_some() {
+        "sink.nats.credentials.nkeySeedFile"
+    } else if c.token_file.is_some() {
+        "sink.nats.credentials.tokenFile"
+    } else if c.password_file.is_some() {
+        "sink.nats.credentials.passwordFile"
+    } else {
+        // None configured (or a `user:password@` in the URL).
+        "sink.nats.credentials"
+    }
+}
+
+/// The setting TLS verification rests on, as its configuration path.
+fn tls_field(c: &NatsCredentials) -> &'static str {
+    if c.tls_ca_file.is_some() {
+        "sink.nats.credentials.tlsCaFile"
+    } else {
+        "sink.nats.credentials.tlsCaFile (unset: the system's roots)"
+    }
+}
+
+/// Whether `error` comes from the TLS library (a certificate not verified, a protocol mismatch).
+fn is_tls_failure(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(error);
+    while let Some(e) = cause {
+        if e.is::<async_nats::rustls::Error>()
+            || e.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .is_some_and(|inner| inner.is::<async_nats::rustls::Error>())
+        {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
+}
+
+/// The URL with any `user:password@` removed, for error messages.
+pub fn redact_url(url: &str) -> String {
+    url.split(',')
+        .map(|u| match (u.find("://"), u.rfind('@')) {
+            (Some(s), Some(at)) if at > s => format!("{}***@{}", &u[..s + 3], &u[at + 1..]),
+            _ => u.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_never_reach_messages() {
+        assert_eq!(
+            redact_url("nats://alice:s3cret@host:4222"),
+            "nats://***@host:4222"
+        );
+        assert_eq!(
+            redact_url("nats://host:4222,tls://t@h2"),
+            "nats://host:4222,tls://***@h2"
+        );
+    }
+}

@@ -1,0 +1,9 @@
+//! NATS: JetStream publishes wait for the stream's acknowledgement and carry `Nats-Msg-Id` = event
+//! id, so the server drops a duplicate within its window. Core NATS (no `jetstream` section) is
+//! fire-and-forget: at most once. Checkpoints live in a JetStream key-value bucket.
+
+mod config;
+mod sink;
+
+pub use config::redact_url;
+pub use sink::{NatsSink, captures, classify, message};
