@@ -12,7 +12,7 @@ use super::classify::tests::object;
 use super::{Error, Pipeline, Status};
 use crate::budget::Reservation;
 use crate::change::ChangeKind;
-use crate::checkpoint::{Backend, Store};
+use crate::checkpoint::{Backend, FileStore, Store, WatchKey};
 use crate::config::SnapshotPolicy;
 use crate::encode::tests::configmaps;
 use crate::sink::AnySink;
@@ -47,6 +47,21 @@ struct Run {
 
 impl Run {
     fn start(sink: ScriptedSink, items: Vec<Item>) -> Self {
+        Self::start_with(
+            sink,
+            items,
+            Store::new(Backend::Memory),
+            Duration::from_secs(1),
+        )
+    }
+
+    /// Like [`Run::start`], with checkpoints in `store` every `interval`.
+    fn start_with(
+        sink: ScriptedSink,
+        items: Vec<Item>,
+        store: Store,
+        checkpoint_interval: Duration,
+    ) -> Self {
         let sink = Arc::new(sink);
         let status = Arc::new(Status::default());
         let pipeline = Pipeline {
@@ -55,10 +70,10 @@ impl Run {
             sink: sink.clone() as Arc<AnySink>,
             max_in_flight: 8,
             status: status.clone(),
-            store: Store::new(Backend::Memory),
+            store,
             resume: None,
             snapshot: SnapshotPolicy::Initial,
-            checkpoint_interval: Duration::from_secs(1),
+            checkpoint_interval,
             leadership: None,
             heartbeat: None,
         };
@@ -241,6 +256,42 @@ async fn the_checkpoint_never_passes_an_unacknowledged_event() {
     ended.expect("the pipeline ends cleanly");
     assert_eq!(status.checkpoint_resource_version().as_deref(), Some("9"));
     assert!(status.stall().is_none());
+}
+
+/// With durable checkpoints, a first list's starting point is saved as soon as its snapshot is
+/// acknowledged (not at the next checkpoint interval), and only then is the watch synced: a
+/// restart after `/readyz` said ready resumes from a checkpoint instead of starting afresh.
+#[tokio::test(start_paused = true)]
+async fn a_watch_is_synced_only_once_its_starting_point_is_saved() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("watch.checkpoint");
+    let store = Store::new(Backend::File(FileStore {
+        key: WatchKey::new("c", "v1", "configmaps", None, None, None),
+        path: path.clone(),
+        cluster: None,
+    }));
+    let sink = ScriptedSink::new(true, false);
+    sink.script("a", &[Script::Hold]);
+    let listed = Item::Listed(object("a", "5", "5"), SystemTime::now());
+    let items = vec![Item::ListBegin, listed, Item::ListEnd("5".into())];
+    let run = Run::start_with(sink, items, store, Duration::from_secs(3600));
+    run.sink.sent(1).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        !run.status.synced.load(Ordering::Relaxed),
+        "not synced while the snapshot awaits its acknowledgement"
+    );
+    assert!(!path.exists(), "nothing saved before the acknowledgement");
+    run.sink.release();
+    let status = run.status.clone();
+    until("the watch is synced", || {
+        status.synced.load(Ordering::Relaxed)
+    })
+    .await;
+    assert_eq!(status.checkpoint_resource_version().as_deref(), Some("5"));
+    assert!(path.exists(), "the starting point is on disk");
+    let (_, _, ended) = run.finish().await;
+    ended.expect("the pipeline ends cleanly");
 }
 
 #[tokio::test(start_paused = true)]
