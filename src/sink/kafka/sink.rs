@@ -4,7 +4,6 @@
 //! checkpoint records together.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -12,6 +11,7 @@ use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use tokio::sync::watch;
 use tracing::warn;
 
 use super::config::{consumer_settings, producer_config};
@@ -44,24 +44,11 @@ const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
 struct Transactional {
     id: String,
     timeout: Duration,
-    voided: Arc<Voided>,
-}
-
-/// Raised by a failed delivery inside the open transaction: the transaction is void, and
-/// librdkafka keeps what it had not sent yet (or must send again) queued until it is aborted,
-/// neither sending nor timing it out (`message.timeout.ms` is 0). Whoever waits for those
-/// deliveries in order must abort instead of waiting.
-#[derive(Debug, Default)]
-struct Voided {
-    raised: AtomicBool,
-    notify: tokio::sync::Notify,
-}
-
-impl Voided {
-    fn raise(&self) {
-        self.raised.store(true, Ordering::Release);
-        self.notify.notify_one();
-    }
+    /// Raised (`true`) by a failed delivery inside the open transaction: the transaction is
+    /// void, and librdkafka keeps what it had not sent yet (or must send again) queued until it
+    /// is aborted, neither sending nor timing it out (`message.timeout.ms` is 0). Whoever waits
+    /// for those deliveries in order must abort instead of waiting.
+    voided: Arc<watch::Sender<bool>>,
 }
 
 /// The Kafka sink.
@@ -127,19 +114,14 @@ impl KafkaSink {
         let Some(t) = &self.transactional else {
             return std::future::pending().await;
         };
-        loop {
-            let notified = t.voided.notify.notified();
-            if t.voided.raised.load(Ordering::Acquire) {
-                return;
-            }
-            notified.await;
-        }
+        // The sender lives as long as this sink: waiting cannot fail.
+        let _ = t.voided.subscribe().wait_for(|raised| *raised).await;
     }
 
     /// Every delivery of the aborted transaction has settled: the signal is lowered.
     fn settled_voided(&self) {
         if let Some(t) = &self.transactional {
-            t.voided.raised.store(false, Ordering::Release);
+            t.voided.send_replace(false);
         }
     }
 
@@ -156,7 +138,7 @@ impl KafkaSink {
         let transactional = Transactional {
             id: transactional_id.into(),
             timeout: Duration::from_secs(config.transaction_timeout_secs),
-            voided: Arc::default(),
+            voided: Arc::new(watch::channel(false).0),
         };
         let producer = start_transactional(&settings, &transactional)
             .await
@@ -355,7 +337,7 @@ impl KafkaSink {
                 outcome = settle(t).await;
             }
             if let (false, Some(voided)) = (matches!(outcome, Outcome::Acked), voided) {
-                voided.raise();
+                voided.send_replace(true);
             }
             Delivered { event, outcome }
         })
