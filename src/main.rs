@@ -123,6 +123,9 @@ fn load(path: &std::path::Path) -> anyhow::Result<Config> {
         .with_context(|| path.display().to_string())
 }
 
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
