@@ -123,6 +123,12 @@ fn load(path: &std::path::Path) -> anyhow::Result<Config> {
         .with_context(|| path.display().to_string())
 }
 
+/// jemalloc, for every allocation of the process (librdkafka's too), configured in
+/// `.cargo/config.toml` to return freed pages to the system after a second: glibc's allocator kept
+/// what a LIST or a burst had used (docs/architecture.md, "Memory").
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
