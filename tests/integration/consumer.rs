@@ -114,3 +114,30 @@ async fn kafka_store_equals_the_list_after_churn_and_restarts_and_a_new_store_re
 async fn nats_store_equals_the_list_after_churn_and_restarts_and_a_new_store_rebuilds_it() {
     churn_and_restarts(SinkKind::Nats).await;
 }
+
+/// Structured content mode (the whole event as the body) fills the store as binary mode does.
+async fn structured_mode(sink: SinkKind) {
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, "consumer-structured").await;
+    let cluster = unique_name("c");
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let (config, topics) = setup(sink, &cluster, &ns).await;
+    let config = format!("{config}    contentMode: structured\n");
+    let mut bridge = Bridge::start(&config);
+    bridge.wait_synced(1).await;
+    let live = LiveStore::open(sink, &cluster, &topics).await;
+    churn(&cms, "s").await;
+    let state = wait_store_equals_list(&live, &client, &ns, CONVERGE).await;
+    assert_eq!(state.len(), 4, "4 objects left by a round of churn");
+    live.assert_no_errors();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_structured_mode_fills_the_store() {
+    structured_mode(SinkKind::Kafka).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_structured_mode_fills_the_store() {
+    structured_mode(SinkKind::Nats).await;
+}
