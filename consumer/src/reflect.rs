@@ -36,3 +36,49 @@ where
         future::ready(out)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+
+    use super::*;
+    use crate::event::ChangeType::{Added, Deleted};
+    use crate::store::tests::{event, rec};
+
+    #[tokio::test]
+    async fn the_stream_of_changes_skips_what_changed_nothing_and_reports_catching_up() {
+        let writer = Writer::new();
+        let store = writer.store();
+        let a = event("a", "u1", 10, Added, "1");
+        let inputs = vec![
+            Ok::<_, std::convert::Infallible>(Input::Record(rec(a.clone()))),
+            Ok(Input::Record(rec(a))),
+            Ok(Input::Record(rec(event("b", "u2", 11, Added, "1")))),
+            Ok(Input::CaughtUp),
+            Ok(Input::Record(rec(event("b", "u2", 12, Deleted, "1")))),
+        ];
+        assert!(!store.is_ready());
+        let changes: Vec<Change> = reflect(writer, futures::stream::iter(inputs))
+            .map(Result::unwrap)
+            .collect()
+            .await;
+        let kinds: Vec<&str> = changes
+            .iter()
+            .map(|c| match c {
+                Change::Applied { .. } => "applied",
+                Change::Deleted { .. } => "deleted",
+                Change::CaughtUp => "caught up",
+            })
+            .collect();
+        assert_eq!(kinds, ["applied", "applied", "caught up", "deleted"]);
+        store.wait_until_ready().await;
+        assert_eq!(
+            store
+                .list()
+                .iter()
+                .map(|o| o.uid.as_str())
+                .collect::<Vec<_>>(),
+            ["u1"]
+        );
+    }
+}

@@ -508,4 +508,4 @@ fn patched(event: &Event, previous: Option<&Object>) -> Option<Value> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -10,7 +10,7 @@ use kube_event_bridge_consumer::{ObjectKey, Origin};
 use serde_json::json;
 
 use crate::harness::{Bridge, Proxy, SinkKind, kubeconfig_via, sink_yaml};
-use crate::store_check::{LiveStore, wait_store_equals_list};
+use crate::store_check::{LiveStore, assert_new_store_rebuilds, wait_store_equals_list};
 use crate::support::{self, kube_client, unique_name, unique_namespace};
 use crate::{EXCLUSIVE, cm, testenv};
 
@@ -91,8 +91,5 @@ pub async fn store_after_gone_repair(sink: SinkKind) {
     // A new store from the beginning, once caught up, holds the same state.
     bridge.signal("TERM");
     assert!(bridge.wait_exit(Duration::from_secs(30)).await.is_some());
-    let fresh = LiveStore::open(sink, &cluster, &topics).await;
-    fresh.wait_ready(CONVERGE).await;
-    assert_eq!(fresh.state(&ns), state, "the new store after catching up");
-    fresh.assert_no_errors();
+    assert_new_store_rebuilds(sink, &cluster, &topics, &ns, &state, CONVERGE).await;
 }

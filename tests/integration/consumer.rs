@@ -10,7 +10,9 @@ use kube::api::{Api, PostParams};
 use serde_json::json;
 
 use crate::harness::{Bridge, SinkKind, sink_yaml};
-use crate::store_check::{LiveStore, churn, compacted_topic, wait_store_equals_list};
+use crate::store_check::{
+    LiveStore, assert_new_store_rebuilds, churn, compacted_topic, wait_store_equals_list,
+};
 use crate::support::{kube_client, unique_name, unique_namespace};
 
 /// How long a store may take to reflect what the API server holds.
@@ -94,10 +96,7 @@ async fn churn_and_restarts(sink: SinkKind) {
     // caught up, it holds exactly what the LIST gives (nothing changes any more).
     bridge.signal("TERM");
     assert!(bridge.wait_exit(Duration::from_secs(30)).await.is_some());
-    let fresh = LiveStore::open(sink, &cluster, &topics).await;
-    fresh.wait_ready(CONVERGE).await;
-    assert_eq!(fresh.state(&ns), state, "the new store after catching up");
-    fresh.assert_no_errors();
+    let fresh = assert_new_store_rebuilds(sink, &cluster, &topics, &ns, &state, CONVERGE).await;
     eprintln!(
         "{sink:?}: live store changes {:?}; new store changes {:?}",
         live.counts.lock().unwrap(),

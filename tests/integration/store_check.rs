@@ -219,6 +219,24 @@ pub async fn wait_store_equals_list(
     }
 }
 
+/// Opens a new store reading from the beginning and asserts that, once it reports that it
+/// caught up (within `timeout`), it holds exactly `state` (call it when nothing changes any
+/// more). Returns the store.
+pub async fn assert_new_store_rebuilds(
+    sink: SinkKind,
+    cluster: &str,
+    topics: &[String],
+    ns: &str,
+    state: &State,
+    timeout: Duration,
+) -> LiveStore {
+    let fresh = LiveStore::open(sink, cluster, topics).await;
+    fresh.wait_ready(timeout).await;
+    assert_eq!(&fresh.state(ns), state, "the new store after catching up");
+    fresh.assert_no_errors();
+    fresh
+}
+
 /// Creates a compacted topic (`cleanup.policy=compact`, segments rolled and cleaned quickly
 /// so that compaction really runs during a test) with `partitions` partitions.
 pub async fn compacted_topic(name: &str, partitions: i32) {

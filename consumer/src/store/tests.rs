@@ -1,15 +1,13 @@
 //! The event contract on in-memory events: every rule of docs/consumers.md.
 
-use futures::StreamExt;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::reflect::{Input, reflect};
 
 const TOPIC: &str = "k8s.c.core.configmaps";
 
 /// A ConfigMap event: `ns/name`, its uid, resourceVersion, change and `data.v`.
-fn event(name: &str, uid: &str, rv: u64, change: ChangeType, v: &str) -> Event {
+pub(crate) fn event(name: &str, uid: &str, rv: u64, change: ChangeType, v: &str) -> Event {
     let word = match change {
         ChangeType::Added => "added",
         ChangeType::Modified => "modified",
@@ -45,7 +43,7 @@ fn object(name: &str, uid: &str, rv: u64, v: &str) -> Value {
     })
 }
 
-fn rec(e: Event) -> Record {
+pub(crate) fn rec(e: Event) -> Record {
     Record::Event {
         destination: TOPIC.into(),
         event: Box::new(e),
@@ -296,42 +294,5 @@ fn forgotten_uids_are_bounded() {
     assert_eq!(
         w.apply(rec(event("u3", "u3", 9, Added, ""))),
         Outcome::Stale
-    );
-}
-
-#[tokio::test]
-async fn the_stream_of_changes_skips_what_changed_nothing_and_reports_catching_up() {
-    let writer = Writer::new();
-    let store = writer.store();
-    let a = event("a", "u1", 10, Added, "1");
-    let inputs = vec![
-        Ok::<_, std::convert::Infallible>(Input::Record(rec(a.clone()))),
-        Ok(Input::Record(rec(a))),
-        Ok(Input::Record(rec(event("b", "u2", 11, Added, "1")))),
-        Ok(Input::CaughtUp),
-        Ok(Input::Record(rec(event("b", "u2", 12, Deleted, "1")))),
-    ];
-    assert!(!store.is_ready());
-    let changes: Vec<Change> = reflect(writer, futures::stream::iter(inputs))
-        .map(Result::unwrap)
-        .collect()
-        .await;
-    let kinds: Vec<&str> = changes
-        .iter()
-        .map(|c| match c {
-            Change::Applied { .. } => "applied",
-            Change::Deleted { .. } => "deleted",
-            Change::CaughtUp => "caught up",
-        })
-        .collect();
-    assert_eq!(kinds, ["applied", "applied", "caught up", "deleted"]);
-    store.wait_until_ready().await;
-    assert_eq!(
-        store
-            .list()
-            .iter()
-            .map(|o| o.uid.as_str())
-            .collect::<Vec<_>>(),
-        ["u1"]
     );
 }
