@@ -1,19 +1,20 @@
 //! The consumer library against the real bridge, API server and brokers: after churn and
 //! bridge restarts (SIGTERM, SIGKILL), its store equals a LIST from the API server; a new store
 //! reading from the beginning rebuilds the same state (Kafka: from a compacted topic with
-//! tombstones).
+//! tombstones); structured content mode and truncated events.
 
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube_event_bridge_consumer::{Body, MissingBody, ObjectKey};
 use serde_json::json;
 
 use crate::harness::{Bridge, SinkKind, sink_yaml};
 use crate::store_check::{
     LiveStore, assert_new_store_rebuilds, churn, compacted_topic, wait_store_equals_list,
 };
-use crate::support::{kube_client, unique_name, unique_namespace};
+use crate::support::{kube_client, unique_name, unique_namespace, wait_until};
 
 /// How long a store may take to reflect what the API server holds.
 const CONVERGE: Duration = Duration::from_secs(120);
@@ -139,4 +140,60 @@ async fn kafka_structured_mode_fills_the_store() {
 #[tokio::test(flavor = "multi_thread")]
 async fn nats_structured_mode_fills_the_store() {
     structured_mode(SinkKind::Nats).await;
+}
+
+/// An object too large for the broker arrives as a truncated reference: the store holds its
+/// identity and resourceVersion with the body flagged missing, until a full event restores it.
+async fn truncated_body(sink: SinkKind) {
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, "consumer-big").await;
+    let cluster = unique_name("c");
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let (config, topics) = setup(sink, &cluster, &ns).await;
+    let mut bridge = Bridge::start(&config);
+    bridge.wait_synced(1).await;
+    let live = LiveStore::open(sink, &cluster, &topics).await;
+    // About 1 MB: over librdkafka's message.max.bytes and the test NATS server's max_payload.
+    let big: ConfigMap = serde_json::from_value(
+        json!({"metadata": {"name": "big"}, "data": {"blob": "x".repeat(1_000_000)}}),
+    )
+    .unwrap();
+    let created = cms.create(&PostParams::default(), &big).await.unwrap();
+    let rv = created.metadata.resource_version.unwrap();
+    let key = ObjectKey::namespaced("configmaps", &ns, "big");
+    let body = wait_until(
+        "the store holds the truncated object at its resourceVersion",
+        CONVERGE,
+        || async {
+            let object = live.store.get(&key)?;
+            (object.resource_version == rv).then(|| object.body.clone())
+        },
+    )
+    .await;
+    assert_eq!(
+        body,
+        Body::Missing {
+            reason: MissingBody::Truncated,
+            last_full: None
+        }
+    );
+    cms.patch(
+        "big",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"blob": "small"}})),
+    )
+    .await
+    .unwrap();
+    wait_store_equals_list(&live, &client, &ns, CONVERGE).await;
+    live.assert_no_errors();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_truncated_event_flags_the_body_until_a_full_one() {
+    truncated_body(SinkKind::Kafka).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_truncated_event_flags_the_body_until_a_full_one() {
+    truncated_body(SinkKind::Nats).await;
 }
