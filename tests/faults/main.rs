@@ -402,3 +402,17 @@ async fn kafka_gone_after_apiserver_restart_is_repaired() {
 async fn nats_gone_after_apiserver_restart_is_repaired() {
     gone_repair(SinkKind::Nats).await;
 }
+
+mod consumer;
+#[path = "../integration/store_check.rs"]
+mod store_check;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_consumer_store_equals_the_list_after_gone_repair() {
+    consumer::store_after_gone_repair(SinkKind::Kafka).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_consumer_store_equals_the_list_after_gone_repair() {
+    consumer::store_after_gone_repair(SinkKind::Nats).await;
+}

@@ -1,0 +1,51 @@
+//! A store of the current Kubernetes objects, fed by the events
+//! [kube-event-bridge](https://github.com/kube-event-bridge) publishes to Kafka or NATS
+//! JetStream: like kube-runtime's reflector, without the API server.
+//!
+//! A [`Writer`] applies the event contract (docs/consumers.md) to every record: duplicates
+//! (same id) and stale versions (a `sequence` not newer than the store's for that uid) are
+//! dropped, deletes and Kafka tombstones remove objects, a recreated object (same name, new
+//! uid) replaces the old one, truncated and reference events keep the identity and version and
+//! flag the body as missing ([`Body::Missing`]). A [`Store`] reads it: get by name or uid,
+//! list, and [`Store::wait_until_ready`] once reading caught up with what was published when
+//! it started. A subscription ([`kafka::Subscription`], [`nats::Subscription`]) reads the
+//! topics or the stream and yields a stream of [`Change`]s.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! use futures::StreamExt;
+//! use kube_event_bridge_consumer::{Change, ObjectKey, Writer, kafka::Subscription};
+//!
+//! let mut client = rdkafka::ClientConfig::new();
+//! client.set("bootstrap.servers", "127.0.0.1:9092");
+//! let writer = Writer::new();
+//! let store = writer.store();
+//! let mut changes = Subscription::new(client, ["state.prod.configmaps"])
+//!     .reflect(writer)
+//!     .await?;
+//! while let Some(change) = changes.next().await {
+//!     match change? {
+//!         Change::Applied { object, .. } => println!("now {} at {}", object.key, object.resource_version),
+//!         Change::Deleted { object, .. } => println!("gone {}", object.key),
+//!         Change::CaughtUp => println!("{} objects", store.len()),
+//!     }
+//! }
+//! let web = store.get(&ObjectKey::namespaced("configmaps", "shop", "web"));
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod event;
+#[cfg(feature = "kafka")]
+pub mod kafka;
+#[cfg(feature = "nats")]
+pub mod nats;
+mod reflect;
+mod store;
+
+pub use event::{ChangeType, Event, Origin, Payload, Record};
+pub use reflect::{Input, reflect};
+pub use store::{
+    Body, Change, DEFAULT_FORGOTTEN_CAPACITY, DeleteCause, MissingBody, Object, ObjectKey, Outcome,
+    Store, Writer,
+};

@@ -1,0 +1,511 @@
+//! The store of current objects: a cheap-to-clone reader ([`Store`]) and the [`Writer`] that
+//! applies the event contract (docs/consumers.md) to every record read.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fmt;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use serde_json::Value;
+use tokio::sync::watch;
+
+use crate::event::{ChangeType, Event, Origin, Payload, Record};
+
+/// How many deleted (or replaced) uids the writer remembers by default, so that a late or
+/// repeated event of a deleted object cannot bring it back.
+pub const DEFAULT_FORGOTTEN_CAPACITY: usize = 100_000;
+
+/// Identifies an object by resource, namespace and name (`kubectl` style resource:
+/// `configmaps`, `deployments.apps`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectKey {
+    /// The plural resource, with its group after a dot unless it is the core group.
+    pub resource: String,
+    /// The namespace; `None` for cluster-scoped objects.
+    pub namespace: Option<String>,
+    /// The name.
+    pub name: String,
+}
+
+impl ObjectKey {
+    /// A namespaced object, e.g. `ObjectKey::namespaced("deployments.apps", "shop", "web")`.
+    pub fn namespaced(resource: &str, namespace: &str, name: &str) -> Self {
+        ObjectKey {
+            resource: resource.into(),
+            namespace: Some(namespace.into()),
+            name: name.into(),
+        }
+    }
+
+    /// A cluster-scoped object, e.g. `ObjectKey::cluster("nodes", "node-7")`.
+    pub fn cluster(resource: &str, name: &str) -> Self {
+        ObjectKey {
+            resource: resource.into(),
+            namespace: None,
+            name: name.into(),
+        }
+    }
+
+    fn of(event: &Event) -> Self {
+        let resource = match event.api_version.split_once('/') {
+            Some((group, _)) => format!("{}.{group}", event.resource),
+            None => event.resource.clone(),
+        };
+        ObjectKey {
+            resource,
+            namespace: event.namespace.clone(),
+            name: event.name.clone(),
+        }
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{} {ns}/{}", self.resource, self.name),
+            None => write!(f, "{} {}", self.resource, self.name),
+        }
+    }
+}
+
+/// Why the store does not hold an object's body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MissingBody {
+    /// The event exceeded the broker's size limit and was published as a reference
+    /// (`truncated: true`).
+    Truncated,
+    /// The resource publishes `payload: reference`.
+    Reference,
+    /// A `payload: diff` event without `object` whose patch could not be applied to the version
+    /// the store held.
+    Diff,
+}
+
+/// What the store knows of an object's content.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Body {
+    /// The whole object at [`Object::resource_version`], as the bridge published it.
+    Full(Value),
+    /// The object changed to [`Object::resource_version`], but the event did not carry it: read
+    /// it from the API server if you need it. `last_full` is the last whole version seen.
+    Missing {
+        /// Why.
+        reason: MissingBody,
+        /// The last whole version the store saw, if any (older than `resource_version`).
+        last_full: Option<Value>,
+    },
+}
+
+impl Body {
+    /// The current object, if the store has it.
+    pub fn full(&self) -> Option<&Value> {
+        match self {
+            Body::Full(v) => Some(v),
+            Body::Missing { .. } => None,
+        }
+    }
+
+    fn last_full(&self) -> Option<&Value> {
+        match self {
+            Body::Full(v) => Some(v),
+            Body::Missing { last_full, .. } => last_full.as_ref(),
+        }
+    }
+}
+
+/// One object in the store: its identity and version from the last applied event, and its body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Object {
+    /// Resource, namespace and name.
+    pub key: ObjectKey,
+    /// `metadata.uid`.
+    pub uid: String,
+    /// `apiVersion`.
+    pub api_version: String,
+    /// `kind`.
+    pub kind: String,
+    /// `metadata.resourceVersion` of the last applied event.
+    pub resource_version: String,
+    /// The `sequence` of the last applied event.
+    pub sequence: String,
+    /// The `origin` of the last applied event.
+    pub origin: Origin,
+    /// The `id` of the last applied event.
+    pub event_id: String,
+    /// The topic or subject the last event came from.
+    pub destination: String,
+    /// The object itself, or why the store does not have it.
+    pub body: Body,
+    partition_key: String,
+}
+
+/// A change of the store, as the stream of changes reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    /// An object was added or updated.
+    Applied {
+        /// The object now in the store.
+        object: Arc<Object>,
+        /// What it replaced under its name: the older version of the same uid, or, for an
+        /// object recreated under the same name (a new uid) whose predecessor's delete has not
+        /// arrived (it may be in another partition, or compacted away), the predecessor.
+        /// `None` for a new name.
+        previous: Option<Arc<Object>>,
+    },
+    /// An object left the store. `object` is its last state.
+    Deleted {
+        /// The object's last state (from the delete event when it carried the object).
+        object: Arc<Object>,
+        /// What removed it.
+        cause: DeleteCause,
+    },
+    /// Every topic partition or stream reached, at least, the position it had when reading
+    /// started: the store now reflects the state published until then.
+    CaughtUp,
+}
+
+/// What removed an object from the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeleteCause {
+    /// A `deleted` event, with its origin.
+    Event(Origin),
+    /// A Kafka tombstone for its key.
+    Tombstone,
+}
+
+/// What applying one record did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// The store changed.
+    Changed(Change),
+    /// The store already held this event (same id), or the uid was deleted and this is its
+    /// delete again.
+    Duplicate,
+    /// Older than what the store holds for that uid (`sequence` not newer), or an event of a
+    /// deleted or replaced uid: dropped.
+    Stale,
+    /// A delete or tombstone of an object the store never held: nothing to do (the uid is
+    /// remembered as deleted).
+    Unknown,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    by_uid: HashMap<String, Arc<Object>>,
+    by_key: HashMap<ObjectKey, String>,
+    by_partition_key: HashMap<(String, String), String>,
+    forgotten: Forgotten,
+}
+
+/// Uids deleted or replaced, oldest evicted first beyond the capacity.
+#[derive(Debug, Default)]
+struct Forgotten {
+    set: HashSet<String>,
+    order: VecDeque<String>,
+    capacity: usize,
+}
+
+impl Forgotten {
+    fn insert(&mut self, uid: String) {
+        if self.capacity == 0 || !self.set.insert(uid.clone()) {
+            return;
+        }
+        self.order.push_back(uid);
+        while self.order.len() > self.capacity {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+    }
+}
+
+/// A read handle on the store: cheap to clone, shared with the [`Writer`].
+#[derive(Debug, Clone)]
+pub struct Store {
+    state: Arc<RwLock<State>>,
+    ready: watch::Receiver<bool>,
+}
+
+impl Store {
+    fn read(&self) -> RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The object with this resource, namespace and name.
+    pub fn get(&self, key: &ObjectKey) -> Option<Arc<Object>> {
+        let state = self.read();
+        let uid = state.by_key.get(key)?;
+        state.by_uid.get(uid).cloned()
+    }
+
+    /// The object with this uid.
+    pub fn get_by_uid(&self, uid: &str) -> Option<Arc<Object>> {
+        self.read().by_uid.get(uid).cloned()
+    }
+
+    /// Every object, in no particular order.
+    pub fn list(&self) -> Vec<Arc<Object>> {
+        self.read().by_uid.values().cloned().collect()
+    }
+
+    /// How many objects the store holds.
+    pub fn len(&self) -> usize {
+        self.read().by_uid.len()
+    }
+
+    /// Whether the store is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether reading has caught up with what was published when it started.
+    pub fn is_ready(&self) -> bool {
+        *self.ready.borrow()
+    }
+
+    /// Waits until reading has caught up with what was published when it started (see
+    /// [`Change::CaughtUp`]). Returns at once if it already has; waits forever if the stream
+    /// of changes is dropped before.
+    pub async fn wait_until_ready(&self) {
+        let mut ready = self.ready.clone();
+        if ready.wait_for(|r| *r).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Applies records to the store. Created with [`Writer::new`]; hand it to a subscription
+/// (`kafka::Subscription::reflect`, `nats::Subscription::reflect`) or call [`Writer::apply`].
+#[derive(Debug)]
+pub struct Writer {
+    state: Arc<RwLock<State>>,
+    ready: watch::Sender<bool>,
+    store: Store,
+}
+
+impl Default for Writer {
+    fn default() -> Self {
+        Writer::new()
+    }
+}
+
+impl Writer {
+    /// An empty store and its writer, remembering [`DEFAULT_FORGOTTEN_CAPACITY`] deleted uids.
+    pub fn new() -> Self {
+        Writer::with_forgotten_capacity(DEFAULT_FORGOTTEN_CAPACITY)
+    }
+
+    /// An empty store remembering up to `capacity` deleted or replaced uids (oldest forgotten
+    /// first). A forgotten uid's late events could bring the object back; deletes arrive
+    /// after every other event of their uid, so this only matters for duplicates older than
+    /// `capacity` deletions.
+    pub fn with_forgotten_capacity(capacity: usize) -> Self {
+        let state = Arc::new(RwLock::new(State {
+            forgotten: Forgotten {
+                capacity,
+                ..Forgotten::default()
+            },
+            ..State::default()
+        }));
+        let (ready, receiver) = watch::channel(false);
+        Writer {
+            store: Store {
+                state: state.clone(),
+                ready: receiver,
+            },
+            state,
+            ready,
+        }
+    }
+
+    /// A reader of this writer's store.
+    pub fn store(&self) -> Store {
+        self.store.clone()
+    }
+
+    /// Marks the store as caught up ([`Store::wait_until_ready`] returns).
+    pub fn caught_up(&self) {
+        self.ready.send_replace(true);
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Applies one record following the event contract.
+    pub fn apply(&mut self, record: Record) -> Outcome {
+        let mut state = self.write();
+        match record {
+            Record::Event { destination, event } => state.apply_event(destination, *event),
+            Record::Tombstone { destination, key } => state.apply_tombstone(destination, key),
+        }
+    }
+}
+
+impl State {
+    fn apply_event(&mut self, destination: String, event: Event) -> Outcome {
+        if self.forgotten.set.contains(&event.uid) {
+            return match event.change {
+                ChangeType::Deleted => Outcome::Duplicate,
+                _ => Outcome::Stale,
+            };
+        }
+        let current = self.by_uid.get(&event.uid).cloned();
+        match (event.change, current) {
+            (ChangeType::Deleted, Some(current)) => {
+                // Never dropped for its sequence: a repaired delete repeats the last one.
+                // A repaired delete's data is a reference (name, uid, last resourceVersion):
+                // the object's last state is the one the store holds.
+                let origin = event.origin;
+                let body = match body_of(&event, Some(&current)) {
+                    Body::Full(v) if origin != Origin::Repaired => Body::Full(v),
+                    _ => current.body.clone(),
+                };
+                let last = Object {
+                    body,
+                    ..object_of(destination, event, Body::Full(Value::Null))
+                };
+                self.remove(&current);
+                Outcome::Changed(Change::Deleted {
+                    object: Arc::new(last),
+                    cause: DeleteCause::Event(origin),
+                })
+            }
+            (ChangeType::Deleted, None) => {
+                self.forgotten.insert(event.uid);
+                Outcome::Unknown
+            }
+            (_, Some(current)) if event.sequence <= current.sequence => {
+                if event.id == current.event_id {
+                    Outcome::Duplicate
+                } else {
+                    Outcome::Stale
+                }
+            }
+            (_, current) => self.upsert(destination, event, current),
+        }
+    }
+
+    /// Adds or updates the object of an added or modified event newer than the store's.
+    fn upsert(
+        &mut self,
+        destination: String,
+        event: Event,
+        previous: Option<Arc<Object>>,
+    ) -> Outcome {
+        let key = ObjectKey::of(&event);
+        let holder = self
+            .by_key
+            .get(&key)
+            .filter(|uid| **uid != event.uid)
+            .and_then(|uid| self.by_uid.get(uid))
+            .cloned();
+        if let Some(holder) = &holder
+            && holder.sequence > event.sequence
+        {
+            // An older incarnation of a name a newer uid already holds.
+            self.forgotten.insert(event.uid);
+            return Outcome::Stale;
+        }
+        let body = body_of(&event, previous.as_deref());
+        let object = Arc::new(object_of(destination, event, body));
+        let previous = match holder {
+            Some(holder) => {
+                self.remove(&holder);
+                Some(holder)
+            }
+            None => previous,
+        };
+        self.by_key.insert(object.key.clone(), object.uid.clone());
+        self.by_partition_key.insert(
+            (object.destination.clone(), object.partition_key.clone()),
+            object.uid.clone(),
+        );
+        self.by_uid.insert(object.uid.clone(), object.clone());
+        Outcome::Changed(Change::Applied { object, previous })
+    }
+
+    fn apply_tombstone(&mut self, destination: String, key: String) -> Outcome {
+        let Some(uid) = self
+            .by_partition_key
+            .get(&(destination, key.clone()))
+            .cloned()
+        else {
+            return Outcome::Unknown;
+        };
+        let Some(current) = self.by_uid.get(&uid).cloned() else {
+            return Outcome::Unknown;
+        };
+        self.remove(&current);
+        Outcome::Changed(Change::Deleted {
+            object: current,
+            cause: DeleteCause::Tombstone,
+        })
+    }
+
+    fn remove(&mut self, object: &Object) {
+        self.by_uid.remove(&object.uid);
+        if self.by_key.get(&object.key) == Some(&object.uid) {
+            self.by_key.remove(&object.key);
+        }
+        let pk = (object.destination.clone(), object.partition_key.clone());
+        if self.by_partition_key.get(&pk) == Some(&object.uid) {
+            self.by_partition_key.remove(&pk);
+        }
+        self.forgotten.insert(object.uid.clone());
+    }
+}
+
+/// The object an event describes, holding `body`.
+fn object_of(destination: String, event: Event, body: Body) -> Object {
+    Object {
+        key: ObjectKey::of(&event),
+        uid: event.uid,
+        api_version: event.api_version,
+        kind: event.kind,
+        resource_version: event.resource_version,
+        sequence: event.sequence,
+        origin: event.origin,
+        event_id: event.id,
+        destination,
+        body,
+        partition_key: event.partition_key,
+    }
+}
+
+/// The body an event gives the object, given the version the store held.
+fn body_of(event: &Event, previous: Option<&Object>) -> Body {
+    let last_full = || previous.and_then(|p| p.body.last_full()).cloned();
+    let missing = |reason| Body::Missing {
+        reason,
+        last_full: last_full(),
+    };
+    if event.truncated {
+        return missing(MissingBody::Truncated);
+    }
+    match event.payload {
+        Payload::Full => Body::Full(event.data.clone()),
+        Payload::Reference => missing(MissingBody::Reference),
+        Payload::Diff => match event.data.get("object") {
+            Some(object) if object.is_object() => Body::Full(object.clone()),
+            _ => patched(event, previous).map_or_else(|| missing(MissingBody::Diff), Body::Full),
+        },
+    }
+}
+
+/// A diff event without `object`: its patch applied to the store's version, if that is the
+/// version the patch starts from.
+fn patched(event: &Event, previous: Option<&Object>) -> Option<Value> {
+    let previous = previous?;
+    let base = previous.body.full()?;
+    let from = event.data.pointer("/previous/metadata/resourceVersion");
+    if from.is_some_and(|rv| rv.as_str() != Some(previous.resource_version.as_str())) {
+        return None;
+    }
+    let patch: json_patch::Patch = serde_json::from_value(event.data.get("patch")?.clone()).ok()?;
+    let mut doc = base.clone();
+    json_patch::patch(&mut doc, &patch).ok()?;
+    Some(doc)
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -1,0 +1,298 @@
+//! The event contract on in-memory events: every rule of docs/consumers.md.
+
+use serde_json::{Value, json};
+
+use super::*;
+
+const TOPIC: &str = "k8s.c.core.configmaps";
+
+/// A ConfigMap event: `ns/name`, its uid, resourceVersion, change and `data.v`.
+pub(crate) fn event(name: &str, uid: &str, rv: u64, change: ChangeType, v: &str) -> Event {
+    let word = match change {
+        ChangeType::Added => "added",
+        ChangeType::Modified => "modified",
+        ChangeType::Deleted => "deleted",
+    };
+    Event {
+        id: format!("{uid}:{rv}:{word}"),
+        source: "/k8s/c/api/v1/configmaps".into(),
+        change,
+        time: None,
+        cluster: "c".into(),
+        api_version: "v1".into(),
+        kind: "ConfigMap".into(),
+        resource: "configmaps".into(),
+        namespace: Some("ns".into()),
+        name: name.into(),
+        uid: uid.into(),
+        resource_version: rv.to_string(),
+        sequence: format!("{rv:020}"),
+        partition_key: uid.into(),
+        origin: Origin::Live,
+        payload: Payload::Full,
+        truncated: false,
+        data: object(name, uid, rv, v),
+    }
+}
+
+fn object(name: &str, uid: &str, rv: u64, v: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": rv.to_string()},
+        "data": {"v": v}
+    })
+}
+
+pub(crate) fn rec(e: Event) -> Record {
+    Record::Event {
+        destination: TOPIC.into(),
+        event: Box::new(e),
+    }
+}
+
+fn key(name: &str) -> ObjectKey {
+    ObjectKey::namespaced("configmaps", "ns", name)
+}
+
+/// `data.v` of the stored object `name`, or why there is none.
+fn value_of(store: &Store, name: &str) -> Option<String> {
+    let object = store.get(&key(name))?;
+    Some(match &object.body {
+        Body::Full(v) => v["data"]["v"].as_str().unwrap_or_default().to_string(),
+        Body::Missing { reason, .. } => format!("{reason:?}"),
+    })
+}
+
+use ChangeType::{Added, Deleted, Modified};
+
+#[test]
+fn an_event_seen_twice_is_a_duplicate() {
+    let mut w = Writer::new();
+    let e = event("a", "u1", 10, Added, "1");
+    assert!(matches!(w.apply(rec(e.clone())), Outcome::Changed(_)));
+    assert_eq!(w.apply(rec(e)), Outcome::Duplicate);
+    assert_eq!(w.store().len(), 1);
+}
+
+#[test]
+fn an_older_sequence_of_a_uid_is_stale_in_string_order() {
+    let mut w = Writer::new();
+    w.apply(rec(event("a", "u1", 1000, Modified, "new")));
+    assert_eq!(
+        w.apply(rec(event("a", "u1", 999, Modified, "old"))),
+        Outcome::Stale
+    );
+    assert_eq!(value_of(&w.store(), "a").as_deref(), Some("new"));
+    let Outcome::Changed(Change::Applied { object, previous }) =
+        w.apply(rec(event("a", "u1", 1001, Modified, "newer")))
+    else {
+        panic!("a newer sequence applies");
+    };
+    assert_eq!(object.resource_version, "1001");
+    assert_eq!(previous.unwrap().resource_version, "1000");
+}
+
+#[test]
+fn a_repaired_delete_with_the_last_sequence_removes_the_object_keeping_its_last_body() {
+    let mut w = Writer::new();
+    w.apply(rec(event("a", "u1", 10, Added, "1")));
+    let mut delete = event("a", "u1", 10, Deleted, "");
+    delete.origin = Origin::Repaired;
+    delete.data = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "a", "namespace": "ns", "uid": "u1", "resourceVersion": "10"}});
+    let Outcome::Changed(Change::Deleted { object, cause }) = w.apply(rec(delete.clone())) else {
+        panic!("a repaired delete applies");
+    };
+    assert_eq!(cause, DeleteCause::Event(Origin::Repaired));
+    // The repaired delete is a reference: the last full body stays with the deleted object.
+    assert_eq!(object.body.full().unwrap()["data"]["v"], "1");
+    assert!(w.store().is_empty());
+    assert_eq!(w.apply(rec(delete)), Outcome::Duplicate);
+}
+
+#[test]
+fn a_live_delete_carries_the_last_state() {
+    let mut w = Writer::new();
+    w.apply(rec(event("a", "u1", 10, Added, "1")));
+    let Outcome::Changed(Change::Deleted { object, .. }) =
+        w.apply(rec(event("a", "u1", 12, Deleted, "2")))
+    else {
+        panic!("a delete applies");
+    };
+    assert_eq!(object.body.full().unwrap()["data"]["v"], "2");
+    assert_eq!(object.resource_version, "12");
+}
+
+#[test]
+fn a_deleted_uid_never_comes_back() {
+    let mut w = Writer::new();
+    assert_eq!(
+        w.apply(rec(event("a", "u1", 12, Deleted, "2"))),
+        Outcome::Unknown
+    );
+    assert_eq!(
+        w.apply(rec(event("a", "u1", 10, Added, "1"))),
+        Outcome::Stale
+    );
+    assert!(w.store().is_empty());
+}
+
+#[test]
+fn a_recreated_object_replaces_its_predecessor_whatever_order_the_partitions_give() {
+    // New uid first (another partition ran ahead), then the old uid's history.
+    let mut w = Writer::new();
+    w.apply(rec(event("a", "new", 20, Added, "new")));
+    assert_eq!(
+        w.apply(rec(event("a", "old", 10, Added, "old"))),
+        Outcome::Stale
+    );
+    assert_eq!(
+        w.apply(rec(event("a", "old", 15, Deleted, "old"))),
+        Outcome::Duplicate
+    );
+    assert_eq!(value_of(&w.store(), "a").as_deref(), Some("new"));
+
+    // Old uid first, its delete not yet read: the new uid takes the name.
+    let mut w = Writer::new();
+    w.apply(rec(event("a", "old", 10, Added, "old")));
+    let Outcome::Changed(Change::Applied { object, previous }) =
+        w.apply(rec(event("a", "new", 20, Added, "new")))
+    else {
+        panic!("the new uid applies");
+    };
+    assert_eq!(object.uid, "new");
+    assert_eq!(previous.unwrap().uid, "old");
+    assert_eq!(w.store().len(), 1);
+    assert!(w.store().get_by_uid("old").is_none());
+    assert_eq!(
+        w.apply(rec(event("a", "old", 15, Deleted, "old"))),
+        Outcome::Duplicate
+    );
+    assert_eq!(value_of(&w.store(), "a").as_deref(), Some("new"));
+}
+
+#[test]
+fn tombstones_remove_by_record_key_within_their_topic() {
+    let mut w = Writer::new();
+    let mut e = event("a", "u1", 10, Added, "1");
+    e.partition_key = "ns/a".into();
+    w.apply(rec(e));
+    let other_topic = Record::Tombstone {
+        destination: "elsewhere".into(),
+        key: "ns/a".into(),
+    };
+    assert_eq!(w.apply(other_topic), Outcome::Unknown);
+    let tombstone = Record::Tombstone {
+        destination: TOPIC.into(),
+        key: "ns/a".into(),
+    };
+    let Outcome::Changed(Change::Deleted { object, cause }) = w.apply(tombstone.clone()) else {
+        panic!("the tombstone removes the object");
+    };
+    assert_eq!((object.uid.as_str(), cause), ("u1", DeleteCause::Tombstone));
+    assert_eq!(w.apply(tombstone), Outcome::Unknown);
+    // The tombstone right behind a delete finds nothing left.
+    w.apply(rec(event("b", "u2", 11, Added, "1")));
+    w.apply(rec(event("b", "u2", 12, Deleted, "1")));
+    let behind = Record::Tombstone {
+        destination: TOPIC.into(),
+        key: "u2".into(),
+    };
+    assert_eq!(w.apply(behind), Outcome::Unknown);
+}
+
+#[test]
+fn a_truncated_event_keeps_the_version_and_flags_the_body_until_a_full_one_arrives() {
+    let mut w = Writer::new();
+    w.apply(rec(event("a", "u1", 10, Added, "1")));
+    let mut truncated = event("a", "u1", 11, Modified, "");
+    truncated.payload = Payload::Reference;
+    truncated.truncated = true;
+    truncated.data =
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "name": "a", "namespace": "ns"});
+    w.apply(rec(truncated));
+    let object = w.store().get(&key("a")).unwrap();
+    assert_eq!(object.resource_version, "11");
+    let Body::Missing { reason, last_full } = &object.body else {
+        panic!("the body is missing");
+    };
+    assert_eq!(*reason, MissingBody::Truncated);
+    assert_eq!(last_full.as_ref().unwrap()["data"]["v"], "1");
+    w.apply(rec(event("a", "u1", 12, Modified, "3")));
+    assert_eq!(value_of(&w.store(), "a").as_deref(), Some("3"));
+}
+
+#[test]
+fn a_reference_payload_stores_identity_and_version_only() {
+    let mut w = Writer::new();
+    let mut e = event("a", "u1", 10, Added, "");
+    e.payload = Payload::Reference;
+    w.apply(rec(e));
+    assert_eq!(value_of(&w.store(), "a").as_deref(), Some("Reference"));
+}
+
+#[test]
+fn diff_payloads_give_the_object_or_apply_the_patch_to_the_stored_version() {
+    let mut w = Writer::new();
+    w.apply(rec(event("a", "u1", 10, Added, "1")));
+    let mut with_object = event("a", "u1", 11, Modified, "");
+    with_object.payload = Payload::Diff;
+    with_object.data = json!({"object": object("a", "u1", 11, "2"), "patch": null});
+    w.apply(rec(with_object));
+    assert_eq!(value_of(&w.store(), "a").as_deref(), Some("2"));
+
+    let mut patch_only = event("a", "u1", 12, Modified, "");
+    patch_only.payload = Payload::Diff;
+    patch_only.data = json!({"patch": [
+        {"op": "replace", "path": "/data/v", "value": "3"},
+        {"op": "replace", "path": "/metadata/resourceVersion", "value": "12"}]});
+    w.apply(rec(patch_only));
+    let stored = w.store().get(&key("a")).unwrap();
+    assert_eq!(stored.body.full().unwrap(), &object("a", "u1", 12, "3"));
+
+    // A patch from a version the store does not hold cannot be applied.
+    let mut wrong_base = event("a", "u1", 14, Modified, "");
+    wrong_base.payload = Payload::Diff;
+    wrong_base.data = json!({"patch": [{"op": "replace", "path": "/data/v", "value": "5"}],
+        "previous": object("a", "u1", 13, "4")});
+    w.apply(rec(wrong_base));
+    assert_eq!(value_of(&w.store(), "a").as_deref(), Some("Diff"));
+}
+
+#[test]
+fn cluster_scoped_and_grouped_objects_are_keyed_by_resource_and_group() {
+    let mut w = Writer::new();
+    let mut node = event("n1", "u1", 10, Added, "");
+    node.namespace = None;
+    node.resource = "nodes".into();
+    w.apply(rec(node));
+    let mut deployment = event("web", "u2", 11, Added, "");
+    deployment.api_version = "apps/v1".into();
+    deployment.resource = "deployments".into();
+    w.apply(rec(deployment));
+    let store = w.store();
+    assert!(store.get(&ObjectKey::cluster("nodes", "n1")).is_some());
+    assert!(
+        store
+            .get(&ObjectKey::namespaced("deployments.apps", "ns", "web"))
+            .is_some()
+    );
+    assert!(store.get(&key("web")).is_none());
+}
+
+#[test]
+fn forgotten_uids_are_bounded() {
+    let mut w = Writer::with_forgotten_capacity(2);
+    for uid in ["u1", "u2", "u3"] {
+        w.apply(rec(event(uid, uid, 10, Deleted, "")));
+    }
+    // u1 was forgotten first: its late add is taken as new.
+    assert!(matches!(
+        w.apply(rec(event("u1", "u1", 9, Added, ""))),
+        Outcome::Changed(_)
+    ));
+    assert_eq!(
+        w.apply(rec(event("u3", "u3", 9, Added, ""))),
+        Outcome::Stale
+    );
+}

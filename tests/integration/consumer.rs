@@ -1,0 +1,199 @@
+//! The consumer library against the real bridge, API server and brokers: after churn and
+//! bridge restarts (SIGTERM, SIGKILL), its store equals a LIST from the API server; a new store
+//! reading from the beginning rebuilds the same state (Kafka: from a compacted topic with
+//! tombstones); structured content mode and truncated events.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube_event_bridge_consumer::{Body, MissingBody, ObjectKey};
+use serde_json::json;
+
+use crate::harness::{Bridge, SinkKind, sink_yaml};
+use crate::store_check::{
+    LiveStore, assert_new_store_rebuilds, churn, compacted_topic, wait_store_equals_list,
+};
+use crate::support::{kube_client, unique_name, unique_namespace, wait_until};
+
+/// How long a store may take to reflect what the API server holds.
+const CONVERGE: Duration = Duration::from_secs(120);
+
+/// The bridge's configuration and the topics a store reads. Kafka: the resource's own
+/// compacted topic, keyed by `namespace/name`, with tombstones.
+async fn setup(sink: SinkKind, cluster: &str, ns: &str) -> (String, Vec<String>) {
+    let (extra, topics) = match sink {
+        SinkKind::Kafka => {
+            let topic = format!("state.{cluster}.configmaps");
+            compacted_topic(&topic, 3).await;
+            (
+                ", topic: \"state.{cluster}.{resource}\", key: namespacedName, tombstones: true",
+                vec![topic],
+            )
+        }
+        _ => ("", Vec::new()),
+    };
+    let config = format!(
+        "cluster: {cluster}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]{extra}}}\n{}",
+        sink_yaml(sink, cluster)
+    );
+    (config, topics)
+}
+
+async fn churn_and_restarts(sink: SinkKind) {
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, "consumer").await;
+    let cluster = unique_name("c");
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    for i in 0..4 {
+        let cm: ConfigMap =
+            serde_json::from_value(json!({"metadata": {"name": format!("pre-{i}")}})).unwrap();
+        cms.create(&PostParams::default(), &cm).await.unwrap();
+    }
+    let (config, topics) = setup(sink, &cluster, &ns).await;
+    let mut bridge = Bridge::start(&config);
+    bridge.wait_synced(1).await;
+    let live = LiveStore::open(sink, &cluster, &topics).await;
+    live.wait_ready(CONVERGE).await;
+    churn(&cms, "r1").await;
+    wait_store_equals_list(&live, &client, &ns, CONVERGE).await;
+
+    // A graceful restart, with churn while the bridge is down.
+    bridge.signal("TERM");
+    let status = bridge.wait_exit(Duration::from_secs(30)).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "SIGTERM: {status:?}\n{}",
+        bridge.log_text()
+    );
+    churn(&cms, "r2").await;
+    // A restart resumes from the checkpoint: no LIST, no "initial state published".
+    let mut bridge = Bridge::start(&config);
+    wait_store_equals_list(&live, &client, &ns, CONVERGE).await;
+
+    // SIGKILL in the middle of churn: the restart aborts (Kafka) or republishes (NATS) what
+    // followed the last checkpoint, with the same ids.
+    let background = {
+        let cms = cms.clone();
+        tokio::spawn(async move { churn(&cms, "r3").await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    bridge.signal("KILL");
+    assert!(bridge.wait_exit(Duration::from_secs(30)).await.is_some());
+    drop(bridge);
+    let mut bridge = Bridge::start(&config);
+    background.await.unwrap();
+    churn(&cms, "r4").await;
+    let state = wait_store_equals_list(&live, &client, &ns, CONVERGE).await;
+    live.assert_no_errors();
+    assert_eq!(
+        state.len(),
+        4 + 4 * 4,
+        "4 objects before, 4 left by each round of churn"
+    );
+    assert!(live.count("caught up") == 1, "caught up once");
+
+    // A new store from the beginning rebuilds the state on its own: once it reports that it
+    // caught up, it holds exactly what the LIST gives (nothing changes any more).
+    bridge.signal("TERM");
+    assert!(bridge.wait_exit(Duration::from_secs(30)).await.is_some());
+    let fresh = assert_new_store_rebuilds(sink, &cluster, &topics, &ns, &state, CONVERGE).await;
+    eprintln!(
+        "{sink:?}: live store changes {:?}; new store changes {:?}",
+        live.counts.lock().unwrap(),
+        fresh.counts.lock().unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_store_equals_the_list_after_churn_and_restarts_and_a_new_store_rebuilds_it() {
+    churn_and_restarts(SinkKind::Kafka).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_store_equals_the_list_after_churn_and_restarts_and_a_new_store_rebuilds_it() {
+    churn_and_restarts(SinkKind::Nats).await;
+}
+
+/// Structured content mode (the whole event as the body) fills the store as binary mode does.
+async fn structured_mode(sink: SinkKind) {
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, "consumer-structured").await;
+    let cluster = unique_name("c");
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let (config, topics) = setup(sink, &cluster, &ns).await;
+    let config = format!("{config}    contentMode: structured\n");
+    let mut bridge = Bridge::start(&config);
+    bridge.wait_synced(1).await;
+    let live = LiveStore::open(sink, &cluster, &topics).await;
+    churn(&cms, "s").await;
+    let state = wait_store_equals_list(&live, &client, &ns, CONVERGE).await;
+    assert_eq!(state.len(), 4, "4 objects left by a round of churn");
+    live.assert_no_errors();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_structured_mode_fills_the_store() {
+    structured_mode(SinkKind::Kafka).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_structured_mode_fills_the_store() {
+    structured_mode(SinkKind::Nats).await;
+}
+
+/// An object too large for the broker arrives as a truncated reference: the store holds its
+/// identity and resourceVersion with the body flagged missing, until a full event restores it.
+async fn truncated_body(sink: SinkKind) {
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, "consumer-big").await;
+    let cluster = unique_name("c");
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let (config, topics) = setup(sink, &cluster, &ns).await;
+    let mut bridge = Bridge::start(&config);
+    bridge.wait_synced(1).await;
+    let live = LiveStore::open(sink, &cluster, &topics).await;
+    // About 1 MB: over librdkafka's message.max.bytes and the test NATS server's max_payload.
+    let big: ConfigMap = serde_json::from_value(
+        json!({"metadata": {"name": "big"}, "data": {"blob": "x".repeat(1_000_000)}}),
+    )
+    .unwrap();
+    let created = cms.create(&PostParams::default(), &big).await.unwrap();
+    let rv = created.metadata.resource_version.unwrap();
+    let key = ObjectKey::namespaced("configmaps", &ns, "big");
+    let body = wait_until(
+        "the store holds the truncated object at its resourceVersion",
+        CONVERGE,
+        || async {
+            let object = live.store.get(&key)?;
+            (object.resource_version == rv).then(|| object.body.clone())
+        },
+    )
+    .await;
+    assert_eq!(
+        body,
+        Body::Missing {
+            reason: MissingBody::Truncated,
+            last_full: None
+        }
+    );
+    cms.patch(
+        "big",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"blob": "small"}})),
+    )
+    .await
+    .unwrap();
+    wait_store_equals_list(&live, &client, &ns, CONVERGE).await;
+    live.assert_no_errors();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_truncated_event_flags_the_body_until_a_full_one() {
+    truncated_body(SinkKind::Kafka).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_truncated_event_flags_the_body_until_a_full_one() {
+    truncated_body(SinkKind::Nats).await;
+}
