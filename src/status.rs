@@ -89,8 +89,9 @@ pub struct Stall {
 pub const STALL_AFTER: Duration = Duration::from_secs(30);
 
 /// Closed set of [`Stall`] reasons, for metrics.
-pub const STALL_REASONS: [&str; 6] = [
+pub const STALL_REASONS: [&str; 7] = [
     "not_authorized",
+    "not_found",
     "unknown_topic",
     "invalid_topic",
     "publish_failing",
