@@ -92,7 +92,8 @@ async fn http_binary_mode_posts_to_the_rendered_url() {
         "    url: \"{}{{resource}}/{{namespace}}?name={{name}}\"\n",
         receiver.url()
     );
-    let bridge = Bridge::start(&config(&cluster, &ns, dir.path(), &sink));
+    let mut bridge = Bridge::start(&config(&cluster, &ns, dir.path(), &sink));
+    bridge.wait_synced(1).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let created = cms
         .create(&PostParams::default(), &cm("a.b", "1"))
@@ -179,7 +180,8 @@ async fn http_keeps_order_per_object_under_concurrency() {
         Reply::Slow(Duration::from_millis(n * 7 % 40))
     });
     let sink = format!("    url: \"{}\"\n    maxInFlight: 4\n", receiver.url());
-    let bridge = Bridge::start(&config(&cluster, &ns, dir.path(), &sink));
+    let mut bridge = Bridge::start(&config(&cluster, &ns, dir.path(), &sink));
+    bridge.wait_synced(1).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let want = churn(&cms, 12, 5).await;
     let total: usize = want.values().map(Vec::len).sum();
@@ -304,7 +306,8 @@ async fn http_intermittent_failures_lose_nothing() {
         }
     });
     let sink = format!("    url: \"{}\"\n    timeoutSecs: 1\n", receiver.url());
-    let bridge = Bridge::start(&config(&cluster, &ns, dir.path(), &sink));
+    let mut bridge = Bridge::start(&config(&cluster, &ns, dir.path(), &sink));
+    bridge.wait_synced(1).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let want = churn(&cms, 8, 4).await;
     let total: usize = want.values().map(Vec::len).sum();
