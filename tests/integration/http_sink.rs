@@ -32,6 +32,14 @@ fn config(cluster: &str, ns: &str, dir: &std::path::Path, sink: &str) -> String 
     )
 }
 
+/// What every test here starts from: a client, a fresh namespace, a cluster name and a
+/// directory for checkpoints and credential files.
+async fn scene(prefix: &str) -> (kube::Client, String, String, tempfile::TempDir) {
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, prefix).await;
+    (client, ns, unique_name("c"), tempfile::tempdir().unwrap())
+}
+
 fn reader(receiver: &Receiver) -> Reader {
     Reader::Http(receiver.clone(), 0)
 }
@@ -83,10 +91,7 @@ async fn churn(cms: &Api<ConfigMap>, objects: usize, updates: usize) -> BTreeMap
 /// the body, parsed by the SDK; posted to the path the template renders.
 #[tokio::test(flavor = "multi_thread")]
 async fn http_binary_mode_posts_to_the_rendered_url() {
-    let client = kube_client().await;
-    let ns = unique_namespace(&client, "httpbin").await;
-    let cluster = unique_name("c");
-    let dir = tempfile::tempdir().unwrap();
+    let (client, ns, cluster, dir) = scene("httpbin").await;
     let receiver = Receiver::start();
     let sink = format!(
         "    url: \"{}{{resource}}/{{namespace}}?name={{name}}\"\n",
@@ -130,10 +135,7 @@ async fn http_binary_mode_posts_to_the_rendered_url() {
 /// configured extensions.
 #[tokio::test(flavor = "multi_thread")]
 async fn http_structured_mode_carries_extensions() {
-    let client = kube_client().await;
-    let ns = unique_namespace(&client, "httpstr").await;
-    let cluster = unique_name("c");
-    let dir = tempfile::tempdir().unwrap();
+    let (client, ns, cluster, dir) = scene("httpstr").await;
     let receiver = Receiver::start();
     let sink = format!(
         "    url: \"{}\"\n    contentMode: structured\n    extensions: {{team: payments}}\n",
@@ -169,10 +171,7 @@ async fn http_structured_mode_carries_extensions() {
 /// objects (never more than `maxInFlight`), and each object's events arrive in order.
 #[tokio::test(flavor = "multi_thread")]
 async fn http_keeps_order_per_object_under_concurrency() {
-    let client = kube_client().await;
-    let ns = unique_namespace(&client, "httpord").await;
-    let cluster = unique_name("c");
-    let dir = tempfile::tempdir().unwrap();
+    let (client, ns, cluster, dir) = scene("httpord").await;
     let receiver = Receiver::start();
     let mut n = 0u64;
     receiver.script(move |_| {
@@ -202,10 +201,7 @@ async fn http_keeps_order_per_object_under_concurrency() {
 /// and subject, with the bridge's id and extensions kept.
 #[tokio::test(flavor = "multi_thread")]
 async fn http_knative_drop_in_from_k_sink() {
-    let client = kube_client().await;
-    let ns = unique_namespace(&client, "httpkn").await;
-    let cluster = unique_name("c");
-    let dir = tempfile::tempdir().unwrap();
+    let (client, ns, cluster, dir) = scene("httpkn").await;
     let receiver = Receiver::start();
     let config = format!(
         "cluster: {cluster}\neventFormat: knative\ncheckpoint: {{directory: \"{}\"}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n- {{apiVersion: v1, resource: secrets, namespaces: [{ns}], payload: reference}}\n",
@@ -286,10 +282,7 @@ async fn http_knative_drop_in_from_k_sink() {
 /// Every event arrives once, with its id unchanged, each object's events in order.
 #[tokio::test(flavor = "multi_thread")]
 async fn http_intermittent_failures_lose_nothing() {
-    let client = kube_client().await;
-    let ns = unique_namespace(&client, "httpflaky").await;
-    let cluster = unique_name("c");
-    let dir = tempfile::tempdir().unwrap();
+    let (client, ns, cluster, dir) = scene("httpflaky").await;
     let receiver = Receiver::start();
     let mut n = 0usize;
     receiver.script(move |seen| {
@@ -354,10 +347,7 @@ async fn http_intermittent_failures_lose_nothing() {
 /// stalled; once it is back, every change made meanwhile arrives and `/readyz` recovers.
 #[tokio::test(flavor = "multi_thread")]
 async fn http_receiver_down_for_a_while() {
-    let client = kube_client().await;
-    let ns = unique_namespace(&client, "httpdown").await;
-    let cluster = unique_name("c");
-    let dir = tempfile::tempdir().unwrap();
+    let (client, ns, cluster, dir) = scene("httpdown").await;
     let mut receiver = Receiver::start();
     let sink = format!("    url: \"{}\"\n", receiver.url());
     let mut bridge = Bridge::start(&config(&cluster, &ns, dir.path(), &sink));
@@ -392,10 +382,7 @@ async fn http_receiver_down_for_a_while() {
 /// resumes, losing nothing, once the receiver accepts again.
 #[tokio::test(flavor = "multi_thread")]
 async fn http_400_is_skipped_and_401_blocks_until_fixed() {
-    let client = kube_client().await;
-    let ns = unique_namespace(&client, "http4xx").await;
-    let cluster = unique_name("c");
-    let dir = tempfile::tempdir().unwrap();
+    let (client, ns, cluster, dir) = scene("http4xx").await;
     let receiver = Receiver::start();
     let sink = format!("    url: \"{}?name={{name}}\"\n", receiver.url());
     receiver.script(|seen| {
@@ -457,10 +444,7 @@ async fn http_tls_with_a_custom_ca_and_a_rotated_bearer_token() {
     let (ca, _) = crate::support::testenv_cas();
     let pki = std::path::Path::new(&ca).parent().unwrap().to_path_buf();
     let receiver = Receiver::start_tls(&pki.join("broker.crt"), &pki.join("broker.key"));
-    let client = kube_client().await;
-    let ns = unique_namespace(&client, "httptls").await;
-    let cluster = unique_name("c");
-    let dir = tempfile::tempdir().unwrap();
+    let (client, ns, cluster, dir) = scene("httptls").await;
     let token = dir.path().join("token");
     std::fs::write(&token, "first-s3cret\n").unwrap();
     let accepted_token =
@@ -504,10 +488,7 @@ async fn http_tls_refuses_a_receiver_the_ca_did_not_sign() {
     let (ca, other_ca) = crate::support::testenv_cas();
     let pki = std::path::Path::new(&ca).parent().unwrap().to_path_buf();
     let receiver = Receiver::start_tls(&pki.join("broker.crt"), &pki.join("broker.key"));
-    let client = kube_client().await;
-    let ns = unique_namespace(&client, "httptlsno").await;
-    let cluster = unique_name("c");
-    let dir = tempfile::tempdir().unwrap();
+    let (client, ns, cluster, dir) = scene("httptlsno").await;
     let sink = format!(
         "    url: \"{}\"\n    credentials: {{tlsCaFile: \"{other_ca}\"}}\n",
         receiver.url()
@@ -533,10 +514,7 @@ async fn http_tls_refuses_a_receiver_the_ca_did_not_sign() {
 #[tokio::test(flavor = "multi_thread")]
 async fn http_basic_credentials_from_a_file() {
     let receiver = Receiver::start();
-    let client = kube_client().await;
-    let ns = unique_namespace(&client, "httpbasic").await;
-    let cluster = unique_name("c");
-    let dir = tempfile::tempdir().unwrap();
+    let (client, ns, cluster, dir) = scene("httpbasic").await;
     let password = dir.path().join("password");
     std::fs::write(&password, "pa55-s3cret\n").unwrap();
     // "bridge:pa55-s3cret" in base64.
