@@ -99,7 +99,8 @@ pub struct Config {
 }
 
 impl Config {
-    /// Whether checkpoints are kept somewhere durable (a broker, or the stdout sink's directory);
+    /// Whether checkpoints are kept somewhere durable (a broker, or the stdout or http sink's
+    /// directory, which the http sink requires);
     /// they are then tied to the cluster's identity (the uid of namespace `kube-system`).
     pub fn keeps_checkpoints(&self) -> bool {
         self.checkpoint.enabled

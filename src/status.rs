@@ -75,7 +75,7 @@ pub struct Status {
 /// resumes by itself once the cause is gone; meanwhile `/readyz` fails naming the reason.
 #[derive(Debug, Clone)]
 pub struct Stall {
-    /// Closed-set label (`not_authorized`, `unknown_topic`, `invalid_topic`,
+    /// Closed-set label (`not_authorized`, `not_found`, `unknown_topic`, `invalid_topic`,
     /// `publish_failing`, `broker_unavailable`).
     pub reason: &'static str,
     /// The broker's last message.
