@@ -302,6 +302,10 @@ pub async fn crash_loop(sink: SinkKind, objects: usize, kills: usize) {
         );
     }
     drop(bridge);
+    if sink == SinkKind::Http {
+        let dir = std::env::temp_dir().join(format!("keb-checkpoints-{cluster}"));
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
 
 /// Waits until one of `bridges` logs `message`, returning its index.

@@ -451,6 +451,75 @@ mod tests {
         assert_eq!(retry_after(&headers, now), None);
     }
 
+    fn sink(extra: &str) -> HttpSink {
+        let yaml = format!("{{url: 'http://127.0.0.1:1/{{namespace}}/{{name}}'{extra}}}");
+        let config: HttpConfig = serde_yaml_ng::from_str(&yaml).unwrap();
+        let url = Template::parse(&config.url).unwrap();
+        HttpSink::new(&config, url).unwrap()
+    }
+
+    fn event() -> Event {
+        let change = crate::change::Change {
+            kind: crate::change::ChangeKind::Added,
+            origin: crate::change::Origin::Live,
+            object: serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "web", "namespace": "shop", "uid": "u-1", "resourceVersion": "7"},
+                "data": {"k": "v"}
+            }))
+            .unwrap(),
+            observed: SystemTime::now(),
+        };
+        let info = crate::encode::tests::configmaps("");
+        crate::encode::encode(&info, change, None).unwrap().event
+    }
+
+    #[tokio::test]
+    async fn binary_and_structured_messages_carry_the_extensions() {
+        let e = event();
+        let binary = sink(", extensions: {team: a b}");
+        assert_eq!(binary.url_for(&e), "http://127.0.0.1:1/shop/web");
+        let (headers, body) = binary.message(&e);
+        assert_eq!(headers[CONTENT_TYPE], DATA_CONTENT_TYPE);
+        assert_eq!(headers["ce-id"], e.id.as_str());
+        assert_eq!(headers["ce-team"], "a%20b");
+        assert_eq!(body.as_ref(), e.data.as_slice());
+
+        let structured = sink(", contentMode: structured, extensions: {team: a b}");
+        let (headers, body) = structured.message(&e);
+        assert_eq!(headers[CONTENT_TYPE], STRUCTURED_CONTENT_TYPE);
+        assert!(!headers.contains_key("ce-id"));
+        let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(doc["team"], "a b");
+        assert_eq!(doc["id"], e.id.as_str());
+        assert_eq!(
+            doc["data"],
+            serde_json::from_slice::<serde_json::Value>(&e.data).unwrap()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_after_holds_every_request_to_its_origin_only() {
+        let inner = sink("").inner.clone();
+        inner.hold("http://a:1".into(), Duration::from_secs(3));
+        inner.hold("http://a:1".into(), Duration::from_secs(1));
+        let start = Instant::now();
+        inner.wait_for("http://a:1").await;
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_secs(3),
+            "the longer hold wins"
+        );
+        let start = Instant::now();
+        inner.wait_for("http://b:1").await;
+        assert_eq!(
+            start.elapsed(),
+            Duration::ZERO,
+            "another receiver is not held"
+        );
+    }
+
     #[test]
     fn header_values_are_percent_encoded_and_urls_lose_their_query() {
         assert_eq!(
