@@ -6,7 +6,8 @@
 //! [`crate::discovery`].
 //!
 //! The parts: `file` (the sections as written, with their defaults), `resource` (one
-//! `resources[]` entry), `sink` (the sink section), `destination` (topic and subject templates,
+//! `resources[]` entry), `sink` (the sink section), `http` (the HTTP sink and Knative's
+//! `K_SINK`), `destination` (topic and subject templates,
 //! fixed broker names), `limits` (the range of every number), `names` (DNS and broker name
 //! rules), `validate` (the rules across sections, and building the [`Config`]).
 
@@ -16,6 +17,7 @@ mod destination;
 mod file;
 #[cfg(test)]
 mod fuzz;
+mod http;
 mod limits;
 mod names;
 mod resource;
@@ -26,11 +28,12 @@ pub use file::{
     AdminConfig, CheckpointConfig, ConfigFile, DeliveryConfig, DiscoveryConfig, HeartbeatConfig,
     KubernetesConfig, LeaderElectionConfig, SnapshotPolicy,
 };
+pub use http::{Environment, HttpConfig, HttpCredentials, K_CE_OVERRIDES, K_SINK, check_url};
 pub use limits::{
     ACK_TIMEOUT_SECS, BURST, CHECKPOINT_INTERVAL_MS, DISCOVERY_REFRESH_SECS, DUPLICATE_WINDOW_SECS,
-    HEARTBEAT_INTERVAL_SECS, LEASE_DURATION_SECS, Limit, MAX_IN_FLIGHT, MAX_QUEUE_BYTES, QPS,
-    QUEUE_CAPACITY, RETRY_PERIOD_SECS, SHUTDOWN_DELAY_SECS, SHUTDOWN_GRACE_SECS,
-    TRANSACTION_TIMEOUT_SECS,
+    HEARTBEAT_INTERVAL_SECS, HTTP_MAX_IN_FLIGHT, HTTP_MAX_RETRY_AFTER_SECS, HTTP_TIMEOUT_SECS,
+    LEASE_DURATION_SECS, Limit, MAX_IN_FLIGHT, MAX_QUEUE_BYTES, QPS, QUEUE_CAPACITY,
+    RETRY_PERIOD_SECS, SHUTDOWN_DELAY_SECS, SHUTDOWN_GRACE_SECS, TRANSACTION_TIMEOUT_SECS,
 };
 pub use resource::{
     EventFormat, Exclude, ExcludeConfig, RecordKey, Resource, ResourceConfig, glob, same_objects,
@@ -96,7 +99,8 @@ pub struct Config {
 }
 
 impl Config {
-    /// Whether checkpoints are kept somewhere durable (a broker, or the stdout sink's directory);
+    /// Whether checkpoints are kept somewhere durable (a broker, or the stdout or http sink's
+    /// directory, which the http sink requires);
     /// they are then tied to the cluster's identity (the uid of namespace `kube-system`).
     pub fn keeps_checkpoints(&self) -> bool {
         self.checkpoint.enabled

@@ -69,8 +69,8 @@ impl ResolvedResource {
         }
     }
 
-    /// This resource's topic or subject template: its own (`topic` or `subject`), else the
-    /// sink's.
+    /// This resource's topic, subject or URL template: its own (`topic`, `subject` or `url`),
+    /// else the sink's.
     pub fn destination<'a>(
         &'a self,
         sink: &'a crate::template::Template,
@@ -79,6 +79,7 @@ impl ResolvedResource {
             .topic
             .as_ref()
             .or(self.config.subject.as_ref())
+            .or(self.config.url.as_ref())
             .unwrap_or(sink)
     }
 

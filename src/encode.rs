@@ -85,7 +85,7 @@ pub struct ResourceInfo {
     pub key: RecordKey,
     /// Kafka tombstones after deletes.
     pub tombstones: bool,
-    /// This resource's topic or subject template, overriding the sink's.
+    /// This resource's topic, subject or URL template, overriding the sink's.
     pub destination: Option<Template>,
     redact: Vec<Pointer>,
     redact_secret_data: bool,
@@ -126,7 +126,11 @@ impl ResourceInfo {
             format: c.event_format,
             key: c.key,
             tombstones: c.tombstones,
-            destination: c.topic.clone().or_else(|| c.subject.clone()),
+            destination: c
+                .topic
+                .clone()
+                .or_else(|| c.subject.clone())
+                .or_else(|| c.url.clone()),
             redact: c.redact.clone(),
             redact_secret_data: c.redact_secret_data && r.is_secret(),
             strip_managed_fields: c.strip_managed_fields,

@@ -269,6 +269,10 @@ fn plan_line(config: &Config, r: &ResolvedResource) -> String {
             "nats subject {}",
             r.destination(subject).subject_filter(&values)
         ),
+        Sink::Http { url, .. } if r.destination(url).per_object() => {
+            format!("http {} (per object)", r.destination(url))
+        }
+        Sink::Http { url, .. } => format!("http {}", r.destination(url).render_url(&values)),
         Sink::Stdout => "stdout".into(),
     };
     let events: Vec<&str> = r.config.events.iter().map(|k| k.as_str()).collect();

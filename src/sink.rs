@@ -10,9 +10,10 @@
 //! [`Outcome::Rejected`] (the broker refuses it for good: logged with the object's reference,
 //! counted, and skipped so it never blocks the objects behind it) in one place per sink.
 //!
-//! Each sink is a folder (`kafka/`, `nats/`, `stdout/`): its client settings in `config.rs`
+//! Each sink is a folder (`kafka/`, `nats/`, `http/`, `stdout/`): its client settings in `config.rs`
 //! beside the sink in `sink.rs`. Adding one means such a folder and a line in [`connect`].
 
+pub mod http;
 pub mod kafka;
 pub mod nats;
 #[cfg(test)]
@@ -94,6 +95,36 @@ pub enum Error {
     NatsStream {
         /// What went wrong.
         message: String,
+    },
+    /// The HTTP client could not be created.
+    #[error("sink.http: cannot create the HTTP client")]
+    HttpClient(#[source] reqwest::Error),
+    /// A file of `sink.http.credentials` could not be read.
+    #[error("sink.http.credentials.{field}: cannot read {path}")]
+    HttpFile {
+        /// The field naming the file.
+        field: &'static str,
+        /// The path.
+        path: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file of `sink.http.credentials` holds no usable certificate, key or secret.
+    #[error("sink.http.credentials.{field}: {path}: {reason}")]
+    HttpTls {
+        /// The field naming the file.
+        field: &'static str,
+        /// The path.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// An extension name cannot be an HTTP header name.
+    #[error("sink.http.extensions.{name}: not usable as a ce- header name")]
+    HttpExtension {
+        /// The extension.
+        name: String,
     },
     /// An out-of-band message ([`Sink::send_raw`]) was not published.
     #[error("cannot publish to {destination}")]
@@ -280,6 +311,7 @@ pub async fn connect(sink: &config::Sink) -> Result<Arc<AnySink>> {
         config::Sink::Nats { config, subject } => {
             Arc::new(nats::NatsSink::connect(config, subject.clone()).await?)
         }
+        config::Sink::Http { config, url } => Arc::new(http::HttpSink::new(config, url.clone())?),
         config::Sink::Stdout => Arc::new(stdout::StdoutSink::new()),
     })
 }

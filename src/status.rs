@@ -75,7 +75,7 @@ pub struct Status {
 /// resumes by itself once the cause is gone; meanwhile `/readyz` fails naming the reason.
 #[derive(Debug, Clone)]
 pub struct Stall {
-    /// Closed-set label (`not_authorized`, `unknown_topic`, `invalid_topic`,
+    /// Closed-set label (`not_authorized`, `not_found`, `unknown_topic`, `invalid_topic`,
     /// `publish_failing`, `broker_unavailable`).
     pub reason: &'static str,
     /// The broker's last message.
@@ -89,8 +89,9 @@ pub struct Stall {
 pub const STALL_AFTER: Duration = Duration::from_secs(30);
 
 /// Closed set of [`Stall`] reasons, for metrics.
-pub const STALL_REASONS: [&str; 6] = [
+pub const STALL_REASONS: [&str; 7] = [
     "not_authorized",
+    "not_found",
     "unknown_topic",
     "invalid_topic",
     "publish_failing",

@@ -27,6 +27,9 @@ pub enum Error {
     /// The sink is standard output: nothing to subscribe to.
     #[error("sink is stdout: the events are on the bridge's standard output")]
     Stdout,
+    /// The sink is an HTTP receiver: nothing to subscribe to.
+    #[error("sink is http: the events are posted to its receiver (sink.http.url)")]
+    Http,
     /// Kafka failed.
     #[error("kafka")]
     Kafka(#[source] rdkafka::error::KafkaError),
@@ -185,6 +188,7 @@ pub async fn run(config: &Config, options: Options) -> Result<(), Error> {
     let idle = options.idle_timeout.unwrap_or(Duration::MAX);
     match &config.sink {
         Sink::Stdout => Err(Error::Stdout),
+        Sink::Http { .. } => Err(Error::Http),
         Sink::Kafka { config: k, topic } => {
             let mut c = consumer_config(k)?;
             c.set(

@@ -57,6 +57,13 @@ pub enum Error {
     SubjectEmptyToken(String),
 }
 
+/// Characters percent-encoded in URL values: all but RFC 3986's unreserved ones.
+const URL_VALUE: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
 /// The longest topic name Kafka accepts.
 pub const MAX_TOPIC_LENGTH: usize = 249;
 
@@ -304,6 +311,23 @@ impl Template {
             .join(".")
     }
 
+    /// Renders as a URL: every value is percent-encoded but for unreserved characters
+    /// (letters, digits, `-`, `.`, `_`, `~`), so a name cannot add path segments or a query.
+    pub fn render_url(&self, v: &Values<'_>) -> String {
+        let mut out = String::with_capacity(self.source.len() + 48);
+        for seg in &self.segments {
+            match seg {
+                Segment::Literal(l) => out.push_str(l),
+                Segment::Token(t) => {
+                    let value = v.get(*t);
+                    let value = if value.is_empty() { "_" } else { value };
+                    out.extend(percent_encoding::utf8_percent_encode(value, URL_VALUE));
+                }
+            }
+        }
+        out
+    }
+
     fn render(&self, v: &Values<'_>, safe: impl Fn(char) -> bool + Copy) -> String {
         let mut out = String::with_capacity(self.source.len() + 48);
         for seg in &self.segments {
@@ -375,6 +399,20 @@ mod tests {
         assert_eq!(
             t.subject_filter(&V),
             "k8s.dev.stable_example_com.crontabs.*.*"
+        );
+    }
+
+    #[test]
+    fn url_values_are_percent_encoded() {
+        let t = Template::parse("https://h/{group}/{namespace}/{name}?r={resource}").unwrap();
+        let v = Values {
+            name: "system:a/b?c d",
+            namespace: None,
+            ..V
+        };
+        assert_eq!(
+            t.render_url(&v),
+            "https://h/stable.example.com/_/system%3Aa%2Fb%3Fc%20d?r=crontabs"
         );
     }
 

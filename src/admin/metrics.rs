@@ -32,12 +32,13 @@ pub(super) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0
 const CHANGES: [&str; 3] = ["added", "modified", "deleted"];
 
 /// Closed set of `reason` label values of `publish_failures_total`.
-const PUBLISH_FAILURES: [&str; 7] = [
+const PUBLISH_FAILURES: [&str; 8] = [
     "retried",
     "encode",
     "too_large",
     "invalid",
     "not_authorized",
+    "not_found",
     "unknown_topic",
     "invalid_topic",
 ];
@@ -177,14 +178,14 @@ fn events(f: &mut Families) -> fmt::Result {
 fn publishing(f: &mut Families) -> fmt::Result {
     f.per_label(
         "publish_failures",
-        "Publish failures: retried (sent again), refused for good and skipped (too_large, invalid, encode), or refused for every event and retried after a pause (not_authorized, unknown_topic, invalid_topic).",
+        "Publish failures: retried (sent again), refused for good and skipped (too_large, invalid, encode), or refused for every event and retried after a pause (not_authorized, not_found, unknown_topic, invalid_topic).",
         MetricType::Counter,
         ("reason", &PUBLISH_FAILURES),
         |s, _, reason| {
             ConstCounter::new(match reason {
                 "retried" => s.retried.load(Ordering::Relaxed),
                 "encode" => s.encode_failed.load(Ordering::Relaxed),
-                "not_authorized" | "unknown_topic" | "invalid_topic" => {
+                "not_authorized" | "not_found" | "unknown_topic" | "invalid_topic" => {
                     by_reason(&s.blocked, reason)
                 }
                 other => by_reason(&s.rejected, other),
@@ -193,7 +194,7 @@ fn publishing(f: &mut Families) -> fmt::Result {
     )?;
     f.per_label(
         "watch_stalled",
-        "1 while a watch cannot publish, by reason: the broker refuses every event (not_authorized, unknown_topic, invalid_topic) or publishing has failed for 30 s (publish_failing, broker_unavailable). It retries and resumes by itself.",
+        "1 while a watch cannot publish, by reason: the broker refuses every event (not_authorized, not_found, unknown_topic, invalid_topic) or publishing has failed for 30 s (publish_failing, broker_unavailable). It retries and resumes by itself.",
         MetricType::Gauge,
         ("reason", &STALL_REASONS),
         |s, _, reason| ConstGauge::new(i64::from(s.stall().is_some_and(|st| st.reason == reason))),

@@ -25,7 +25,8 @@ pub struct ConfigFile {
     pub kubernetes: KubernetesConfig,
     /// The resources to watch.
     pub resources: Vec<ResourceConfig>,
-    /// Where events go: exactly one of `kafka`, `nats`, `stdout`; default `stdout`.
+    /// Where events go: exactly one of `kafka`, `nats`, `http`, `stdout`; default `stdout`, or
+    /// `http` to `$K_SINK` when that is set (Knative's SinkBinding).
     #[serde(default)]
     pub sink: SinkConfig,
     /// Buffering between the watches and the sink.
@@ -203,7 +204,8 @@ pub struct CheckpointConfig {
     /// NATS: the JetStream KV bucket holding checkpoints (created if missing).
     #[serde(default = "default_checkpoint_bucket")]
     pub nats_bucket: String,
-    /// stdout: a directory for checkpoint files; omitted, the stdout sink keeps no checkpoint.
+    /// stdout and http: a directory for checkpoint files; omitted, the stdout sink keeps no
+    /// checkpoint, and the http sink refuses to start while checkpoints are enabled.
     pub directory: Option<PathBuf>,
     /// How often a busy watch saves progress. Default 500 ms: a crash replays at most about that
     /// much; each save of a Kafka watch commits a transaction.

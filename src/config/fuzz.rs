@@ -69,6 +69,12 @@ const KEYS: &[&str] = &[
     "user",
     "passwordFile",
     "stdout",
+    "http",
+    "timeoutSecs",
+    "maxRetryAfterSecs",
+    "extensions",
+    "bearerTokenFile",
+    "tlsCaFile",
     "delivery",
     "queueCapacity",
     "maxInFlight",
@@ -237,6 +243,10 @@ const SETTINGS: &[(&str, Kind)] = &[
     ("sink.kafka.topic", Kind::Text),
     ("sink.kafka.bootstrapServers", Kind::Text),
     ("sink.nats.subject", Kind::Text),
+    ("sink.http.url", Kind::Text),
+    ("sink.http.maxInFlight", Kind::Integer),
+    ("sink.http.timeoutSecs", Kind::Integer),
+    ("resources.0.url", Kind::Text),
     ("sink.nats.jetstream.stream", Kind::Text),
     ("sink.nats.jetstream.ackTimeoutSecs", Kind::Integer),
     ("sink.nats.jetstream.duplicateWindowSecs", Kind::Integer),
@@ -268,6 +278,7 @@ fn mutated() -> impl Strategy<Value = Value> {
         "{kafka: {bootstrapServers: 'x:1'}}",
         "{nats: {url: 'nats://x', jetstream: {stream: s}}}",
         "{stdout: {}}",
+        "{http: {url: 'http://x/{namespace}'}}",
     ]);
     (sink, prop::collection::vec(change, 1..4)).prop_map(|(sink, changes)| {
         let mut doc: Value = serde_yaml_ng::from_str(&format!(

@@ -77,6 +77,17 @@ pub const MAX_IN_FLIGHT: Limit = Limit {
     max: 100_000,
 };
 
+/// Requests awaiting a response from the HTTP receiver across every watch: beyond ten thousand
+/// open connections a receiver refuses or queues them anyway.
+pub const HTTP_MAX_IN_FLIGHT: Limit = Limit {
+    min: 1,
+    max: 10_000,
+};
+/// Ten minutes without a response is an outage, not a slow receiver.
+pub const HTTP_TIMEOUT_SECS: Limit = Limit { min: 1, max: 600 };
+/// An hour: a longer `Retry-After` is capped to it, so a receiver cannot park the bridge for days.
+pub const HTTP_MAX_RETRY_AFTER_SECS: Limit = Limit { min: 1, max: 3_600 };
+
 /// Bytes per watch between the API server and the broker's acknowledgement: from 1 MiB (a few
 /// ordinary objects, and the largest object still passes alone) to 64 GiB.
 pub const MAX_QUEUE_BYTES: Limit = Limit {

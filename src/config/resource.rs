@@ -76,6 +76,8 @@ pub struct ResourceConfig {
     pub topic: Option<String>,
     /// NATS: this resource's subject template, instead of `sink.nats.subject`.
     pub subject: Option<String>,
+    /// HTTP: this resource's URL template, instead of `sink.http.url`.
+    pub url: Option<String>,
     /// Kafka: the record key, `uid` (default) or `namespacedName` (`namespace/name`).
     #[serde(default)]
     pub key: RecordKey,
@@ -163,6 +165,8 @@ pub struct Resource {
     pub topic: Option<Template>,
     /// NATS subject template override.
     pub subject: Option<Template>,
+    /// HTTP URL template override.
+    pub url: Option<Template>,
     /// Kafka record key.
     pub key: RecordKey,
     /// Kafka tombstones after deletes.
@@ -325,6 +329,10 @@ pub(super) fn validate_resource(
         .subject
         .as_deref()
         .and_then(|s| parse_template(&format!("{at}.subject"), s, Destination::Subject, errors));
+    let url = r
+        .url
+        .as_deref()
+        .and_then(|u| super::http::parse_url(&format!("{at}.url"), u, errors));
     (errors.len() == before).then_some(Resource {
         index: i,
         group,
@@ -346,6 +354,7 @@ pub(super) fn validate_resource(
         strip_last_applied: r.strip_last_applied,
         topic,
         subject,
+        url,
         key: r.key,
         tombstones: r.tombstones,
         event_format,
@@ -521,6 +530,11 @@ pub(super) fn check_sink_fields(resources: &[Resource], sink: &str, errors: &mut
         if r.subject.is_some() && sink != "nats" {
             errors.push(format!(
                 "{at}.subject: only the NATS sink has subjects (sink is {sink}); use topic for Kafka"
+            ));
+        }
+        if r.url.is_some() && sink != "http" {
+            errors.push(format!(
+                "{at}.url: only the HTTP sink has URLs (sink is {sink})"
             ));
         }
         if r.key != RecordKey::Uid && sink != "kafka" {

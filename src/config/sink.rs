@@ -1,6 +1,7 @@
-//! The `sink` section: exactly one of Kafka, NATS or standard output, its settings as written
-//! ([`SinkConfig`]) and validated ([`Sink`]: parsed templates, guarded Kafka properties, NATS
-//! credentials given in pairs).
+//! The `sink` section: exactly one of Kafka, NATS, HTTP or standard output, its settings as
+//! written ([`SinkConfig`]) and validated ([`Sink`]: parsed templates, guarded Kafka properties,
+//! NATS credentials given in pairs). Without a `sink` section, Knative's `K_SINK` selects an HTTP
+//! sink (see `config/http.rs`).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -10,6 +11,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::destination::{Destination, parse_template};
+use super::http::{Environment, HttpConfig, validate_environment, validate_http};
 use super::limits::{ACK_TIMEOUT_SECS, DUPLICATE_WINDOW_SECS, TRANSACTION_TIMEOUT_SECS};
 use super::names::is_nats_name;
 use crate::template::Template;
@@ -22,6 +24,9 @@ pub struct SinkConfig {
     pub kafka: Option<KafkaConfig>,
     /// Publish to NATS (JetStream or core).
     pub nats: Option<NatsConfig>,
+    /// POST CloudEvents to an HTTP receiver (CloudEvents HTTP binding): a Knative Broker or
+    /// Service, a webhook, a cloud function.
+    pub http: Option<HttpConfig>,
     /// Print structured CloudEvents as JSON lines on standard output.
     pub stdout: Option<StdoutConfig>,
 }
@@ -221,6 +226,13 @@ pub enum Sink {
         /// The parsed subject template.
         subject: Template,
     },
+    /// HTTP.
+    Http {
+        /// Settings.
+        config: HttpConfig,
+        /// The parsed URL template.
+        url: Template,
+    },
     /// Standard output.
     Stdout,
 }
@@ -231,6 +243,7 @@ impl Sink {
         match self {
             Sink::Kafka { .. } => "kafka",
             Sink::Nats { .. } => "nats",
+            Sink::Http { .. } => "http",
             Sink::Stdout => "stdout",
         }
     }
@@ -294,19 +307,31 @@ fn check_kafka_properties(kafka: &KafkaConfig, errors: &mut Vec<String>) {
 pub(super) fn validate_sink(
     sink: SinkConfig,
     cluster: &str,
+    env: &Environment,
     errors: &mut Vec<String>,
 ) -> Option<Sink> {
     let count = [
         sink.kafka.is_some(),
         sink.nats.is_some(),
+        sink.http.is_some(),
         sink.stdout.is_some(),
     ]
     .iter()
     .filter(|x| **x)
     .count();
     if count > 1 {
-        errors.push("sink: exactly one of kafka, nats, stdout may be set".into());
+        errors.push("sink: exactly one of kafka, nats, http, stdout may be set".into());
         return None;
+    }
+    if count == 0
+        && let Some(config) = env.sink(errors)
+    {
+        let url = validate_environment(&config, errors)?;
+        return Some(Sink::Http { config, url });
+    }
+    if let Some(config) = sink.http {
+        let url = validate_http(&config, errors)?;
+        return Some(Sink::Http { config, url });
     }
     if let Some(kafka) = sink.kafka {
         check_kafka_properties(&kafka, errors);
@@ -418,6 +443,24 @@ mod tests {
         .unwrap()
         .validate()
         .unwrap();
+    }
+
+    #[test]
+    fn http_sink_is_parsed() {
+        let cfg = ConfigFile::parse(
+            "cluster: dev\nresources: [{apiVersion: v1, resource: pods}]\ncheckpoint: {directory: /var/lib/keb}\nsink: {http: {url: 'https://h/{namespace}', contentMode: structured, credentials: {bearerTokenFile: /t}}}\n",
+        )
+        .unwrap()
+        .validate()
+        .unwrap();
+        let Sink::Http { config, url } = &cfg.sink else {
+            panic!("an http sink")
+        };
+        assert_eq!(url.to_string(), "https://h/{namespace}");
+        assert_eq!(config.content_mode, ContentMode::Structured);
+        assert_eq!(config.max_in_flight, 64);
+        assert_eq!(config.timeout_secs, 10);
+        assert_eq!(cfg.sink.kind(), "http");
     }
 
     #[test]

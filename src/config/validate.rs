@@ -2,6 +2,7 @@
 //! runs the checks of every section, collects every problem with its path, and builds a
 //! `Config` only when there is none.
 
+use super::http::{Environment, check_url};
 use super::limits::{
     ACK_TIMEOUT_SECS, BURST, CHECKPOINT_INTERVAL_MS, DISCOVERY_REFRESH_SECS, DUPLICATE_WINDOW_SECS,
     HEARTBEAT_INTERVAL_SECS, LEASE_DURATION_SECS, MAX_IN_FLIGHT, MAX_QUEUE_BYTES, QPS,
@@ -16,8 +17,14 @@ use crate::template;
 
 impl ConfigFile {
     /// Checks every rule that needs no cluster and returns the validated config, or every
-    /// problem found, each prefixed by its path.
+    /// problem found, each prefixed by its path. Without a `sink` section, `K_SINK` in the
+    /// process environment selects an HTTP sink ([`ConfigFile::validate_in`]).
     pub fn validate(self) -> Result<Config> {
+        self.validate_in(&Environment::from_process())
+    }
+
+    /// [`ConfigFile::validate`] with the given environment.
+    pub fn validate_in(self, env: &Environment) -> Result<Config> {
         let mut errors = Vec::new();
         if !is_dns_subdomain(&self.cluster) {
             errors.push(format!(
@@ -26,7 +33,7 @@ impl ConfigFile {
             ));
         }
         let resources = self.validate_resources(&mut errors);
-        let sink = validate_sink(self.sink.clone(), &self.cluster, &mut errors);
+        let sink = validate_sink(self.sink.clone(), &self.cluster, env, &mut errors);
         if let Some(sink) = &sink {
             resource::check_sink_fields(&resources, sink.kind(), &mut errors);
         }
@@ -77,8 +84,8 @@ impl ConfigFile {
         }
     }
 
-    /// Checkpoints need acknowledgements (JetStream, not core NATS), and only the stdout sink
-    /// keeps them in files.
+    /// Checkpoints need acknowledgements (JetStream, not core NATS); the stdout and HTTP sinks
+    /// keep them in files, and the HTTP sink needs the directory for them.
     fn check_checkpoint(&self, sink: Option<&Sink>, errors: &mut Vec<String>) {
         let c = &self.checkpoint;
         if c.enabled {
@@ -87,8 +94,11 @@ impl ConfigFile {
                     "checkpoint.enabled: core NATS has no acknowledgements to checkpoint; set sink.nats.jetstream or checkpoint.enabled: false".into(),
                 ),
                 Some(Sink::Kafka { .. } | Sink::Nats { .. }) if c.directory.is_some() => {
-                    errors.push("checkpoint.directory: only the stdout sink keeps checkpoint files".into())
+                    errors.push("checkpoint.directory: only the stdout and http sinks keep checkpoint files".into())
                 }
+                Some(Sink::Http { .. }) if c.directory.is_none() => errors.push(
+                    "checkpoint.directory: the http sink keeps its checkpoints in files; set a directory on a persistent volume, or checkpoint.enabled: false (every start then lists and sends every object again)".into(),
+                ),
                 _ => {}
             }
         }
@@ -150,7 +160,7 @@ impl ConfigFile {
     }
 
     /// The names the sink is given as they are (not templates): the heartbeat destination
-    /// (`{cluster}` replaced), the checkpoint topic or bucket.
+    /// (`{cluster}` replaced; a URL for the HTTP sink), the checkpoint topic or bucket.
     fn check_names(&self, sink: Option<&Sink>, errors: &mut Vec<String>) {
         let destination = self
             .heartbeat
@@ -180,6 +190,15 @@ impl ConfigFile {
                 if checkpoint.enabled && !is_nats_name(bucket) {
                     errors.push(format!(
                         "checkpoint.natsBucket: {bucket:?} must be letters, digits, '_' or '-'"
+                    ));
+                }
+            }
+            Some(Sink::Http { .. }) => {
+                if self.heartbeat.enabled
+                    && let Err(e) = check_url(&destination)
+                {
+                    errors.push(format!(
+                        "heartbeat.destination: the http sink posts heartbeats to a URL: {e}"
                     ));
                 }
             }

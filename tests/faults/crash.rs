@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use crate::harness::{Bridge, Reader, Received, SinkKind, sink_yaml};
+use crate::harness::{Bridge, Reader, Received, SinkKind, checkpoint_extra, sink_yaml};
 use crate::support::{kube_client, unique_name, unique_namespace};
 
 /// What the workload did: every resourceVersion the API server returned per object name, and
@@ -238,7 +238,8 @@ pub async fn crash_loop(sink: SinkKind, objects: usize, kills: usize) {
     let ns = unique_namespace(&client, "crash").await;
     let cluster = unique_name("c");
     let config = format!(
-        "cluster: {cluster}\ncheckpoint: {{intervalMs: 200}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n{}",
+        "cluster: {cluster}\ncheckpoint: {{intervalMs: 200{}}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n{}",
+        checkpoint_extra(sink, &cluster),
         sink_yaml(sink, &cluster)
     );
     let topics = vec![format!("k8s.{cluster}.core.configmaps")];
@@ -301,6 +302,10 @@ pub async fn crash_loop(sink: SinkKind, objects: usize, kills: usize) {
         );
     }
     drop(bridge);
+    if sink == SinkKind::Http {
+        let dir = std::env::temp_dir().join(format!("keb-checkpoints-{cluster}"));
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
 
 /// Waits until one of `bridges` logs `message`, returning its index.

@@ -6,6 +6,8 @@
 mod crash;
 #[path = "../integration/harness.rs"]
 mod harness;
+#[path = "../integration/receiver.rs"]
+mod receiver;
 #[path = "../integration/support.rs"]
 mod support;
 
@@ -374,6 +376,13 @@ async fn nats_sigkill_loop_loses_nothing() {
     let _guard = EXCLUSIVE.lock().await;
     let (objects, kills) = crash_params();
     crash::crash_loop(SinkKind::Nats, objects, kills).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn http_sigkill_loop_loses_nothing() {
+    let _guard = EXCLUSIVE.lock().await;
+    let (objects, kills) = crash_params();
+    crash::crash_loop(SinkKind::Http, objects, kills).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -10,7 +10,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
 
-use crate::harness::{Bridge, Reader, Received, SinkKind, sink_yaml, summary};
+use crate::harness::{Bridge, Reader, Received, SinkKind, checkpoint_extra, sink_yaml, summary};
 use crate::support::{create_crd, kube_client, unique_name, unique_namespace};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -101,6 +101,11 @@ fn check_attributes(
                 r.destination
             );
         }
+        SinkKind::Http => {
+            assert_eq!(r.headers["content-type"], "application/json");
+            assert_eq!(r.headers["ce-id"], e.id());
+            assert_eq!(r.headers["ce-specversion"], "1.0");
+        }
         SinkKind::Stdout => {}
     }
 }
@@ -134,7 +139,8 @@ async fn lifecycle(sink: SinkKind) {
         .unwrap();
 
     let config = format!(
-        "cluster: {cluster}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n- {{apiVersion: {group}/v1, resource: Widget, namespaces: [{ns}]}}\n- {{apiVersion: {group}/v1, resource: gadgets}}\n{}",
+        "cluster: {cluster}\ncheckpoint: {{intervalMs: 500{}}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n- {{apiVersion: {group}/v1, resource: Widget, namespaces: [{ns}]}}\n- {{apiVersion: {group}/v1, resource: gadgets}}\n{}",
+        checkpoint_extra(sink, &cluster),
         sink_yaml(sink, &cluster)
     );
     let mut bridge = Bridge::start(&config);
@@ -320,6 +326,11 @@ async fn nats_lifecycle() {
 #[tokio::test(flavor = "multi_thread")]
 async fn stdout_lifecycle() {
     lifecycle(SinkKind::Stdout).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn http_lifecycle() {
+    lifecycle(SinkKind::Http).await;
 }
 
 /// Label and field selectors, the event-type filter, and Secret redaction.

@@ -31,7 +31,7 @@ async fn resume(sink: SinkKind) {
         "cluster: {cluster}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n{}",
         sink_yaml(sink, &cluster)
     );
-    if sink == SinkKind::Stdout {
+    if matches!(sink, SinkKind::Stdout | SinkKind::Http) {
         config.push_str(&format!(
             "checkpoint: {{directory: {}}}\n",
             dir.path().display()
@@ -127,6 +127,11 @@ async fn nats_restart_resumes_from_checkpoint() {
 #[tokio::test(flavor = "multi_thread")]
 async fn stdout_restart_resumes_from_checkpoint_file() {
     resume(SinkKind::Stdout).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn http_restart_resumes_from_checkpoint_file() {
+    resume(SinkKind::Http).await;
 }
 
 /// `initialSnapshot: none`: existing objects are indexed but not published; changes are.

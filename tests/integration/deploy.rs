@@ -805,6 +805,20 @@ async fn helm_renders_every_documented_values_file_with_the_rbac_src_rbac_comput
                         .map(|p| p.display().to_string()),
                 )
                 .collect(),
+            Sink::Http { config, .. } => {
+                let c = &config.credentials;
+                [
+                    &c.bearer_token_file,
+                    &c.password_file,
+                    &c.tls_ca_file,
+                    &c.tls_cert_file,
+                    &c.tls_key_file,
+                ]
+                .into_iter()
+                .flatten()
+                .map(|p| p.display().to_string())
+                .collect()
+            }
             Sink::Stdout => Vec::new(),
         };
         for file in &credential_files {

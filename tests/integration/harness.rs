@@ -33,6 +33,9 @@ pub enum SinkKind {
     Nats,
     /// Standard output (structured JSON lines).
     Stdout,
+    /// HTTP, binary content mode, to a receiver in the test process
+    /// ([`crate::receiver::for_cluster`]).
+    Http,
 }
 
 /// The `sink:` section for `kind`, isolated by `cluster` (topic and subject carry it; the NATS
@@ -50,6 +53,24 @@ pub fn sink_yaml(kind: SinkKind, cluster: &str) -> String {
             stream_name(cluster)
         ),
         SinkKind::Stdout => "sink:\n  stdout: {}\n".into(),
+        SinkKind::Http => format!(
+            "sink:\n  http:\n    url: \"{}\"\n",
+            crate::receiver::for_cluster(cluster).url()
+        ),
+    }
+}
+
+/// What the `checkpoint` section needs for `kind` besides its settings (`, directory: ...`
+/// for the HTTP sink: a directory kept across restarts of the bridges of `cluster`).
+pub fn checkpoint_extra(kind: SinkKind, cluster: &str) -> String {
+    match kind {
+        SinkKind::Http => format!(
+            ", directory: \"{}\"",
+            std::env::temp_dir()
+                .join(format!("keb-checkpoints-{cluster}"))
+                .display()
+        ),
+        _ => String::new(),
     }
 }
 
@@ -71,6 +92,11 @@ pub struct Bridge {
 impl Bridge {
     /// Writes `config` to a file and starts `kube-event-bridge run` on it, logging JSON.
     pub fn start(config: &str) -> Bridge {
+        Self::start_with_env(config, &[])
+    }
+
+    /// [`Bridge::start`] with these environment variables set.
+    pub fn start_with_env(config: &str, vars: &[(&str, &str)]) -> Bridge {
         let mut config = config.to_string();
         if !config.contains("\nadmin:") {
             // Tests bind only to loopback, on a free port (read back with `admin_address`).
@@ -86,6 +112,7 @@ impl Bridge {
             .args(["--log-format", "json", "run", "--config"])
             .arg(&path)
             .env("RUST_LOG", "info,kube_event_bridge=debug")
+            .envs(vars.iter().copied())
             .stdout(std::fs::File::create(&stdout).expect("stdout file"))
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()
@@ -307,6 +334,8 @@ pub enum Reader {
     Nats(Box<async_nats::jetstream::consumer::pull::Ordered>),
     /// The bridge's standard output file and how many lines were consumed.
     Stdout(PathBuf, usize),
+    /// What an HTTP receiver accepted and how many events were consumed.
+    Http(crate::receiver::Receiver, usize),
 }
 
 impl Reader {
@@ -364,6 +393,7 @@ impl Reader {
             SinkKind::Kafka => Reader::kafka(topics).await,
             SinkKind::Nats => Reader::nats(cluster).await,
             SinkKind::Stdout => Reader::stdout(bridge),
+            SinkKind::Http => Reader::Http(crate::receiver::for_cluster(cluster), 0),
         }
     }
 
@@ -414,6 +444,19 @@ impl Reader {
                     destination: m.subject.to_string(),
                     headers,
                 })
+            }
+            Reader::Http(receiver, consumed) => {
+                let deadline = Instant::now() + wait;
+                loop {
+                    if let Some(r) = receiver.accepted_at(*consumed) {
+                        *consumed += 1;
+                        return Some(r);
+                    }
+                    if Instant::now() >= deadline {
+                        return None;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
             }
             Reader::Stdout(path, consumed) => {
                 let deadline = Instant::now() + wait;

@@ -78,7 +78,7 @@ fn kafka_acl(args: &[&str]) {
 }
 
 /// The value of the first sample of `family` whose labels contain `labels`.
-fn sample(metrics: &str, family: &str, labels: &str) -> Option<f64> {
+pub(crate) fn sample(metrics: &str, family: &str, labels: &str) -> Option<f64> {
     metrics
         .lines()
         .filter(|l| l.starts_with(&format!("{family}{{")) && l.contains(labels))
@@ -87,7 +87,7 @@ fn sample(metrics: &str, family: &str, labels: &str) -> Option<f64> {
 
 /// Waits until `/readyz` fails naming the watch of `v1/configmaps` stalled for `reason`, then
 /// checks the gauge and the log line that say the same; returns the metrics document.
-async fn wait_stalled(bridge: &Bridge, address: &str, reason: &str) -> String {
+pub(crate) async fn wait_stalled(bridge: &Bridge, address: &str, reason: &str) -> String {
     let why = wait_until(&format!("/readyz names {reason}"), WAIT, || async {
         let (code, body) = get(address, "/readyz").await;
         (code == 503 && body.contains(reason)).then_some(body)
@@ -108,7 +108,7 @@ async fn wait_stalled(bridge: &Bridge, address: &str, reason: &str) -> String {
 }
 
 /// Waits until the stall is over: `/readyz` answers 200 and the log says so.
-async fn wait_recovered(bridge: &Bridge, address: &str) {
+pub(crate) async fn wait_recovered(bridge: &Bridge, address: &str) {
     wait_until("/readyz answers 200 again", WAIT, || async {
         (get(address, "/readyz").await.0 == 200).then_some(())
     })
