@@ -117,7 +117,9 @@ impl LiveStore {
         match sink {
             SinkKind::Kafka => LiveStore::kafka(topics).await,
             SinkKind::Nats => LiveStore::nats(cluster).await,
-            SinkKind::Stdout => panic!("the consumer library reads Kafka or NATS, not stdout"),
+            SinkKind::Stdout | SinkKind::Http => {
+                panic!("the consumer library reads Kafka or NATS, not {sink:?}")
+            }
         }
     }
 
