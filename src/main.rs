@@ -210,7 +210,7 @@ async fn rbac(config: &Config, service_account: &str, namespace: &str) -> anyhow
             service_account,
             namespace,
             lease_namespace,
-            config.keeps_checkpoints()
+            config.reads_cluster_identity()
         )
     );
     Ok(())
