@@ -574,3 +574,218 @@ fn ordered(value: &Value) -> serde_yaml_ng::Value {
         other => serde_yaml_ng::to_value(other).expect("a JSON scalar is YAML"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ConfigFile;
+    use kube::core::{ApiResource, GroupVersionKind};
+
+    /// A config's resources resolved by hand: `(kind, plural, namespaced)` per entry.
+    fn resolved(yaml: &str, api: &[(&str, &str, bool)]) -> (Config, Vec<ResolvedResource>) {
+        let cfg = ConfigFile::parse(yaml).unwrap().validate().unwrap();
+        let rs = cfg
+            .resources
+            .iter()
+            .zip(api)
+            .map(|(r, (kind, plural, namespaced))| ResolvedResource {
+                api: ApiResource::from_gvk_with_plural(
+                    &GroupVersionKind::gvk(&r.group, &r.version, kind),
+                    plural,
+                ),
+                config: r.clone(),
+                namespaced: *namespaced,
+            })
+            .collect();
+        (cfg, rs)
+    }
+
+    fn doc(yaml: &str, api: &[(&str, &str, bool)]) -> Value {
+        let (cfg, rs) = resolved(yaml, api);
+        document(&cfg, &rs, "https://127.0.0.1:6443").unwrap()
+    }
+
+    const RESOURCES: &str = "resources:\n\
+        - {apiVersion: v1, resource: configmaps, namespaces: [shop, web]}\n\
+        - {apiVersion: v1, resource: secrets, namespaces: [vault], payload: reference}\n\
+        - {apiVersion: v1, resource: nodes, tombstones: true, key: namespacedName}\n";
+    /// [`RESOURCES`] without the Kafka-only settings.
+    fn not_kafka() -> String {
+        RESOURCES.replace(", tombstones: true, key: namespacedName", "")
+    }
+
+    const API: &[(&str, &str, bool)] = &[
+        ("ConfigMap", "configmaps", true),
+        ("Secret", "secrets", true),
+        ("Node", "nodes", false),
+    ];
+
+    #[test]
+    fn kafka_topics_are_channels_and_headers_are_the_encoders_attributes() {
+        let yaml = format!(
+            "cluster: dev\n{RESOURCES}sink: {{kafka: {{bootstrapServers: 'a:9092,b:9092', topic: 'k8s.{{cluster}}.all'}}}}\n"
+        );
+        let d = doc(&yaml, API);
+        let channels = d["channels"].as_object().unwrap();
+        assert_eq!(channels.len(), 1, "one shared topic, one channel");
+        let channel = &channels["k8s.dev.all"];
+        assert_eq!(channel["address"], "k8s.dev.all");
+        assert_eq!(channel["bindings"]["kafka"]["topic"], "k8s.dev.all");
+        let names: Vec<&String> = channel["messages"].as_object().unwrap().keys().collect();
+        assert_eq!(
+            names,
+            [
+                "v1.configmaps",
+                "v1.nodes",
+                "v1.nodes.tombstone",
+                "v1.secrets"
+            ]
+        );
+        let op = &d["operations"]["send.k8s.dev.all"];
+        assert_eq!(op["action"], "send");
+        assert_eq!(op["messages"].as_array().unwrap().len(), 4);
+
+        let m = &d["components"]["messages"]["v1.configmaps"];
+        let headers = m["headers"]["properties"].as_object().unwrap();
+        let mut expected = vec!["content-type".to_string()];
+        // Every attribute the encoder sets, plus those only some events carry.
+        for name in [
+            "specversion",
+            "id",
+            "source",
+            "type",
+            "subject",
+            "time",
+            "dataschema",
+            "cluster",
+            "apiversion",
+            "kind",
+            "resource",
+            "namespace",
+            "name",
+            "uid",
+            "resourceversion",
+            "sequence",
+            "partitionkey",
+            "origin",
+            "payload",
+            "truncated",
+            "manager",
+            "operation",
+            "clusterid",
+        ] {
+            expected.push(format!("ce_{name}"));
+        }
+        let mut found: Vec<String> = headers.keys().cloned().collect();
+        found.sort();
+        expected.sort();
+        assert_eq!(found, expected);
+        assert_eq!(headers["ce_namespace"]["enum"], json!(["shop", "web"]));
+        assert_eq!(headers["ce_source"]["const"], "/k8s/dev/api/v1/configmaps");
+        let required = m["headers"]["required"].as_array().unwrap();
+        assert!(required.contains(&json!("ce_clusterid")));
+        assert!(
+            !required.contains(&json!("ce_manager")) && !required.contains(&json!("ce_truncated"))
+        );
+        assert_eq!(m["correlationId"]["location"], "$message.header#/ce_id");
+        assert!(
+            m["bindings"]["kafka"]["key"]["description"]
+                .as_str()
+                .unwrap()
+                .contains("uid")
+        );
+        let nodes = &d["components"]["messages"]["v1.nodes"];
+        assert!(
+            nodes["headers"]["properties"].get("ce_namespace").is_none(),
+            "cluster-scoped"
+        );
+        assert!(
+            nodes["bindings"]["kafka"]["key"]["description"]
+                .as_str()
+                .unwrap()
+                .contains("namespace/name")
+        );
+        assert_eq!(d["servers"]["kafka"]["host"], "a:9092,b:9092");
+        assert!(
+            d["components"]["schemas"]["CloudEvent"]
+                .get("$schema")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn per_object_templates_become_parameters() {
+        let yaml = format!(
+            "cluster: dev\n{}sink: {{nats: {{url: 'nats://u:hunter2@n1:4222', jetstream: {{stream: k8s}}}}}}\n",
+            not_kafka()
+        );
+        let d = doc(&yaml, API);
+        let addresses: Vec<&str> = d["channels"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|c| c["address"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            addresses,
+            [
+                "k8s.dev.core.configmaps.{namespace}.{name}",
+                "k8s.dev.core.nodes._.{name}",
+                "k8s.dev.core.secrets.vault.{name}",
+            ]
+        );
+        let cm = &d["channels"]["k8s.dev.core.configmaps._namespace_._name_"];
+        assert_eq!(
+            cm["parameters"]["namespace"]["enum"],
+            json!(["shop", "web"])
+        );
+        assert!(cm["parameters"]["name"]["description"].is_string());
+        let text = d.to_string();
+        assert!(!text.contains("hunter2"), "no credential from the URL");
+        assert_eq!(d["servers"]["nats"]["host"], "n1:4222");
+        let headers = &d["components"]["messages"]["v1.configmaps"]["headers"]["properties"];
+        assert!(headers["Nats-Msg-Id"].is_object() && headers["ce-id"].is_object());
+        assert!(
+            d["components"]["messages"]
+                .get("v1.nodes.tombstone")
+                .is_none(),
+            "Kafka only"
+        );
+    }
+
+    #[test]
+    fn structured_stdout_and_audit_off() {
+        let yaml = format!("cluster: dev\n{}auditExtensions: false\n", not_kafka());
+        let d = doc(&yaml, API);
+        assert!(d.get("servers").is_none());
+        let channel = &d["channels"]["stdout"];
+        assert!(channel["address"].is_null());
+        let m = &d["components"]["messages"]["v1.configmaps"];
+        assert!(m.get("headers").is_none());
+        assert_eq!(m["payload"]["allOf"][0]["$ref"], EVENT_SCHEMA_REF);
+        let props = &m["payload"]["allOf"][1]["properties"];
+        assert_eq!(props["kind"]["const"], "ConfigMap");
+        assert!(props.get("clusterid").is_none() && props.get("manager").is_none());
+        assert_eq!(m["examples"][0]["payload"]["kind"], "ConfigMap");
+        let text = render(&d, false);
+        assert!(text.starts_with("asyncapi: 3.0.0\ninfo:"), "{text}");
+    }
+
+    #[test]
+    fn security_schemes_name_the_mechanism_never_the_secret() {
+        let yaml = format!(
+            "cluster: dev\n{RESOURCES}sink: {{kafka: {{bootstrapServers: 'a:9093', properties: {{security.protocol: SASL_SSL, sasl.mechanisms: SCRAM-SHA-512, sasl.username: bridge, sasl.password: hunter2}}}}}}\n"
+        );
+        let d = doc(&yaml, API);
+        assert_eq!(d["servers"]["kafka"]["protocol"], "kafka-secure");
+        assert_eq!(
+            d["components"]["securitySchemes"]["kafkaSaslScramSha512"]["type"],
+            "scramSha512"
+        );
+        let text = d.to_string();
+        assert!(
+            !text.contains("hunter2") && !text.contains("\"bridge\""),
+            "{text}"
+        );
+    }
+}

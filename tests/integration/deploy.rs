@@ -1416,8 +1416,11 @@ async fn rendered_rbac_without_fixed_namespaces_uses_a_cluster_role_for_those_on
             "ClusterRoleBinding -".into(),
             format!("Role {vault}"),
             format!("RoleBinding {vault}"),
+            "Role kube-system".into(),
+            "RoleBinding kube-system".into(),
         ],
-        "leader election is off: no Lease Role\n{rendered}"
+        "leader election is off: no Lease Role; the audit extensions (on by default) read the \
+         cluster id\n{rendered}"
     );
 
     let user = sa_user(&home, sa);
