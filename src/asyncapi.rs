@@ -421,7 +421,7 @@ fn channel(
         if !parameters.is_empty() {
             channel["parameters"] = Value::Object(parameters);
         }
-        if binding.sink == SinkKind::Kafka && !address.contains('{') {
+        if binding.sink == SinkKind::Kafka && !templated(address) {
             channel["bindings"] = json!({"kafka": {
                 "topic": address,
                 "bindingVersion": KAFKA_BINDING_VERSION,
@@ -439,6 +439,11 @@ fn channel(
         ));
     }
     channel
+}
+
+/// Whether an address has parameters (a per-object template).
+fn templated(address: &str) -> bool {
+    address.contains("{namespace}") || address.contains("{name}")
 }
 
 /// The parameters of a templated address: `{namespace}` and `{name}`.

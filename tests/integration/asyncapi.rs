@@ -255,7 +255,7 @@ fn matches_address(address: &str, destination: &str) -> bool {
     let d: Vec<&str> = destination.split('.').collect();
     a.len() == d.len()
         && a.iter().zip(&d).all(|(a, d)| {
-            if a.starts_with('{') {
+            if a.starts_with("{") && a.ends_with("}") {
                 !d.is_empty()
                     && d.chars()
                         .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
