@@ -96,6 +96,8 @@ pub struct Config {
     pub heartbeat: HeartbeatConfig,
     /// Discovery refresh.
     pub discovery: DiscoveryConfig,
+    /// The `manager`, `operation` and `clusterid` extensions.
+    pub audit_extensions: bool,
 }
 
 impl Config {
@@ -105,6 +107,13 @@ impl Config {
     pub fn keeps_checkpoints(&self) -> bool {
         self.checkpoint.enabled
             && !(matches!(self.sink, Sink::Stdout) && self.checkpoint.directory.is_none())
+    }
+
+    /// Whether the bridge reads the cluster's identity (the uid of namespace `kube-system`) at
+    /// start: to tie checkpoints to it, or for the `clusterid` extension. RBAC must then grant
+    /// `get` on that one namespace.
+    pub fn reads_cluster_identity(&self) -> bool {
+        self.keeps_checkpoints() || self.audit_extensions
     }
 }
 

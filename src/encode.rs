@@ -14,6 +14,7 @@ use serde_json::Value;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
+use crate::audit::{self, Author};
 use crate::change::{Change, ChangeKind, Origin};
 use crate::config::{EventFormat, RecordKey};
 use crate::discovery::ResolvedResource;
@@ -87,12 +88,16 @@ pub struct ResourceInfo {
     pub tombstones: bool,
     /// This resource's topic, subject or URL template, overriding the sink's.
     pub destination: Option<Template>,
+    /// Whether events carry the audit extensions (`manager`, `operation`, `clusterid`).
+    pub audit: bool,
     redact: Vec<Pointer>,
     redact_secret_data: bool,
     strip_managed_fields: bool,
     strip_last_applied: bool,
     /// Knative's collection name for subjects (its guess from the kind, kept for compatibility).
     knative_plural: String,
+    /// With the audit extensions on: the `clusterid` (uid of namespace `kube-system`).
+    cluster_id: Option<Arc<str>>,
 }
 
 impl ResourceInfo {
@@ -131,12 +136,22 @@ impl ResourceInfo {
                 .clone()
                 .or_else(|| c.subject.clone())
                 .or_else(|| c.url.clone()),
+            audit: false,
             redact: c.redact.clone(),
             redact_secret_data: c.redact_secret_data && r.is_secret(),
             strip_managed_fields: c.strip_managed_fields,
             strip_last_applied: c.strip_last_applied,
             knative_plural: knative::guess_plural(&api.kind),
+            cluster_id: None,
         }
+    }
+
+    /// Turns the audit extensions on: every object event then carries `clusterid` (this uid of
+    /// namespace `kube-system`) and, when its object names one, `manager` and `operation`.
+    pub fn with_audit(mut self, cluster_id: Arc<str>) -> Self {
+        self.cluster_id = Some(cluster_id).filter(|id| !id.is_empty());
+        self.audit = true;
+        self
     }
 
     /// Whether events hide values (Secret data, `redact` pointers): nothing derived from them,
@@ -177,6 +192,8 @@ pub struct Event {
     pub payload: Mode,
     /// Whether the payload was cut down to a reference because the event was too large.
     pub truncated: bool,
+    /// Who made the newest write (audit extensions on, and the object names a manager).
+    pub author: Option<Author>,
     /// The payload as JSON.
     pub data: Vec<u8>,
     /// When the change was received, for latency figures.
@@ -240,6 +257,14 @@ impl Event {
             Some(("origin", self.origin.as_str())),
             Some(("payload", self.payload.as_str())),
             self.truncated.then_some(("truncated", "true")),
+            self.author
+                .as_ref()
+                .map(|a| ("manager", a.manager.as_str())),
+            self.author
+                .as_ref()
+                .and_then(|a| a.operation)
+                .map(|o| ("operation", o.as_str())),
+            self.info.cluster_id.as_deref().map(|id| ("clusterid", id)),
         ]
         .into_iter()
         .flatten()
@@ -369,6 +394,12 @@ pub fn encode(
         return Err(missing("name"));
     }
     let namespace = meta.namespace.clone();
+    // Before `clean` strips managedFields.
+    let author = if info.audit {
+        meta.managed_fields.as_deref().and_then(audit::author)
+    } else {
+        None
+    };
     let (payload, data, published) = match info.payload {
         Mode::Reference => (
             Mode::Reference,
@@ -420,6 +451,7 @@ pub fn encode(
             resource_version,
             payload,
             truncated: false,
+            author,
             data,
             received: Instant::now(),
             budget: None,
@@ -944,6 +976,90 @@ pub(crate) mod tests {
                 assert_eq!(parsed.payload, ev.payload.as_str());
                 ev.truncate();
             }
+        }
+    }
+
+    /// A ConfigMap written by `kubectl` (Apply) and then by `ctl` (Update, later).
+    fn managed_object() -> DynamicObject {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
+        let entry = |manager: &str, operation: &str, time: &str| ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some(operation.into()),
+            time: Some(Time(time.parse().unwrap())),
+            ..Default::default()
+        };
+        let mut o = object(Some("a"), json!({"data": {"k": "v"}}));
+        o.metadata.managed_fields = Some(vec![
+            entry("kubectl", "Apply", "2025-11-21T14:03:20Z"),
+            entry("ctl", "Update", "2025-11-21T14:03:27Z"),
+        ]);
+        o
+    }
+
+    #[test]
+    fn audit_extensions_name_the_newest_writer_in_every_shape() {
+        const UID: &str = "0a9c7e52-6b0e-4c4f-9d1e-3f2a1b0c9d8e";
+        for extra in [
+            "",
+            ", payload: reference",
+            ", payload: diff",
+            ", eventFormat: knative",
+        ] {
+            let plain = info_with("", "v1", "ConfigMap", "configmaps", true, extra);
+            let audited = Arc::new(
+                Arc::into_inner(info_with("", "v1", "ConfigMap", "configmaps", true, extra))
+                    .unwrap()
+                    .with_audit(UID.into()),
+            );
+            for kind in [ChangeKind::Added, ChangeKind::Deleted] {
+                let mut ev = encode(&audited, change(kind, managed_object())).unwrap();
+                for _ in 0..2 {
+                    let attrs: BTreeMap<_, _> = ev.attributes().collect();
+                    assert_eq!(attrs["manager"], "ctl", "{extra}");
+                    assert_eq!(attrs["operation"], "Update", "{extra}");
+                    assert_eq!(attrs["clusterid"], UID, "{extra}");
+                    let doc = ev.to_structured_json();
+                    let parsed: crate::schema::EventEnvelope =
+                        serde_json::from_slice(&doc).unwrap_or_else(|e| panic!("{extra}: {e}"));
+                    assert_eq!(parsed.manager.as_deref(), Some("ctl"));
+                    let text = String::from_utf8(ev.data.clone()).unwrap();
+                    assert!(!text.contains("managedFields"), "{extra}: {text}");
+                    ev.truncate();
+                }
+                let ev = encode(&plain, change(kind, managed_object())).unwrap();
+                let attrs: BTreeMap<_, _> = ev.attributes().collect();
+                for name in ["manager", "operation", "clusterid"] {
+                    assert!(!attrs.contains_key(name), "{extra}: {name} with audit off");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn without_managed_fields_only_the_cluster_id_is_carried() {
+        // A repaired delete's object is a reference: no managedFields.
+        let audited = Arc::new(
+            Arc::into_inner(configmaps(""))
+                .unwrap()
+                .with_audit("uid-1".into()),
+        );
+        let mut o = object(Some("a"), json!({}));
+        o.metadata.managed_fields = None;
+        let ev = encode(&audited, change(ChangeKind::Deleted, o)).unwrap();
+        let attrs: BTreeMap<_, _> = ev.attributes().collect();
+        assert_eq!(attrs["clusterid"], "uid-1");
+        assert!(!attrs.contains_key("manager") && !attrs.contains_key("operation"));
+        let report = HeartbeatReport {
+            watch_id: "w",
+            watch: "w",
+            checkpoint: "1",
+            position: "1",
+            queue_depth: 0,
+        };
+        let now = OffsetDateTime::from_unix_timestamp(1_700_000_000).unwrap();
+        let doc: Value = serde_json::from_slice(&heartbeat(&audited, &report, now)).unwrap();
+        for name in ["manager", "operation", "clusterid"] {
+            assert!(doc.get(name).is_none(), "heartbeats carry no {name}");
         }
     }
 

@@ -6,6 +6,8 @@
 //! [`sink`] (publish, await the broker's acknowledgement) → [`pipeline`] (ordered acknowledgement).
 
 pub mod admin;
+pub mod asyncapi;
+pub mod audit;
 pub mod backoff;
 pub mod budget;
 pub mod change;

@@ -1,4 +1,5 @@
-//! The `kube-event-bridge` command: `run`, `check-config`, `tail`, `schema`.
+//! The `kube-event-bridge` command: `run`, `check-config`, `tail`, `snapshot`, `rbac`,
+//! `asyncapi`, `schema`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -27,6 +28,12 @@ struct Cli {
 #[derive(Clone, Copy, ValueEnum)]
 enum LogFormat {
     Text,
+    Json,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum DocumentFormat {
+    Yaml,
     Json,
 }
 
@@ -91,6 +98,18 @@ enum Command {
         /// The namespace the bridge runs in.
         #[arg(long, default_value = "kube-event-bridge")]
         namespace: String,
+    },
+    /// Print an AsyncAPI 3.0.0 document of what the configuration publishes: the server, one
+    /// channel per topic or subject (templates as parameterized addresses), one send operation
+    /// per channel, and each resource's CloudEvents message (headers and JSON Schema payload).
+    /// Resources are resolved through discovery, as for `rbac`.
+    Asyncapi {
+        /// The configuration file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = DocumentFormat::Yaml)]
+        format: DocumentFormat,
     },
     /// Write the JSON Schemas of the configuration and of the events into a directory.
     Schema {
@@ -183,6 +202,7 @@ async fn command(command: Command) -> anyhow::Result<()> {
             service_account,
             namespace,
         } => rbac(&load(&config)?, &service_account, &namespace).await,
+        Command::Asyncapi { config, format } => asyncapi(&load(&config)?, format).await,
         Command::Schema { dir } => schema::write_all(&dir)
             .with_context(|| format!("cannot write schemas to {}", dir.display())),
     }
@@ -216,9 +236,18 @@ async fn rbac(config: &Config, service_account: &str, namespace: &str) -> anyhow
             service_account,
             namespace,
             lease_namespace,
-            config.keeps_checkpoints()
+            config.reads_cluster_identity()
         )
     );
+    Ok(())
+}
+
+async fn asyncapi(config: &Config, format: DocumentFormat) -> anyhow::Result<()> {
+    let (client, api_server) = kubernetes::client_and_url(&config.kubernetes).await?;
+    let resolved = discovery::resolve(&client, &config.resources).await?;
+    let document = kube_event_bridge::asyncapi::document(config, &resolved, &api_server)?;
+    let json = matches!(format, DocumentFormat::Json);
+    print!("{}", kube_event_bridge::asyncapi::render(&document, json));
     Ok(())
 }
 

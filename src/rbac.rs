@@ -121,7 +121,8 @@ pub fn lease_role_name(service_account: &str, namespace: &str) -> String {
     format!("{}:leader-election", role_name(service_account, namespace))
 }
 
-/// The namespace whose uid identifies the cluster checkpoints belong to.
+/// The namespace whose uid identifies the cluster: checkpoints belong to it, and it is the
+/// `clusterid` extension.
 pub const IDENTITY_NAMESPACE: &str = "kube-system";
 
 /// The Role (in [`IDENTITY_NAMESPACE`]) that lets the bridge read that namespace alone.
@@ -134,9 +135,10 @@ pub fn identity_role_name(service_account: &str, namespace: &str) -> String {
 /// header, then the ClusterRole and ClusterRoleBinding (only if some resource is watched in
 /// every namespace or is cluster-scoped), a Role and RoleBinding per namespace with fixed-
 /// namespace resources, and, when leader election is on (`lease_namespace` is where its Lease
-/// lives), the leader-election Role and RoleBinding there. When checkpoints are kept
-/// (`checkpoints`), a Role in `kube-system` grants `get` on that one Namespace (by name), whose
-/// uid ties checkpoints to the cluster.
+/// lives), the leader-election Role and RoleBinding there. When the bridge reads the cluster's
+/// identity (`identity`: checkpoints are kept, or the `clusterid` extension is on, see
+/// [`crate::config::Config::reads_cluster_identity`]), a Role in `kube-system` grants `get` on
+/// that one Namespace (by name), whose uid ties checkpoints to the cluster and is the `clusterid`.
 ///
 /// The ServiceAccount itself is not rendered (a Helm chart or `kubectl create serviceaccount`
 /// owns it). The output is deterministic: objects and rules are sorted.
@@ -145,7 +147,7 @@ pub fn render(
     service_account: &str,
     namespace: &str,
     lease_namespace: Option<&str>,
-    checkpoints: bool,
+    identity: bool,
 ) -> String {
     let perms = permissions(resources);
     let name = role_name(service_account, namespace);
@@ -208,7 +210,7 @@ pub fn render(
         }
         None => out.push_str(" (leader election off: no Lease access).\n"),
     }
-    if checkpoints {
+    if identity {
         let identity = identity_role_name(service_account, namespace);
         docs.push(yaml(&Role {
             metadata: meta(&identity, Some(IDENTITY_NAMESPACE)),
@@ -226,7 +228,7 @@ pub fn render(
             subjects: Some(vec![subject]),
         }));
         out.push_str(&format!(
-            "# get on namespace {IDENTITY_NAMESPACE}, whose uid ties checkpoints to this cluster.\n"
+            "# get on namespace {IDENTITY_NAMESPACE}, whose uid identifies this cluster (checkpoints, clusterid).\n"
         ));
     }
     for doc in docs {

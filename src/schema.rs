@@ -64,6 +64,21 @@ pub struct EventEnvelope {
     /// message size; absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub truncated: Option<String>,
+    /// Who made the change: the field manager of the newest `metadata.managedFields` entry
+    /// (`kubectl-client-side-apply`, `kube-controller-manager`); on a tie of `time` an `Update`
+    /// entry wins over an `Apply`, then the entry listed last. Absent when the object has no
+    /// managedFields (repaired deletes) or with `auditExtensions: false`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manager: Option<String>,
+    /// The operation of that entry: `Apply` (server-side apply) or `Update`; absent with
+    /// `manager`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = "^(Apply|Update)$"))]
+    pub operation: Option<String>,
+    /// The uid of the cluster's `kube-system` namespace, which stays the same when the cluster
+    /// is renamed; absent with `auditExtensions: false`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clusterid: Option<String>,
     /// `full`: the object as the API server sent it, with `metadata.managedFields` and the
     /// last-applied annotation stripped and Secret values (and configured pointers) redacted by
     /// default; a repaired delete carries only apiVersion, kind and metadata (name, namespace,

@@ -32,6 +32,9 @@ pub(crate) struct Stores {
     kind: StoresKind,
     /// The cluster checkpoints are tied to (`None` when nothing is durable).
     cluster: Option<Cluster>,
+    /// The uid of namespace `kube-system`, read once at start when checkpoints are kept or the
+    /// audit extensions are on (see [`Config::reads_cluster_identity`]).
+    cluster_uid: Option<std::sync::Arc<str>>,
 }
 
 #[expect(clippy::large_enum_variant, reason = "one value per process")]
@@ -48,20 +51,27 @@ enum StoresKind {
 
 impl Stores {
     /// Prepares the checkpoint store (creating or checking the Kafka topic, opening the KV bucket
-    /// or the directory) and reads the identity of the cluster checkpoints are tied to.
+    /// or the directory) and reads the identity of the cluster checkpoints are tied to, which
+    /// the `clusterid` extension also names.
     pub(crate) async fn prepare(
         config: &Config,
         shared: &Arc<AnySink>,
         client: &Client,
     ) -> Result<Self> {
         let c = &config.checkpoint;
-        if !config.keeps_checkpoints() {
+        let cluster = if config.reads_cluster_identity() {
+            Some(Cluster::identify(&config.cluster, client).await?)
+        } else {
+            None
+        };
+        let cluster_uid = cluster.as_ref().map(|c| Arc::from(c.uid.as_str()));
+        let Some(cluster) = cluster.filter(|_| config.keeps_checkpoints()) else {
             return Ok(Stores {
                 kind: StoresKind::Memory,
                 cluster: None,
+                cluster_uid,
             });
-        }
-        let cluster = Cluster::identify(&config.cluster, client).await?;
+        };
         let store_err = |store: &'static str, e: &dyn std::fmt::Display| checkpoint::Error::Store {
             store,
             message: e.to_string(),
@@ -88,7 +98,13 @@ impl Stores {
         Ok(Stores {
             kind,
             cluster: Some(cluster),
+            cluster_uid,
         })
+    }
+
+    /// The uid of namespace `kube-system`, when it was read at start.
+    pub(crate) fn cluster_uid(&self) -> Option<Arc<str>> {
+        self.cluster_uid.clone()
     }
 
     /// The sink and checkpoint store of one watch. A Kafka watch gets its own transactional

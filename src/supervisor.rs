@@ -344,7 +344,13 @@ impl Supervisor {
             .for_watch(&self.sink, &key)
             .instrument(span.clone())
             .await?;
-        let info = Arc::new(ResourceInfo::new(&config.cluster, r, &self.api_server));
+        let mut info = ResourceInfo::new(&config.cluster, r, &self.api_server);
+        if config.audit_extensions
+            && let Some(uid) = self.stores.cluster_uid()
+        {
+            info = info.with_audit(uid);
+        }
+        let info = Arc::new(info);
         store.set_redacted(info.redacts());
         let status = Arc::new(Status::default());
         // A checkpoint that cannot be decoded comes back as a repair (no resourceVersion: list).

@@ -328,6 +328,29 @@ impl Template {
         out
     }
 
+    /// An AsyncAPI channel address for one resource: the per-watch tokens rendered as a topic
+    /// (or, with `subject`, a subject), `{name}` kept as a parameter, and `{namespace}` kept as a
+    /// parameter with `namespace_parameter`, else rendered from `v` (`_` when `None`).
+    pub fn address(&self, v: &Values<'_>, subject: bool, namespace_parameter: bool) -> String {
+        let safe = if subject {
+            is_subject_token_char
+        } else {
+            is_topic_char
+        };
+        let mut out = String::with_capacity(self.source.len() + 48);
+        for seg in &self.segments {
+            match seg {
+                Segment::Literal(l) => out.push_str(l),
+                Segment::Token(Token::Name) => out.push_str("{name}"),
+                Segment::Token(Token::Namespace) if namespace_parameter => {
+                    out.push_str("{namespace}")
+                }
+                Segment::Token(t) => push_safe(&mut out, v.get(*t), safe),
+            }
+        }
+        out
+    }
+
     fn render(&self, v: &Values<'_>, safe: impl Fn(char) -> bool + Copy) -> String {
         let mut out = String::with_capacity(self.source.len() + 48);
         for seg in &self.segments {

@@ -53,6 +53,11 @@ pub struct ConfigFile {
     /// ApiServerSource's); a resource entry may override it.
     #[serde(default)]
     pub event_format: EventFormat,
+    /// Add the audit extensions to every object event: `manager` and `operation` (the field
+    /// manager and operation of the newest `managedFields` entry) and `clusterid` (the uid of
+    /// namespace `kube-system`, read once at start). Default true.
+    #[serde(default = "default_true")]
+    pub audit_extensions: bool,
     /// Dynamic discovery: how often to refresh the list of served resources, which picks up
     /// CRDs and namespaces the watches of CRDs and namespaces missed.
     #[serde(default)]

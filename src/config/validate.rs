@@ -220,6 +220,7 @@ impl ConfigFile {
             admin: self.admin,
             heartbeat: self.heartbeat,
             discovery: self.discovery,
+            audit_extensions: self.audit_extensions,
         }
     }
 }

@@ -188,7 +188,7 @@ where
 }
 
 /// Applies every document of a `rbac::render` output.
-async fn apply(client: &kube::Client, rendered: &str) {
+pub(crate) async fn apply(client: &kube::Client, rendered: &str) {
     for d in serde_yaml_ng::Deserializer::from_str(rendered) {
         let doc = serde_yaml_ng::Value::deserialize(d).expect("rendered YAML");
         if doc.is_null() {

@@ -711,7 +711,7 @@ async fn helm_renders_every_documented_values_file_with_the_rbac_src_rbac_comput
             .find(|d| kind(d) == "Role" && name(d) == rbac::identity_role_name(&sa, &namespace));
         assert_eq!(
             identity.is_some(),
-            config.keeps_checkpoints(),
+            config.reads_cluster_identity(),
             "{what}: the Role reading namespace kube-system comes with kept checkpoints"
         );
         if let Some(identity) = identity {
@@ -1290,7 +1290,7 @@ async fn apply_rendered_rbac(
         sa,
         home,
         lease_namespace,
-        config.keeps_checkpoints(),
+        config.reads_cluster_identity(),
     );
     create_service_account(kubectl, home, sa).await;
     kube(kubectl, &["apply", "-f", "-"], Some(&rendered)).await;
@@ -1430,8 +1430,11 @@ async fn rendered_rbac_without_fixed_namespaces_uses_a_cluster_role_for_those_on
             "ClusterRoleBinding -".into(),
             format!("Role {vault}"),
             format!("RoleBinding {vault}"),
+            "Role kube-system".into(),
+            "RoleBinding kube-system".into(),
         ],
-        "leader election is off: no Lease Role\n{rendered}"
+        "leader election is off: no Lease Role; the audit extensions (on by default) read the \
+         cluster id\n{rendered}"
     );
 
     let user = sa_user(&home, sa);
@@ -1493,7 +1496,7 @@ async fn docs_show_the_rbac_rendered_for_the_stdout_example() {
         "kube-event-bridge",
         "kube-event-bridge",
         None,
-        config.keeps_checkpoints(),
+        config.reads_cluster_identity(),
     );
     let docs = read(&repo().join("docs/deploy.md"));
     assert!(

@@ -3,6 +3,8 @@
 
 mod access_review;
 mod admin;
+mod asyncapi;
+mod audit;
 mod behaviour;
 mod bridge;
 mod checkpoint;
