@@ -69,7 +69,8 @@ pub enum Error {
     /// The cluster's identity could not be read.
     #[error(
         "cannot read the uid of namespace kube-system, the cluster identity checkpoints are tied \
-         to and the `clusterid` extension names (the bridge needs `get` on namespaces/kube-system)"
+         to and the `clusterid` extension names (the bridge needs `get` on namespaces/kube-system; \
+         `auditExtensions: false` drops the extension)"
     )]
     Identity(#[source] kube::Error),
     /// The Kafka checkpoint topic cannot hold checkpoints safely.

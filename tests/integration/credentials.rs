@@ -175,7 +175,9 @@ async fn a_rotated_token_file_is_read_again_and_events_keep_flowing() {
         json!({"tokenFile": token_file.display().to_string()}),
     );
     let config = format!(
-        "cluster: dev\nkubernetes: {{kubeconfig: {}}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\nsink: {{stdout: {{}}}}\n",
+        // The service account may read ConfigMaps only: no `clusterid`, which needs `get` on
+        // namespace kube-system.
+        "cluster: dev\nkubernetes: {{kubeconfig: {}}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\nsink: {{stdout: {{}}}}\nauditExtensions: false\n",
         kubeconfig.display()
     );
     let mut bridge = Bridge::start(&config);
