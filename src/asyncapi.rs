@@ -140,8 +140,12 @@ impl Binding {
                         values.insert(format!("ce-{name}"), json!(value));
                     }
                 }
+                let mut schema = message::headers_schema(&fixed, "ce-", attributes);
+                // HTTP adds its own headers (Host, Content-Length, Authorization), and
+                // `sink.http.extensions` adds `ce-` headers of their own.
+                schema["additionalProperties"] = json!(true);
                 Some(message::Headers {
-                    schema: message::headers_schema(&fixed, "ce-", attributes),
+                    schema,
                     example: Value::Object(values),
                     id_location: if structured {
                         "$message.payload#/id"
