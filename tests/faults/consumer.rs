@@ -4,15 +4,12 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube_event_bridge_consumer::{ObjectKey, Origin};
-use serde_json::json;
 
-use crate::harness::{Bridge, Proxy, SinkKind, kubeconfig_via, sink_yaml};
+use crate::harness::{Bridge, SinkKind};
 use crate::store_check::{LiveStore, assert_new_store_rebuilds, wait_store_equals_list};
-use crate::support::{self, kube_client, unique_name, unique_namespace};
-use crate::{EXCLUSIVE, cm, testenv};
+use crate::support::{self, kube_client};
+use crate::{EXCLUSIVE, GoneScene};
 
 /// How long a store may take to reflect what the API server holds (a restart included).
 const CONVERGE: Duration = Duration::from_secs(180);
@@ -21,55 +18,23 @@ const CONVERGE: Duration = Duration::from_secs(180);
 /// which then restarts: the store follows the repaired events to the LIST's state.
 pub async fn store_after_gone_repair(sink: SinkKind) {
     let _guard = EXCLUSIVE.lock().await;
+    let scene = GoneScene::new(sink, "consumer-gone").await;
+    let (cluster, config, ns) = (&scene.cluster, &scene.config, &scene.ns);
     let client = kube_client().await;
-    let ns = unique_namespace(&client, "consumer-gone").await;
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let pp = PostParams::default();
-    for name in ["same", "changed", "deleted", "recreated"] {
-        cms.create(&pp, &cm(name, "0")).await.unwrap();
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let (_, upstream) = kubeconfig_via(0, dir.path());
-    let proxy = Proxy::start(upstream).await;
-    let (kubeconfig, _) = kubeconfig_via(proxy.port, dir.path());
-    let cluster = unique_name("c");
-    let config = format!(
-        "cluster: {cluster}\nkubernetes: {{kubeconfig: {}}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n{}",
-        kubeconfig.display(),
-        sink_yaml(sink, &cluster)
-    );
     // Kafka: the default topic, keyed by uid.
     let topics = vec![format!("k8s.{cluster}.core.configmaps")];
     if sink == SinkKind::Kafka {
         support::create_topic(&topics[0], 3).await;
     }
-    let mut bridge = Bridge::start(&config);
+    let mut bridge = Bridge::start(config);
     bridge.wait_synced(1).await;
-    let live = LiveStore::open(sink, &cluster, &topics).await;
-    wait_store_equals_list(&live, &client, &ns, CONVERGE).await;
+    let live = LiveStore::open(sink, cluster, &topics).await;
+    wait_store_equals_list(&live, &client, ns, CONVERGE).await;
 
-    proxy.pause(true);
-    cms.patch(
-        "changed",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"data": {"v": "1"}})),
-    )
-    .await
-    .unwrap();
-    cms.delete("deleted", &DeleteParams::default())
-        .await
-        .unwrap();
-    cms.delete("recreated", &DeleteParams::default())
-        .await
-        .unwrap();
-    cms.create(&pp, &cm("recreated", "new")).await.unwrap();
-    cms.create(&pp, &cm("added", "1")).await.unwrap();
-    testenv("stop", "kube-apiserver");
-    testenv("start", "kube-apiserver");
-    proxy.pause(false);
+    scene.change_unseen_then_restart().await;
 
     let client = kube_client().await;
-    let state = wait_store_equals_list(&live, &client, &ns, CONVERGE).await;
+    let state = wait_store_equals_list(&live, &client, ns, CONVERGE).await;
     live.assert_no_errors();
     assert_eq!(
         state.keys().map(String::as_str).collect::<Vec<_>>(),
@@ -83,7 +48,7 @@ pub async fn store_after_gone_repair(sink: SinkKind) {
     for name in ["added", "changed", "recreated"] {
         let object = live
             .store
-            .get(&ObjectKey::namespaced("configmaps", &ns, name))
+            .get(&ObjectKey::namespaced("configmaps", ns, name))
             .unwrap();
         assert_eq!(object.origin, Origin::Repaired, "{name}");
     }
@@ -91,5 +56,5 @@ pub async fn store_after_gone_repair(sink: SinkKind) {
     // A new store from the beginning, once caught up, holds the same state.
     bridge.signal("TERM");
     assert!(bridge.wait_exit(Duration::from_secs(30)).await.is_some());
-    assert_new_store_rebuilds(sink, &cluster, &topics, &ns, &state, CONVERGE).await;
+    assert_new_store_rebuilds(sink, cluster, &topics, ns, &state, CONVERGE).await;
 }

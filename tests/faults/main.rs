@@ -244,31 +244,92 @@ async fn nats_outage_loses_nothing() {
     broker_outage(SinkKind::Nats, "nats", "", Duration::ZERO).await;
 }
 
+/// The setting of a 410 repair: ConfigMaps `same`, `changed`, `deleted` and `recreated` in a new
+/// namespace, and a bridge configuration whose API server connection runs through a proxy that
+/// can hold it off.
+pub struct GoneScene {
+    /// The namespace.
+    pub ns: String,
+    /// Its ConfigMaps.
+    pub cms: Api<ConfigMap>,
+    /// The cluster name (topic, subject and stream carry it).
+    pub cluster: String,
+    /// The bridge's configuration.
+    pub config: String,
+    proxy: Proxy,
+    _dir: tempfile::TempDir,
+}
+
+impl GoneScene {
+    /// Creates the namespace, its four ConfigMaps and the proxy.
+    pub async fn new(sink: SinkKind, prefix: &str) -> Self {
+        let client = kube_client().await;
+        let ns = unique_namespace(&client, prefix).await;
+        let cms: Api<ConfigMap> = Api::namespaced(client, &ns);
+        for name in ["same", "changed", "deleted", "recreated"] {
+            cms.create(&PostParams::default(), &cm(name, "0"))
+                .await
+                .unwrap();
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (_, upstream) = kubeconfig_via(0, dir.path());
+        let proxy = Proxy::start(upstream).await;
+        let (kubeconfig, _) = kubeconfig_via(proxy.port, dir.path());
+        let cluster = unique_name("c");
+        let config = format!(
+            "cluster: {cluster}\nkubernetes: {{kubeconfig: {}}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n{}",
+            kubeconfig.display(),
+            sink_yaml(sink, &cluster)
+        );
+        GoneScene {
+            ns,
+            cms,
+            cluster,
+            config,
+            proxy,
+            _dir: dir,
+        }
+    }
+
+    /// While the bridge cannot see the API server: `changed` patched, `deleted` deleted,
+    /// `recreated` deleted and created again, `added` created; then the API server restarts, so
+    /// the bridge's resourceVersion is gone (410). Returns the new `recreated` and `added`.
+    pub async fn change_unseen_then_restart(&self) -> (ConfigMap, ConfigMap) {
+        let cms = &self.cms;
+        let pp = PostParams::default();
+        self.proxy.pause(true);
+        cms.patch(
+            "changed",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"v": "1"}})),
+        )
+        .await
+        .unwrap();
+        cms.delete("deleted", &DeleteParams::default())
+            .await
+            .unwrap();
+        cms.delete("recreated", &DeleteParams::default())
+            .await
+            .unwrap();
+        let recreated = cms.create(&pp, &cm("recreated", "new")).await.unwrap();
+        let added = cms.create(&pp, &cm("added", "1")).await.unwrap();
+        testenv("stop", "kube-apiserver");
+        testenv("start", "kube-apiserver");
+        self.proxy.pause(false);
+        (recreated, added)
+    }
+}
+
 /// Changes the bridge cannot see (its connection is held off), then an API server restart so its
 /// resourceVersion is gone (410): it relists, diffs against what it knew, and publishes exactly
 /// the differences, marked as repaired; unchanged objects produce nothing.
 async fn gone_repair(sink: SinkKind) {
     let _guard = EXCLUSIVE.lock().await;
-    let client = kube_client().await;
-    let ns = unique_namespace(&client, "gone").await;
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let pp = PostParams::default();
-    for name in ["same", "changed", "deleted", "recreated"] {
-        cms.create(&pp, &cm(name, "0")).await.unwrap();
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let (_, upstream) = kubeconfig_via(0, dir.path());
-    let proxy = Proxy::start(upstream).await;
-    let (kubeconfig, _) = kubeconfig_via(proxy.port, dir.path());
-    let cluster = unique_name("c");
-    let config = format!(
-        "cluster: {cluster}\nkubernetes: {{kubeconfig: {}}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n{}",
-        kubeconfig.display(),
-        sink_yaml(sink, &cluster)
-    );
-    let mut bridge = Bridge::start(&config);
+    let scene = GoneScene::new(sink, "gone").await;
+    let mut bridge = Bridge::start(&scene.config);
+    let cluster = &scene.cluster;
     let topics = vec![format!("k8s.{cluster}.core.configmaps")];
-    let mut reader = Reader::for_sink(sink, &cluster, &topics, &bridge).await;
+    let mut reader = Reader::for_sink(sink, cluster, &topics, &bridge).await;
     bridge.wait_synced(1).await;
     let snapshot = reader
         .read_until(Duration::from_secs(30), |got| got.len() == 4)
@@ -284,25 +345,7 @@ async fn gone_repair(sink: SinkKind) {
         .unwrap()
         .ext("uid");
 
-    proxy.pause(true);
-    cms.patch(
-        "changed",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"data": {"v": "1"}})),
-    )
-    .await
-    .unwrap();
-    cms.delete("deleted", &DeleteParams::default())
-        .await
-        .unwrap();
-    cms.delete("recreated", &DeleteParams::default())
-        .await
-        .unwrap();
-    let recreated = cms.create(&pp, &cm("recreated", "new")).await.unwrap();
-    let added = cms.create(&pp, &cm("added", "1")).await.unwrap();
-    testenv("stop", "kube-apiserver");
-    testenv("start", "kube-apiserver");
-    proxy.pause(false);
+    let (recreated, added) = scene.change_unseen_then_restart().await;
 
     // The broker stays up; only the API server restarts (for Kafka and NATS the checkpoint's
     // resourceVersion is then gone, so the restarted watch relists against the saved index).
