@@ -33,9 +33,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
-/// Creates a compacted topic (`cleanup.policy=compact`) that the broker compacts soon: segments
-/// roll every second and are cleaned as soon as 1% of them is superseded, so a benchmark reads
-/// what compaction leaves rather than the whole history (the active segment is never cleaned).
+/// Creates a compacted topic (`cleanup.policy=compact`).
 async fn create_topic(
     client: &ClientConfig,
     topic: &str,
@@ -43,10 +41,7 @@ async fn create_topic(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let admin: AdminClient<DefaultClientContext> = client.create()?;
     let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1))
-        .set("cleanup.policy", "compact")
-        .set("segment.ms", "1000")
-        .set("min.cleanable.dirty.ratio", "0.01")
-        .set("min.compaction.lag.ms", "0");
+        .set("cleanup.policy", "compact");
     for result in admin
         .create_topics(
             [&new],
