@@ -2,10 +2,11 @@
 //! document of what a configuration publishes, after discovery resolved its resources (as the
 //! `rbac` command does):
 //!
-//! - **servers**: the Kafka bootstrap servers or the NATS URLs (credentials in a URL removed),
-//!   the protocol (`kafka`, `kafka-secure`, `nats`) and the security schemes by name and type,
-//!   never a secret ([`server`]); the stdout sink has no server;
-//! - **channels**: one per distinct topic or subject. A template's per-watch tokens are rendered;
+//! - **servers**: the Kafka bootstrap servers, the NATS URLs (credentials in a URL removed) or,
+//!   for the HTTP sink, one server per origin its URLs post to; the protocol (`kafka`,
+//!   `kafka-secure`, `nats`, `http`, `https`) and the security schemes by name and type, never a
+//!   secret ([`server`]); the stdout sink has no server;
+//! - **channels**: one per distinct topic, subject or URL (HTTP: its path, on its server). A template's per-watch tokens are rendered;
 //!   its per-object tokens (`{namespace}`, `{name}`) stay in the address as parameters, described
 //!   (and listed, for fixed namespaces). Several resources sharing a topic share its channel;
 //! - **operations**: one `send` per channel, with every message of the channel;
