@@ -6,12 +6,13 @@
 //!   for the HTTP sink, one server per origin its URLs post to; the protocol (`kafka`,
 //!   `kafka-secure`, `nats`, `http`, `https`) and the security schemes by name and type, never a
 //!   secret ([`server`]); the stdout sink has no server;
-//! - **channels**: one per distinct topic, subject or URL (HTTP: its path, on its server). A template's per-watch tokens are rendered;
-//!   its per-object tokens (`{namespace}`, `{name}`) stay in the address as parameters, described
-//!   (and listed, for fixed namespaces). Several resources sharing a topic share its channel;
+//! - **channels**: one per distinct topic, subject or URL (HTTP: its path, on its server). A
+//!   template's per-watch tokens are rendered; its per-object tokens (`{namespace}`, `{name}`)
+//!   stay in the address as parameters, described (and listed, for fixed namespaces). Several
+//!   resources sharing a topic share its channel;
 //! - **operations**: one `send` per channel, with every message of the channel;
 //! - **messages**: one per resource ([`message`]): the CloudEvents headers of the binding (Kafka
-//!   `ce_*` record headers, NATS `ce-*` headers and `Nats-Msg-Id`) in binary mode, or the
+//!   `ce_*` record headers, NATS and HTTP `ce-*` headers, `Nats-Msg-Id`) in binary mode, or the
 //!   structured event; the payload schema (the event JSON Schema of `schemas/event.schema.json`,
 //!   embedded under `components.schemas`, narrowed to the resource); the Kafka key as the message
 //!   binding's key; an example built by the bridge's own encoder; Kafka tombstones when on.
