@@ -114,71 +114,47 @@ impl Binding {
         }
     }
 
+    fn structured(&self) -> bool {
+        self.mode == ContentMode::Structured
+    }
+
+    /// The content type of a message's payload.
+    fn content_type(&self) -> &'static str {
+        if self.structured() {
+            encode::STRUCTURED_CONTENT_TYPE
+        } else {
+            encode::DATA_CONTENT_TYPE
+        }
+    }
+
     /// The headers of one message (none on standard output).
     fn headers(
         &self,
         attributes: &[(String, Value, bool)],
         example: &Event,
     ) -> Option<message::Headers> {
-        let structured = self.mode == ContentMode::Structured;
-        let content_type = if structured {
-            encode::STRUCTURED_CONTENT_TYPE
-        } else {
-            encode::DATA_CONTENT_TYPE
-        };
+        let (structured, content_type) = (self.structured(), self.content_type());
         let attributes = if structured { &[][..] } else { attributes };
         match self.sink {
             SinkKind::Stdout => None,
             SinkKind::Http => {
-                let fixed = [(
-                    "Content-Type",
-                    content_type,
-                    "The content type of the request body.",
-                )];
-                let mut values = Map::new();
-                values.insert("Content-Type".into(), json!(content_type));
-                if !structured {
-                    for (name, value) in example.attributes() {
-                        values.insert(format!("ce-{name}"), json!(value));
-                    }
-                }
-                let mut schema = message::headers_schema(&fixed, "ce-", attributes);
+                let mut headers = self.prefixed(
+                    ("Content-Type", "The content type of the request body."),
+                    ("ce-", "$message.header#/ce-id"),
+                    attributes,
+                    example,
+                );
                 // HTTP adds its own headers (Host, Content-Length, Authorization), and
                 // `sink.http.extensions` adds `ce-` headers of their own.
-                schema["additionalProperties"] = json!(true);
-                Some(message::Headers {
-                    schema,
-                    example: Value::Object(values),
-                    id_location: if structured {
-                        "$message.payload#/id"
-                    } else {
-                        "$message.header#/ce-id"
-                    },
-                })
+                headers.schema["additionalProperties"] = json!(true);
+                Some(headers)
             }
-            SinkKind::Kafka => {
-                let fixed = [(
-                    "content-type",
-                    content_type,
-                    "The content type of the record value.",
-                )];
-                let mut values = Map::new();
-                values.insert("content-type".into(), json!(content_type));
-                if !structured {
-                    for (name, value) in example.attributes() {
-                        values.insert(format!("ce_{name}"), json!(value));
-                    }
-                }
-                Some(message::Headers {
-                    schema: message::headers_schema(&fixed, "ce_", attributes),
-                    example: Value::Object(values),
-                    id_location: if structured {
-                        "$message.payload#/id"
-                    } else {
-                        "$message.header#/ce_id"
-                    },
-                })
-            }
+            SinkKind::Kafka => Some(self.prefixed(
+                ("content-type", "The content type of the record value."),
+                ("ce_", "$message.header#/ce_id"),
+                attributes,
+                example,
+            )),
             SinkKind::Nats { jetstream } => {
                 let fixed = [(
                     "Content-Type",
@@ -212,6 +188,39 @@ impl Binding {
                     },
                 })
             }
+        }
+    }
+
+    /// The headers of a binding whose binary mode sends one `prefix` + attribute header per
+    /// attribute beside a content-type header (Kafka's `ce_`, HTTP's `ce-`): `content` is that
+    /// header's name and description, `id` the prefix and where the id header is.
+    fn prefixed(
+        &self,
+        (content_header, what): (&'static str, &'static str),
+        (prefix, id_header): (&'static str, &'static str),
+        attributes: &[(String, Value, bool)],
+        example: &Event,
+    ) -> message::Headers {
+        let (structured, content_type) = (self.structured(), self.content_type());
+        let mut values = Map::new();
+        values.insert(content_header.into(), json!(content_type));
+        if !structured {
+            for (name, value) in example.attributes() {
+                values.insert(format!("{prefix}{name}"), json!(value));
+            }
+        }
+        message::Headers {
+            schema: message::headers_schema(
+                &[(content_header, content_type, what)],
+                prefix,
+                attributes,
+            ),
+            example: Value::Object(values),
+            id_location: if structured {
+                "$message.payload#/id"
+            } else {
+                id_header
+            },
         }
     }
 

@@ -12,9 +12,9 @@ use kube::api::{DynamicObject, ObjectMeta, TypeMeta};
 use serde_json::{Map, Value, json};
 
 use crate::change::{Change, ChangeKind, Origin};
-use crate::config::{ContentMode, EventFormat, RecordKey};
+use crate::config::{EventFormat, RecordKey};
 use crate::discovery::ResolvedResource;
-use crate::encode::{self, DATA_CONTENT_TYPE, Event, ResourceInfo, STRUCTURED_CONTENT_TYPE};
+use crate::encode::{self, DATA_CONTENT_TYPE, Event, ResourceInfo};
 use crate::payload::Mode;
 
 use super::{Binding, Error, Result};
@@ -37,7 +37,7 @@ pub(super) fn message(
     let info = Arc::new(info);
     let example = example_event(&info, r, false)?;
     let truncated = example_event(&info, r, true)?;
-    let structured = binding.mode == ContentMode::Structured;
+    let structured = binding.structured();
     let mut message = json!({
         "name": message_name(r),
         "title": format!("{} {} change", r.api.api_version, r.api.kind),
@@ -45,7 +45,7 @@ pub(super) fn message(
             "An add, update or delete of a {} ({}) in cluster {}, as a CloudEvent 1.0 ({} mode).",
             r.api.kind, r.label(), info.cluster, if structured { "structured" } else { "binary" }
         ),
-        "contentType": if structured { STRUCTURED_CONTENT_TYPE } else { DATA_CONTENT_TYPE },
+        "contentType": binding.content_type(),
         "traits": [{"$ref": trait_ref}],
     });
     let attributes = attribute_schemas(&info, r, &example, &truncated, descriptions);
