@@ -28,7 +28,7 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// What the checkpoint stores of all watches share.
-pub(crate) struct Stores {
+pub struct Stores {
     kind: StoresKind,
     /// The cluster checkpoints are tied to (`None` when nothing is durable).
     cluster: Option<Cluster>,
@@ -53,11 +53,7 @@ impl Stores {
     /// Prepares the checkpoint store (creating or checking the Kafka topic, opening the KV bucket
     /// or the directory) and reads the identity of the cluster checkpoints are tied to, which
     /// the `clusterid` extension also names.
-    pub(crate) async fn prepare(
-        config: &Config,
-        shared: &Arc<AnySink>,
-        client: &Client,
-    ) -> Result<Self> {
+    pub async fn prepare(config: &Config, shared: &Arc<AnySink>, client: &Client) -> Result<Self> {
         let c = &config.checkpoint;
         let cluster = if config.reads_cluster_identity() {
             Some(Cluster::identify(&config.cluster, client).await?)
@@ -103,13 +99,13 @@ impl Stores {
     }
 
     /// The uid of namespace `kube-system`, when it was read at start.
-    pub(crate) fn cluster_uid(&self) -> Option<Arc<str>> {
+    pub fn cluster_uid(&self) -> Option<Arc<str>> {
         self.cluster_uid.clone()
     }
 
     /// The sink and checkpoint store of one watch. A Kafka watch gets its own transactional
     /// producer (its transactional id fences an older instance of the same watch).
-    pub(crate) async fn for_watch(
+    pub async fn for_watch(
         &self,
         shared: &Arc<AnySink>,
         key: &WatchKey,
