@@ -1,54 +1,92 @@
-//! Load generator for `scripts/bench`: creates or patches ConfigMaps in one namespace with bounded
-//! concurrency, through the `KUBECONFIG` cluster.
+//! Load generator for `scripts/bench`: creates or patches ConfigMaps with bounded concurrency,
+//! through the `KUBECONFIG` cluster.
 //!
-//! `loadgen create <namespace> <count> <bytes>` / `loadgen patch <namespace> <count>`.
+//! `loadgen create <namespace> <count> <bytes>` / `loadgen patch <namespace> <count>` work in one
+//! namespace; `loadgen spread <prefix> <namespaces> <count> <bytes>` creates the namespaces
+//! `<prefix>-0000`… labelled `kube-event-bridge-bench=<prefix>` and `<count>` ConfigMaps in each.
 
 use std::time::Instant;
 
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::ConfigMap;
+use futures::{StreamExt, TryFutureExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, Patch, PatchParams, PostParams};
+
+/// Requests in flight at most.
+const CONCURRENCY: usize = 32;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let (verb, ns, count) = (
-        args[1].as_str(),
-        args[2].as_str(),
-        args[3].parse::<usize>()?,
-    );
+    let (verb, target) = (args[1].as_str(), args[2].as_str());
     let client = kube::Client::try_default().await?;
-    let api: Api<ConfigMap> = Api::namespaced(client, ns);
     let start = Instant::now();
     let run = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_nanos();
-    let payload = "x".repeat(args.get(4).map(|b| b.parse()).transpose()?.unwrap_or(1024));
-    let results: Vec<_> = futures::stream::iter(0..count)
-        .map(|i| {
-            let api = api.clone();
+    let (namespaces, count, bytes) = if verb == "spread" {
+        let namespaces: usize = args[3].parse()?;
+        let names: Vec<String> = (0..namespaces)
+            .map(|i| format!("{target}-{i:04}"))
+            .collect();
+        create_namespaces(&client, target, &names).await?;
+        (names, args[4].parse::<usize>()?, args.get(5))
+    } else {
+        (vec![target.to_owned()], args[3].parse()?, args.get(4))
+    };
+    let payload = "x".repeat(bytes.map(|b| b.parse()).transpose()?.unwrap_or(1024));
+    let requests = namespaces
+        .iter()
+        .flat_map(|ns| (0..count).map(move |i| (ns.clone(), i)));
+    let results: Vec<_> = futures::stream::iter(requests)
+        .map(|(ns, i)| {
+            let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
             let payload = payload.clone();
             async move {
                 let name = format!("cm-{i:06}");
-                if verb == "create" {
-                    let cm: ConfigMap = serde_json::from_value(serde_json::json!({"metadata": {"name": name, "labels": {"app": "bench"}}, "data": {"payload": payload}}))?;
-                    api.create(&PostParams::default(), &cm).await.map(|_| ())
-                } else {
+                if verb == "patch" {
                     // A fresh value per run, so every patch is a real change (a no-op patch makes no event).
                     let patch = Patch::Merge(serde_json::json!({"data": {"n": format!("{i}-{run}")}}));
                     api.patch(&name, &PatchParams::default(), &patch).await.map(|_| ())
+                } else {
+                    let cm: ConfigMap = serde_json::from_value(serde_json::json!({"metadata": {"name": name, "labels": {"app": "bench"}}, "data": {"payload": payload}}))?;
+                    api.create(&PostParams::default(), &cm).await.map(|_| ())
                 }
                 .map_err(anyhow::Error::from)
             }
         })
-        .buffer_unordered(32)
+        .buffer_unordered(CONCURRENCY)
         .collect()
         .await;
     let failed = results.iter().filter(|r| r.is_err()).count();
     eprintln!(
-        "{verb} {count} in {:.1}s ({failed} failed)",
+        "{verb} {} in {:.1}s ({failed} failed)",
+        results.len(),
         start.elapsed().as_secs_f64()
     );
     anyhow::ensure!(failed == 0, "{failed} requests failed");
+    Ok(())
+}
+
+/// Creates `names`, each labelled `kube-event-bridge-bench=<prefix>`.
+async fn create_namespaces(
+    client: &kube::Client,
+    prefix: &str,
+    names: &[String],
+) -> anyhow::Result<()> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    futures::stream::iter(names)
+        .map(|name| {
+            let ns: Namespace = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "labels": {"kube-event-bridge-bench": prefix}}
+            }))
+            .expect("a namespace");
+            let api = api.clone();
+            async move { api.create(&PostParams::default(), &ns).map_ok(|_| ()).await }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<(), _>>()?;
     Ok(())
 }
