@@ -495,15 +495,23 @@ impl Store {
     /// then stored by the next save's compaction.
     pub async fn save(&mut self, resource_version: &str, known: &mut KnownObjects) -> Result<()> {
         let digests = self.digests;
-        let stamp = matches!(self.backend, Backend::File(_)).then_some(journal::Stamp {
-            resource_version,
-        });
+        let stamp =
+            matches!(self.backend, Backend::File(_)).then_some(journal::Stamp { resource_version });
         let plan = self.journal.plan(known, digests, stamp);
         let journal = &mut self.journal;
         match &mut self.backend {
-            Backend::Kafka(s) => s.save(resource_version, known, digests, plan, journal).await,
-            Backend::Nats(s) => s.save(resource_version, known, digests, plan, journal).await,
-            Backend::File(s) => s.save(resource_version, known, digests, plan, journal).await,
+            Backend::Kafka(s) => {
+                s.save(resource_version, known, digests, plan, journal)
+                    .await
+            }
+            Backend::Nats(s) => {
+                s.save(resource_version, known, digests, plan, journal)
+                    .await
+            }
+            Backend::File(s) => {
+                s.save(resource_version, known, digests, plan, journal)
+                    .await
+            }
             Backend::Memory => {
                 known.take_dirty();
                 Ok(())
@@ -804,7 +812,11 @@ mod tests {
             Some(Found::Damaged { .. })
         ));
         records.remove(&format!("{}/meta", k.id));
-        assert!(kafka::decode(&k, None, &records, &mut Journal::default()).unwrap().is_none());
+        assert!(
+            kafka::decode(&k, None, &records, &mut Journal::default())
+                .unwrap()
+                .is_none()
+        );
     }
 
     /// Every decoder of stored data, fed arbitrary input, ends in a checkpoint or a
@@ -852,7 +864,13 @@ mod tests {
             prop_oneof![Just("b".to_string()), any::<String>()],
             0u64..4,
             proptest::collection::vec(
-                ("u[0-9]", any::<String>(), proptest::option::of("ns"), any::<String>(), any::<u64>()),
+                (
+                    "u[0-9]",
+                    any::<String>(),
+                    proptest::option::of("ns"),
+                    any::<String>(),
+                    any::<u64>(),
+                ),
                 0..3,
             ),
             proptest::collection::vec("u[0-9]", 0..3),

@@ -290,7 +290,10 @@ fn journal_lines<'a>(base: &str, lines: &'a [u8]) -> Replay<'a> {
         let record = match Record::decode(line) {
             Ok(record) => record,
             Err(problem) => {
-                replay.problem = Some(format!("{problem} (line {})", replay.lines.len() + pending.len() + 1));
+                replay.problem = Some(format!(
+                    "{problem} (line {})",
+                    replay.lines.len() + pending.len() + 1
+                ));
                 return replay;
             }
         };

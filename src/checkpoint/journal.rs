@@ -51,10 +51,7 @@ impl Segment {
     /// A problem with a segment read from a meta record, if any.
     pub fn problem(&self) -> Option<String> {
         if self.0.len() != 16 || !self.0.bytes().all(|c| c.is_ascii_hexdigit()) {
-            return Some(format!(
-                "journal writer {:?} is not 16 hex digits",
-                self.0
-            ));
+            return Some(format!("journal writer {:?} is not 16 hex digits", self.0));
         }
         if self.1 > self.2 || self.2 - self.1 >= MAX_RECORDS {
             return Some(format!(
@@ -215,12 +212,7 @@ impl Journal {
 
     /// Decides what the next checkpoint writes and takes the changes from `known` (buckets
     /// stay dirty until a compaction takes them). `stamp`: a file's journal lines.
-    pub fn plan(
-        &self,
-        known: &mut KnownObjects,
-        digests: bool,
-        stamp: Option<Stamp<'_>>,
-    ) -> Plan {
+    pub fn plan(&self, known: &mut KnownObjects, digests: bool, stamp: Option<Stamp<'_>>) -> Plan {
         let Some(changed) = known.take_changes() else {
             return Plan::Compact;
         };
@@ -252,7 +244,11 @@ impl Journal {
 
     /// Records that a compaction stored `written` (bucket, bytes; 0 for an emptied bucket) and
     /// dropped the journal; `base`: a file's new base id.
-    pub fn compacted(&mut self, written: impl IntoIterator<Item = (usize, usize)>, base: Option<String>) {
+    pub fn compacted(
+        &mut self,
+        written: impl IntoIterator<Item = (usize, usize)>,
+        base: Option<String>,
+    ) {
         for (b, bytes) in written {
             self.bucket_bytes[b] = bytes;
         }
@@ -343,4 +339,449 @@ fn encode(
         }
     }
     records.iter().map(Record::to_bytes).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+    use crate::checkpoint::{Backend, FileStore, Found, Meta, Store, WatchKey};
+
+    fn key() -> WatchKey {
+        WatchKey::new("dev", "v1", "configmaps", None, None, None)
+    }
+
+    fn file_store(dir: &tempfile::TempDir) -> Store {
+        Store::new(Backend::File(FileStore {
+            key: key(),
+            path: dir.path().join("w.checkpoint"),
+            cluster: None,
+        }))
+    }
+
+    fn uid(i: u32) -> String {
+        format!("{i:08x}-2fa1-11d2-883f-{:012x}", u64::from(i) * 7919)
+    }
+
+    fn index(n: u32) -> KnownObjects {
+        let mut known = KnownObjects::default();
+        for i in 0..n {
+            known.observe(
+                &uid(i),
+                &i.to_string(),
+                Some("team"),
+                &format!("cm-{i}"),
+                u64::from(i) + 1,
+            );
+        }
+        known
+    }
+
+    /// Every bucket as stored, hashed: equal for equal indexes.
+    fn contents(known: &KnownObjects) -> (usize, u64) {
+        let all: Vec<u8> = (0..BUCKETS)
+            .flat_map(|b| known.encode_bucket(b, true))
+            .collect();
+        (known.len(), crate::known::stable_hash(&all))
+    }
+
+    async fn load(store: &mut Store) -> (Option<String>, KnownObjects, u64) {
+        let corrupt = AtomicU64::new(0);
+        let loaded = store.load(&corrupt).await.unwrap().expect("a checkpoint");
+        (
+            loaded.resource_version,
+            loaded.known,
+            corrupt.load(Ordering::Relaxed),
+        )
+    }
+
+    fn journal_path(dir: &tempfile::TempDir) -> std::path::PathBuf {
+        dir.path().join("w.checkpoint.journal")
+    }
+
+    #[tokio::test]
+    async fn a_journal_round_trips_and_leaves_the_base_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = file_store(&dir);
+        let mut known = index(2000);
+        known.mark_all_dirty();
+        store.save("1", &mut known).await.unwrap();
+        let base = std::fs::read(dir.path().join("w.checkpoint")).unwrap();
+        assert!(!journal_path(&dir).exists(), "a first save compacts");
+
+        known.observe(&uid(1), "100", Some("team"), "cm-1", 77);
+        known.remove(&uid(2));
+        known.observe("new", "101", None, "fresh", 0);
+        store.save("101", &mut known).await.unwrap();
+        store.save("102", &mut known).await.unwrap();
+        assert_eq!(
+            std::fs::read(dir.path().join("w.checkpoint")).unwrap(),
+            base
+        );
+        let lines = std::fs::read_to_string(journal_path(&dir)).unwrap();
+        assert_eq!(lines.lines().count(), 2, "{lines}");
+        assert!(lines.len() < 600, "only what changed: {lines}");
+
+        let (rv, loaded, corrupt) = load(&mut store).await;
+        assert_eq!((rv.as_deref(), corrupt), (Some("102"), 0));
+        assert_eq!(contents(&loaded), contents(&known));
+        assert_eq!(loaded.get(&uid(1)).unwrap().digest, 77);
+        assert!(loaded.get(&uid(2)).is_none());
+    }
+
+    #[test]
+    fn replay_applies_records_in_order() {
+        let mut known = index(3);
+        let (a, b) = (uid(0), uid(1));
+        let entry =
+            |rv: &str| -> StoredEntry { (a.as_str().into(), rv.into(), None, "a".into(), 5) };
+        // Removed, then upserted again (recreated under the same uid): present.
+        let records = [
+            Record {
+                removes: vec![a.as_str().into()],
+                ..Record::default()
+            },
+            Record {
+                upserts: vec![entry("9")],
+                ..Record::default()
+            },
+            // Upserted, then removed: gone.
+            Record {
+                upserts: vec![(b.as_str().into(), "8".into(), None, "b".into(), 0)],
+                ..Record::default()
+            },
+            Record {
+                removes: vec![b.as_str().into()],
+                ..Record::default()
+            },
+        ];
+        for record in records {
+            Record::decode(&record.to_bytes())
+                .unwrap()
+                .apply(&mut known);
+        }
+        assert_eq!(&*known.get(&a).unwrap().resource_version, "9");
+        assert!(known.get(&b).is_none());
+        assert_eq!(known.len(), 2);
+    }
+
+    #[test]
+    fn large_deltas_are_split_into_records_well_under_broker_limits() {
+        let mut known = index(100_000);
+        let mut journal = Journal::default();
+        journal.compacted(
+            (0..BUCKETS).map(|b| (b, known.encode_bucket(b, true).len())),
+            None,
+        );
+        known.take_changes();
+        for i in 0..12_000 {
+            known.observe(&uid(i), "2", Some("team"), &format!("cm-{i}"), 3_000_000);
+        }
+        for i in 50_000..52_000 {
+            known.remove(&uid(i));
+        }
+        let Plan::Append(records) = journal.plan(&mut known, true, None) else {
+            panic!("14,000 changes of 100,000 objects are journaled");
+        };
+        assert!(records.len() > 3, "{} records", records.len());
+        assert!(
+            records.iter().all(|r| r.len() <= RECORD_BYTES),
+            "each record at most {RECORD_BYTES}"
+        );
+        let mut replayed = index(100_000);
+        for r in &records {
+            Record::decode(r).unwrap().apply(&mut replayed);
+        }
+        assert_eq!(contents(&replayed), contents(&known));
+    }
+
+    #[test]
+    fn the_journal_compacts_past_half_the_base_or_its_record_bound() {
+        let mut known = index(10_000);
+        let mut journal = Journal::default();
+        assert!(
+            matches!(journal.plan(&mut known, true, None), Plan::Compact),
+            "no base yet"
+        );
+        let base: usize = (0..BUCKETS)
+            .map(|b| known.encode_bucket(b, true).len())
+            .sum();
+        journal.compacted(
+            (0..BUCKETS).map(|b| (b, known.encode_bucket(b, true).len())),
+            None,
+        );
+        // Rounds of 500 changes (about 1/20 of the base each) until the journal is full.
+        let mut journaled = 0;
+        for round in 0..20u32 {
+            for i in 0..500 {
+                let digest = u64::from(round) + 1000;
+                known.observe(
+                    &uid(i),
+                    &format!("r{round}"),
+                    Some("team"),
+                    &format!("cm-{i}"),
+                    digest,
+                );
+            }
+            match journal.plan(&mut known, true, None) {
+                Plan::Append(records) => {
+                    let reserved = journal.reserve(records.len());
+                    journal.appended(reserved.as_ref(), &records);
+                    journaled += records.iter().map(Vec::len).sum::<usize>();
+                }
+                Plan::Compact => break,
+            }
+        }
+        assert!(journaled <= base / 2, "journal {journaled} of base {base}");
+        assert!(
+            journaled > base / 3,
+            "compacted early: journal {journaled} of base {base}"
+        );
+
+        // The record bound: one change per checkpoint.
+        let mut journal = Journal::default();
+        journal.compacted((0..BUCKETS).map(|b| (b, 1 << 20)), None);
+        let mut saves = 0;
+        loop {
+            known.observe(
+                &uid(1),
+                &format!("s{saves}"),
+                Some("team"),
+                "cm-1",
+                saves + 1000,
+            );
+            let Plan::Append(records) = journal.plan(&mut known, true, None) else {
+                break;
+            };
+            let reserved = journal.reserve(records.len());
+            journal.appended(reserved.as_ref(), &records);
+            saves += 1;
+        }
+        assert_eq!(saves, MAX_RECORDS);
+        // A relist's worth of changes is not tracked one by one: a compaction.
+        let mut journal = Journal::default();
+        journal.compacted((0..BUCKETS).map(|b| (b, 1 << 30)), None);
+        known.begin_relist();
+        for i in 0..10_000 {
+            known.observe(&uid(i), "relisted", Some("team"), &format!("cm-{i}"), 1);
+        }
+        known.finish_relist();
+        assert!(matches!(
+            journal.plan(&mut known, true, None),
+            Plan::Compact
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_relist_diffs_against_the_replayed_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = file_store(&dir);
+        let mut known = index(100);
+        known.mark_all_dirty();
+        store.save("1", &mut known).await.unwrap();
+        known.remove(&uid(5));
+        known.observe(&uid(6), "60", Some("team"), "cm-6", 61);
+        known.observe("late", "70", Some("team"), "late", 71);
+        store.save("2", &mut known).await.unwrap();
+        let (_, mut loaded, _) = load(&mut store).await;
+        loaded.begin_relist();
+        for i in (0..100).filter(|i| *i != 5 && *i != 7) {
+            let rv = if i == 6 {
+                "60".to_string()
+            } else {
+                i.to_string()
+            };
+            loaded.observe(&uid(i), &rv, Some("team"), &format!("cm-{i}"), 0);
+        }
+        loaded.observe("late", "70", Some("team"), "late", 0);
+        let gone: Vec<Box<str>> = loaded.finish_relist().into_iter().map(|(u, _)| u).collect();
+        assert_eq!(
+            gone,
+            vec![uid(7).into_boxed_str()],
+            "5 was removed before, late is known"
+        );
+    }
+
+    /// A crash while appending leaves a torn tail: the checkpoint before it loads, and the next
+    /// save compacts. A crash between a compaction's rename and the journal's deletion leaves
+    /// lines of the older base: they are skipped.
+    #[tokio::test]
+    async fn a_crash_at_any_point_loads_a_complete_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = file_store(&dir);
+        let mut known = index(500);
+        known.mark_all_dirty();
+        store.save("1", &mut known).await.unwrap();
+        known.observe(&uid(1), "2", Some("team"), "cm-1", 1002);
+        store.save("2", &mut known).await.unwrap();
+        let before = contents(&known);
+        let journal = std::fs::read(journal_path(&dir)).unwrap();
+        for i in 0..4000 {
+            known.observe(
+                &uid(i % 500),
+                &format!("3-{i}"),
+                Some("team"),
+                "x",
+                u64::from(i) + 5000,
+            );
+        }
+        store.save("3", &mut known).await.unwrap();
+        let after = contents(&known);
+        let full = std::fs::read(journal_path(&dir)).unwrap();
+        assert!(full.len() > journal.len() && full.starts_with(&journal));
+        for cut in (journal.len()..=full.len())
+            .step_by(97)
+            .chain([full.len() - 1, full.len()])
+        {
+            std::fs::write(journal_path(&dir), &full[..cut]).unwrap();
+            let mut fresh = file_store(&dir);
+            let (rv, loaded, corrupt) = load(&mut fresh).await;
+            assert_eq!(corrupt, 0, "cut at {cut}");
+            if cut == full.len() {
+                assert_eq!((rv.as_deref(), contents(&loaded)), (Some("3"), after));
+            } else {
+                assert_eq!(
+                    (rv.as_deref(), contents(&loaded)),
+                    (Some("2"), before),
+                    "cut at {cut}"
+                );
+            }
+        }
+        // Cut short, then saved again: a compaction replaces base and journal.
+        std::fs::write(journal_path(&dir), &full[..full.len() - 10]).unwrap();
+        let mut fresh = file_store(&dir);
+        let (_, mut loaded, _) = load(&mut fresh).await;
+        loaded.observe("n", "4", None, "n", 0);
+        fresh.save("4", &mut loaded).await.unwrap();
+        assert!(!journal_path(&dir).exists(), "compacted");
+        let (rv, again, _) = load(&mut fresh).await;
+        assert_eq!(
+            (rv.as_deref(), contents(&again)),
+            (Some("4"), contents(&loaded))
+        );
+
+        // Crash after a compaction's rename: the old journal is still there.
+        fresh.save("5", &mut loaded).await.unwrap();
+        loaded.observe("m", "6", None, "m", 0);
+        fresh.save("6", &mut loaded).await.unwrap();
+        let stale = std::fs::read(journal_path(&dir)).unwrap();
+        loaded.mark_all_dirty();
+        fresh.save("7", &mut loaded).await.unwrap();
+        std::fs::write(journal_path(&dir), stale).unwrap();
+        let (rv, again, corrupt) = load(&mut file_store(&dir)).await;
+        assert_eq!((rv.as_deref(), corrupt), (Some("7"), 0));
+        assert_eq!(contents(&again), contents(&loaded));
+    }
+
+    #[tokio::test]
+    async fn a_corrupt_journal_line_is_a_counted_repair() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = file_store(&dir);
+        let mut known = index(50);
+        known.mark_all_dirty();
+        store.save("1", &mut known).await.unwrap();
+        known.observe(&uid(1), "2", Some("team"), "cm-1", 1002);
+        store.save("2", &mut known).await.unwrap();
+        known.observe(&uid(2), "3", Some("team"), "cm-2", 1003);
+        store.save("3", &mut known).await.unwrap();
+        let lines = std::fs::read_to_string(journal_path(&dir)).unwrap();
+        let first = lines.lines().next().unwrap();
+        std::fs::write(journal_path(&dir), format!("{first}\n{{\"upserts\": 5}}\n")).unwrap();
+        let corrupt = AtomicU64::new(0);
+        let repair = store.load(&corrupt).await.unwrap().unwrap();
+        assert_eq!(repair.resource_version, None, "a repair lists again");
+        assert_eq!(corrupt.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            &*repair.known.get(&uid(1)).unwrap().resource_version,
+            "2",
+            "replayed up to the bad line"
+        );
+        assert_eq!(repair.known.len(), 50);
+    }
+
+    /// A version 2 checkpoint file, as the previous release wrote it (the meta record, then one
+    /// JSON bucket per line), loads; the next save migrates it to version 3 with a journal.
+    #[tokio::test]
+    async fn version_two_files_load_and_migrate() {
+        let dir = tempfile::tempdir().unwrap();
+        let known = index(300);
+        let mut v2 =
+            br#"{"version":2,"watch":"w","resourceVersion":"40","objects":300,"clusterUid":"u"}"#
+                .to_vec();
+        v2.push(b'\n');
+        for b in 0..BUCKETS {
+            let record = known.encode_bucket(b, true);
+            if !record.is_empty() {
+                v2.extend_from_slice(format!("{b}\t").as_bytes());
+                v2.extend_from_slice(&record);
+                v2.push(b'\n');
+            }
+        }
+        std::fs::write(dir.path().join("w.checkpoint"), v2).unwrap();
+        let mut store = file_store(&dir);
+        let (rv, mut loaded, corrupt) = load(&mut store).await;
+        assert_eq!((rv.as_deref(), corrupt), (Some("40"), 0));
+        assert_eq!(contents(&loaded), contents(&known));
+        loaded.observe(&uid(3), "41", Some("team"), "cm-3", 1);
+        store.save("41", &mut loaded).await.unwrap();
+        let text = std::fs::read_to_string(dir.path().join("w.checkpoint")).unwrap();
+        assert!(text.starts_with(r#"{"version":3,"#), "{text}");
+        assert!(
+            !journal_path(&dir).exists(),
+            "the migration rewrites the base"
+        );
+        loaded.observe(&uid(4), "42", Some("team"), "cm-4", 1);
+        store.save("42", &mut loaded).await.unwrap();
+        assert!(journal_path(&dir).exists(), "then journals");
+        let (rv, again, _) = load(&mut store).await;
+        assert_eq!(
+            (rv.as_deref(), contents(&again)),
+            (Some("42"), contents(&loaded))
+        );
+    }
+
+    #[test]
+    fn kafka_journal_records_replay_and_missing_ones_damage() {
+        use std::collections::HashMap;
+        let k = key();
+        let mut known = index(40);
+        let mut records: HashMap<String, Vec<u8>> = (0..BUCKETS)
+            .map(|b| (format!("{}/b/{b}", k.id), known.encode_bucket(b, true)))
+            .collect();
+        known.take_changes();
+        known.remove(&uid(3));
+        known.observe("n", "9", None, "n", 0);
+        let mut journal = Journal::default();
+        journal.compacted([], None);
+        let Plan::Append(appended) = journal.plan(&mut known, true, None) else {
+            panic!()
+        };
+        let reserved = journal.reserve(appended.len()).unwrap();
+        for ((w, seq), r) in reserved.names().zip(&appended) {
+            records.insert(format!("{}/j/{w}/{seq}", k.id), r.clone());
+        }
+        records.insert(
+            format!("{}/j/0000000000000000/1", k.id),
+            b"a stray".to_vec(),
+        );
+        let mut meta = Meta::new(&k, None, "9", &known);
+        meta.journal = journal.segments_after(Some(&reserved));
+        records.insert(format!("{}/meta", k.id), meta.to_bytes());
+        let mut state = Journal::default();
+        match crate::checkpoint::kafka::decode(&k, None, &records, &mut state).unwrap() {
+            Some(Found::Intact(c)) => assert_eq!(contents(&c.known), contents(&known)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            state.strays().len(),
+            1,
+            "named for deletion at the next compaction"
+        );
+        records.remove(&format!("{}/j/{}/{}", k.id, reserved.0, reserved.1));
+        assert!(matches!(
+            crate::checkpoint::kafka::decode(&k, None, &records, &mut state).unwrap(),
+            Some(Found::Damaged { .. })
+        ));
+    }
 }
