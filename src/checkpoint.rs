@@ -532,6 +532,12 @@ impl Store {
         }
     }
 
+    /// The journal records the stored checkpoint holds beyond its base, as of the last load or
+    /// save (see [`journal`]).
+    pub fn journal_records(&self) -> u64 {
+        self.journal.records()
+    }
+
     /// Whether checkpoints survive a restart.
     pub fn durable(&self) -> bool {
         !matches!(self.backend, Backend::Memory)

@@ -232,6 +232,11 @@ impl Journal {
         Plan::Append(records)
     }
 
+    /// The records since the base.
+    pub fn records(&self) -> u64 {
+        self.stored_records()
+    }
+
     fn stored_records(&self) -> u64 {
         self.segments.iter().map(Segment::records).sum()
     }
