@@ -854,33 +854,81 @@ fn index_differs(
     None
 }
 
+/// A namespace with configmaps `cm-0`… and the configuration of a bridge watching them.
+struct Scene {
+    ns: String,
+    cluster: String,
+    /// The checkpoint directory (stdout sink).
+    dir: tempfile::TempDir,
+    config: String,
+    cms: Api<ConfigMap>,
+}
+
+impl Scene {
+    async fn new(sink: SinkKind, prefix: &str, count: usize) -> Self {
+        let client = kube_client().await;
+        let ns = unique_namespace(&client, prefix).await;
+        let cluster = unique_name("c");
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = format!(
+            "cluster: {cluster}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n{}",
+            sink_yaml(sink, &cluster)
+        );
+        if sink == SinkKind::Stdout {
+            config.push_str(&format!(
+                "checkpoint: {{directory: {}}}\n",
+                dir.path().display()
+            ));
+        }
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+        for i in 0..count {
+            cms.create(&PostParams::default(), &cm(&format!("cm-{i}")))
+                .await
+                .unwrap();
+        }
+        Self {
+            ns,
+            cluster,
+            dir,
+            config,
+            cms,
+        }
+    }
+
+    /// Waits until the stored checkpoint holds exactly the configmaps `want`; returns its
+    /// journal records.
+    async fn wait_checkpoint(
+        &self,
+        sink: SinkKind,
+        want: &BTreeMap<String, (String, String)>,
+    ) -> u64 {
+        crate::support::wait_until(
+            "the checkpoint holds the cluster's configmaps",
+            Duration::from_secs(60),
+            || async {
+                let (_, known, records) =
+                    load_checkpoint(sink, &self.cluster, &self.ns, self.dir.path()).await?;
+                index_differs(&known, want, &self.ns)
+                    .is_none()
+                    .then_some(records)
+            },
+        )
+        .await
+    }
+}
+
 /// Churn across restarts: every round changes, deletes and creates objects while the bridge
 /// runs, waits until the checkpoint (base plus journal, loaded as a restart loads it) holds
 /// exactly the cluster's objects, stops the bridge and loads it again. The journal carries the
 /// changes between compactions, and every restart resumes without a LIST.
 async fn churn_with_restarts(sink: SinkKind) {
-    let client = kube_client().await;
-    let ns = unique_namespace(&client, "journal").await;
-    let cluster = unique_name("c");
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = format!(
-        "cluster: {cluster}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n{}",
-        sink_yaml(sink, &cluster)
-    );
-    if sink == SinkKind::Stdout {
-        config.push_str(&format!(
-            "checkpoint: {{directory: {}}}\n",
-            dir.path().display()
-        ));
-    }
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let scene = Scene::new(sink, "journal", 40).await;
+    let (ns, cluster, config, cms) = (&scene.ns, &scene.cluster, &scene.config, &scene.cms);
+    let dir = &scene.dir;
     let pp = PostParams::default();
-    for i in 0..40 {
-        cms.create(&pp, &cm(&format!("cm-{i}"))).await.unwrap();
-    }
     let mut journaled = 0;
     for round in 0..3 {
-        let mut bridge = Bridge::start(&config);
+        let mut bridge = Bridge::start(config);
         if round == 0 {
             bridge.wait_synced(1).await;
         } else {
@@ -896,36 +944,18 @@ async fn churn_with_restarts(sink: SinkKind) {
             .await
             .unwrap();
         cms.create(&pp, &cm(&format!("new-{round}"))).await.unwrap();
-        let want = configmaps(&cms).await;
-        let records = crate::support::wait_until(
-            "the checkpoint holds the cluster's configmaps",
-            Duration::from_secs(60),
-            || {
-                let (want, ns, cluster, path) = (
-                    want.clone(),
-                    ns.clone(),
-                    cluster.clone(),
-                    dir.path().to_owned(),
-                );
-                async move {
-                    let (_, known, records) = load_checkpoint(sink, &cluster, &ns, &path).await?;
-                    index_differs(&known, &want, &ns)
-                        .is_none()
-                        .then_some(records)
-                }
-            },
-        )
-        .await;
+        let want = configmaps(cms).await;
+        let records = scene.wait_checkpoint(sink, &want).await;
         journaled = journaled.max(records);
         stop(&mut bridge).await;
         let listed = if round == 0 { 1 } else { 0 };
         assert_eq!(bridge.count_log("listed"), listed, "{}", bridge.log_text());
-        let (rv, known, _) = load_checkpoint(sink, &cluster, &ns, dir.path())
+        let (rv, known, _) = load_checkpoint(sink, cluster, ns, dir.path())
             .await
             .expect("a checkpoint after the stop");
         assert!(rv.is_some());
         assert_eq!(
-            index_differs(&known, &want, &ns),
+            index_differs(&known, &want, ns),
             None,
             "after round {round}"
         );
@@ -952,25 +982,10 @@ async fn file_journal_keeps_the_index_through_churn_and_restarts() {
 /// journal), written into the real store: the bridge resumes from it without a LIST, publishes
 /// only what changed, and its saves migrate it to version 3 holding the same index.
 async fn version_two_migrates(sink: SinkKind) {
-    let client = kube_client().await;
-    let ns = unique_namespace(&client, "v2").await;
-    let cluster = unique_name("c");
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = format!(
-        "cluster: {cluster}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n{}",
-        sink_yaml(sink, &cluster)
-    );
-    if sink == SinkKind::Stdout {
-        config.push_str(&format!(
-            "checkpoint: {{directory: {}}}\n",
-            dir.path().display()
-        ));
-    }
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let scene = Scene::new(sink, "v2", 20).await;
+    let (ns, cluster, config, cms) = (&scene.ns, &scene.cluster, &scene.config, &scene.cms);
+    let dir = &scene.dir;
     let pp = PostParams::default();
-    for i in 0..20 {
-        cms.create(&pp, &cm(&format!("cm-{i}"))).await.unwrap();
-    }
     let listing = cms.list(&Default::default()).await.unwrap();
     let list_rv = listing.metadata.resource_version.clone().unwrap();
     let mut known = KnownObjects::default();
@@ -979,18 +994,18 @@ async fn version_two_migrates(sink: SinkKind) {
         known.observe(
             m.uid.as_deref().unwrap(),
             m.resource_version.as_deref().unwrap(),
-            Some(&ns),
+            Some(ns),
             m.name.as_deref().unwrap(),
             0,
         );
     }
-    let key = WatchKey::new(&cluster, "v1", "configmaps", Some(&ns), None, None);
+    let key = WatchKey::new(cluster, "v1", "configmaps", Some(ns), None, None);
     write_version_two(sink, &key, &list_rv, &known, dir.path()).await;
 
-    let mut bridge = Bridge::start(&config);
+    let mut bridge = Bridge::start(config);
     let mut reader = Reader::for_sink(
         sink,
-        &cluster,
+        cluster,
         &[format!("k8s.{cluster}.core.configmaps")],
         &bridge,
     )
@@ -1016,24 +1031,8 @@ async fn version_two_migrates(sink: SinkKind) {
         ("after".to_string(), "added".to_string()),
     ]);
     assert_eq!(got, expected, "{}", summary(&events));
-    let want = configmaps(&cms).await;
-    crate::support::wait_until(
-        "the migrated checkpoint holds the cluster's configmaps",
-        Duration::from_secs(60),
-        || {
-            let (want, ns, cluster, path) = (
-                want.clone(),
-                ns.clone(),
-                cluster.clone(),
-                dir.path().to_owned(),
-            );
-            async move {
-                let (_, known, _) = load_checkpoint(sink, &cluster, &ns, &path).await?;
-                index_differs(&known, &want, &ns).is_none().then_some(())
-            }
-        },
-    )
-    .await;
+    let want = configmaps(cms).await;
+    scene.wait_checkpoint(sink, &want).await;
     stop(&mut bridge).await;
     assert_eq!(bridge.count_log("listed"), 0, "{}", bridge.log_text());
     assert_eq!(stored_version(sink, &key, dir.path()).await, 3);
