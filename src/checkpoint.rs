@@ -373,6 +373,8 @@ impl Found {
         }
         // Replayed changes are stored already.
         known.take_changes();
+        // Even a damaged checkpoint's records are deleted by the compaction that replaces it.
+        state.loaded(sizes, meta.journal.clone(), journal_bytes, meta.base.clone());
         if problems.is_empty() && meta.objects != known.len() {
             problems.push(format!(
                 "meta record says {} objects, buckets hold {}",
@@ -390,7 +392,6 @@ impl Found {
                 known,
             };
         }
-        state.loaded(sizes, meta.journal, journal_bytes, meta.base);
         if meta.version < VERSION {
             // Rewrite every bucket in the current encoding at the first save.
             known.mark_all_dirty();
@@ -473,7 +474,7 @@ impl Store {
                 checkpoint
             }
             Found::Damaged { problem, known } => {
-                self.journal.forget();
+                self.journal.invalidate();
                 corrupt.fetch_add(1, Ordering::Relaxed);
                 error!(
                     error = %problem,

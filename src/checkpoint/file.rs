@@ -215,7 +215,7 @@ pub(super) fn decode(
         journal,
     );
     if replay.untidy {
-        journal.forget();
+        journal.invalidate();
     }
     Ok(found)
 }

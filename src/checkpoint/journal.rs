@@ -284,6 +284,12 @@ impl Journal {
         self.base = base;
     }
 
+    /// Distrusts the stored checkpoint (damaged, or a file's journal left untidy by a crash):
+    /// the next checkpoint compacts, deleting the journal records known so far.
+    pub fn invalidate(&mut self) {
+        self.based = false;
+    }
+
     /// Forgets what is stored: the next checkpoint compacts.
     pub fn forget(&mut self) {
         let writer = std::mem::take(&mut self.writer);

@@ -150,7 +150,13 @@ pub(super) fn decode(
     };
     let meta = match Meta::decode(key, meta) {
         Ok(meta) => meta,
-        Err(e) => return Ok(Some(Found::unreadable(e))),
+        Err(e) => {
+            // Which journal records it named is unknown: the compaction deletes them all.
+            let journal_prefix = format!("{prefix}j/");
+            let strays = records.keys().filter(|k| k.starts_with(&journal_prefix));
+            journal.set_strays(strays.cloned().collect());
+            return Ok(Some(Found::unreadable(e)));
+        }
     };
     meta.check_cluster(key, cluster)?;
     let mut buckets = Vec::new();
