@@ -374,7 +374,12 @@ impl Found {
         // Replayed changes are stored already.
         known.take_changes();
         // Even a damaged checkpoint's records are deleted by the compaction that replaces it.
-        state.loaded(sizes, meta.journal.clone(), journal_bytes, meta.base.clone());
+        state.loaded(
+            sizes,
+            meta.journal.clone(),
+            journal_bytes,
+            meta.base.clone(),
+        );
         if problems.is_empty() && meta.objects != known.len() {
             problems.push(format!(
                 "meta record says {} objects, buckets hold {}",
