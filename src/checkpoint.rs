@@ -16,6 +16,7 @@
 //! counts it and hands the watch a repair (see [`Checkpoint::resource_version`]).
 
 pub mod file;
+pub mod journal;
 pub mod kafka;
 pub mod nats;
 
@@ -29,6 +30,8 @@ use tracing::error;
 pub use file::FileStore;
 pub use kafka::KafkaStore;
 pub use nats::{NatsStore, nats_bucket};
+
+use journal::{Journal, Record, Segment};
 
 use crate::known::{BUCKETS, Encoding, KnownObjects};
 
@@ -186,9 +189,10 @@ pub struct Checkpoint {
     pub known: KnownObjects,
 }
 
-/// The version of the meta records (and bucket encoding) this build writes. Version 1 (text
-/// buckets) is still read; its first save rewrites every bucket in version 2.
-const VERSION: u32 = 2;
+/// The version of the meta records (and bucket encoding) this build writes: version 3 adds the
+/// journal ([`journal`]). Versions 1 (text buckets) and 2 (buckets only) are still read; their
+/// first save rewrites every bucket.
+const VERSION: u32 = 3;
 
 /// The meta record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -205,6 +209,12 @@ struct Meta {
     /// checkpoints were tied to a cluster (those are adopted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     cluster_uid: Option<String>,
+    /// Version 3, Kafka and NATS: the journal records written since the buckets, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    journal: Vec<Segment>,
+    /// Version 3, file: the id of this base, which its journal lines name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    base: Option<String>,
 }
 
 impl Meta {
@@ -222,6 +232,8 @@ impl Meta {
             objects: known.len(),
             buckets: BTreeMap::new(),
             cluster_uid: cluster.map(|c| c.uid.clone()),
+            journal: Vec::new(),
+            base: None,
         }
     }
 
@@ -236,6 +248,19 @@ impl Meta {
                     "meta record version {} is unknown (this build reads 1 to {VERSION})",
                     meta.version
                 ),
+            ));
+        }
+        let mut records = 0;
+        for segment in &meta.journal {
+            if let Some(problem) = segment.problem() {
+                return Err(corrupt(key, format!("meta record: {problem}")));
+            }
+            records += segment.records();
+        }
+        if records > journal::MAX_RECORDS {
+            return Err(corrupt(
+                key,
+                format!("meta record names {records} journal records, more than are ever written"),
             ));
         }
         for (b, generation) in &meta.buckets {
@@ -308,26 +333,53 @@ impl Found {
         }
     }
 
-    /// Decodes the index `meta` describes from its bucket records (`None`: a record the meta
-    /// record names is missing). `problems` are those already found reading the records. A
-    /// bucket that cannot be decoded stays empty and makes the checkpoint damaged.
+    /// Decodes the index `meta` describes from its bucket records and its journal records,
+    /// replayed in order (`None`: a record the meta record names is missing), and records in
+    /// `state` what is stored. `problems` are those already found reading the records. A
+    /// bucket that cannot be decoded stays empty and makes the checkpoint damaged; the journal
+    /// is replayed up to its first record that cannot be decoded.
     fn assemble<'a>(
         key: &WatchKey,
         meta: Meta,
         buckets: impl IntoIterator<Item = (usize, Option<&'a [u8]>)>,
+        journal: impl IntoIterator<Item = (String, Option<&'a [u8]>)>,
         mut problems: Vec<String>,
+        state: &mut Journal,
     ) -> Self {
         let mut known = KnownObjects::default();
+        let mut sizes = Vec::new();
         for (b, stored) in buckets {
             match stored {
                 None => problems.push(format!("bucket {b} is missing")),
-                Some(stored) => {
-                    if let Err(e) = known.decode_bucket(b, stored, meta.encoding()) {
-                        problems.push(e.to_string());
-                    }
-                }
+                Some(stored) => match known.decode_bucket(b, stored, meta.encoding()) {
+                    Ok(()) => sizes.push((b, stored.len())),
+                    Err(e) => problems.push(e.to_string()),
+                },
             }
         }
+        let mut journal_bytes = 0;
+        for (name, stored) in journal {
+            let replayed = match stored {
+                None => Err(format!("journal record {name} is missing")),
+                Some(stored) => Record::decode(stored).map(|r| {
+                    journal_bytes += stored.len();
+                    r.apply(&mut known);
+                }),
+            };
+            if let Err(problem) = replayed {
+                problems.push(format!("{problem} (record {name})"));
+                break;
+            }
+        }
+        // Replayed changes are stored already.
+        known.take_changes();
+        // Even a damaged checkpoint's records are deleted by the compaction that replaces it.
+        state.loaded(
+            sizes,
+            meta.journal.clone(),
+            journal_bytes,
+            meta.base.clone(),
+        );
         if problems.is_empty() && meta.objects != known.len() {
             problems.push(format!(
                 "meta record says {} objects, buckets hold {}",
@@ -376,6 +428,8 @@ pub struct Store {
     backend: Backend,
     /// Whether content digests are stored (see [`Store::set_redacted`]).
     digests: bool,
+    /// What is stored, and what the next journal record is called.
+    journal: Journal,
 }
 
 impl Store {
@@ -384,6 +438,7 @@ impl Store {
         Self {
             backend,
             digests: true,
+            journal: Journal::default(),
         }
     }
 
@@ -406,10 +461,12 @@ impl Store {
     /// lists again instead of keeping the bridge down. Errors are the store's failures, fencing
     /// and a checkpoint of another cluster.
     pub async fn load(&mut self, corrupt: &AtomicU64) -> Result<Option<Checkpoint>> {
+        self.journal.forget();
+        let journal = &mut self.journal;
         let found = match &mut self.backend {
-            Backend::Kafka(s) => s.load().await?,
-            Backend::Nats(s) => s.load().await?,
-            Backend::File(s) => s.load().await?,
+            Backend::Kafka(s) => s.load(journal).await?,
+            Backend::Nats(s) => s.load(journal).await?,
+            Backend::File(s) => s.load(journal).await?,
             Backend::Memory => None,
         };
         let digests = self.digests;
@@ -422,6 +479,7 @@ impl Store {
                 checkpoint
             }
             Found::Damaged { problem, known } => {
+                self.journal.invalidate();
                 corrupt.fetch_add(1, Ordering::Relaxed);
                 error!(
                     error = %problem,
@@ -436,14 +494,30 @@ impl Store {
         }))
     }
 
-    /// Saves progress up to `resource_version`: the changed index buckets and the meta record.
-    /// Called only when every event before it is acknowledged.
+    /// Saves progress up to `resource_version`: a journal record of the objects changed since
+    /// the last save, or a compaction (the changed index buckets), and the meta record (see
+    /// [`journal`]). Called only when every event before it is acknowledged. After an error the
+    /// caller marks the index dirty ([`KnownObjects::mark_all_dirty`]): the changes taken are
+    /// then stored by the next save's compaction.
     pub async fn save(&mut self, resource_version: &str, known: &mut KnownObjects) -> Result<()> {
         let digests = self.digests;
+        let stamp =
+            matches!(self.backend, Backend::File(_)).then_some(journal::Stamp { resource_version });
+        let plan = self.journal.plan(known, digests, stamp);
+        let journal = &mut self.journal;
         match &mut self.backend {
-            Backend::Kafka(s) => s.save(resource_version, known, digests).await,
-            Backend::Nats(s) => s.save(resource_version, known, digests).await,
-            Backend::File(s) => s.save(resource_version, known, digests).await,
+            Backend::Kafka(s) => {
+                s.save(resource_version, known, digests, plan, journal)
+                    .await
+            }
+            Backend::Nats(s) => {
+                s.save(resource_version, known, digests, plan, journal)
+                    .await
+            }
+            Backend::File(s) => {
+                s.save(resource_version, known, digests, plan, journal)
+                    .await
+            }
             Backend::Memory => {
                 known.take_dirty();
                 Ok(())
@@ -455,6 +529,7 @@ impl Store {
     /// instance that owns the watch is fenced by this (Kafka: a newer transactional producer;
     /// NATS: the meta revision changes) and exits, to be restarted.
     pub async fn reset(&mut self) -> Result<()> {
+        self.journal.forget();
         match &mut self.backend {
             Backend::Kafka(s) => s.reset().await,
             Backend::Nats(s) => s.reset().await,
@@ -463,10 +538,29 @@ impl Store {
         }
     }
 
+    /// The journal records the stored checkpoint holds beyond its base, as of the last load or
+    /// save (see [`journal`]).
+    pub fn journal_records(&self) -> u64 {
+        self.journal.records()
+    }
+
     /// Whether checkpoints survive a restart.
     pub fn durable(&self) -> bool {
         !matches!(self.backend, Backend::Memory)
     }
+}
+
+/// A random value for names of stored records that no other instance may pick.
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.finish()
 }
 
 fn corrupt(key: &WatchKey, message: impl std::fmt::Display) -> Error {
@@ -622,7 +716,7 @@ mod tests {
         assert_eq!(loaded.known.take_dirty().len(), BUCKETS, "rewritten whole");
         store.save("41", &mut loaded.known).await.unwrap();
         let text = std::fs::read_to_string(dir.path().join("cp")).unwrap();
-        assert!(text.starts_with("{\"version\":2,"), "{text}");
+        assert!(text.starts_with("{\"version\":3,"), "{text}");
         assert!(text.contains("\"clusterUid\":\"uid-1\""), "adopted: {text}");
         assert_eq!(store.load(&corrupt).await.unwrap().unwrap().known.len(), 2);
         assert_eq!(corrupt.load(Ordering::Relaxed), 0);
@@ -689,7 +783,10 @@ mod tests {
     fn meta_records_out_of_range_or_of_unknown_versions_are_corrupt() {
         let k = key();
         for bad in [
-            r#"{"version":3,"watch":"w","resourceVersion":"1","objects":0}"#,
+            r#"{"version":4,"watch":"w","resourceVersion":"1","objects":0}"#,
+            r#"{"version":3,"watch":"w","resourceVersion":"1","objects":0,"journal":[["0123456789abcdef",5,4]]}"#,
+            r#"{"version":3,"watch":"w","resourceVersion":"1","objects":0,"journal":[["xyz",1,4]]}"#,
+            r#"{"version":3,"watch":"w","resourceVersion":"1","objects":0,"journal":[["0123456789abcdef",1,5000]]}"#,
             r#"{"version":0,"watch":"w","resourceVersion":"1","objects":0}"#,
             r#"{"version":2,"watch":"w","resourceVersion":"1","objects":0,"buckets":{"256":"0123456789abcdef"}}"#,
             r#"{"version":2,"watch":"w","resourceVersion":"1","objects":0,"buckets":{"3":"a.b >"}}"#,
@@ -714,7 +811,7 @@ mod tests {
             .collect();
         records.insert(format!("{}/meta", k.id), meta.to_bytes());
         known.take_dirty();
-        match kafka::decode(&k, None, &records).unwrap() {
+        match kafka::decode(&k, None, &records, &mut Journal::default()).unwrap() {
             Some(Found::Intact(c)) => {
                 assert_eq!(c.known.len(), known.len());
                 assert_eq!(c.known.get("odder"), known.get("odder"));
@@ -723,11 +820,15 @@ mod tests {
         }
         records.insert(format!("{}/b/x", k.id), Vec::new());
         assert!(matches!(
-            kafka::decode(&k, None, &records).unwrap(),
+            kafka::decode(&k, None, &records, &mut Journal::default()).unwrap(),
             Some(Found::Damaged { .. })
         ));
         records.remove(&format!("{}/meta", k.id));
-        assert!(kafka::decode(&k, None, &records).unwrap().is_none());
+        assert!(
+            kafka::decode(&k, None, &records, &mut Journal::default())
+                .unwrap()
+                .is_none()
+        );
     }
 
     /// Every decoder of stored data, fed arbitrary input, ends in a checkpoint or a
@@ -751,18 +852,59 @@ mod tests {
             any::<usize>(),
             proptest::collection::btree_map(0usize..300, "[0-9a-f]{16}|.{0,20}", 0..4),
             proptest::option::of(any::<String>()),
+            proptest::collection::vec(("[0-9a-f]{16}|.{0,3}", 0u64..5, 0u64..5), 0..3),
+            proptest::option::of("b|[0-9a-f]{16}"),
         )
-            .prop_map(|(version, rv, objects, buckets, uid)| {
+            .prop_map(|(version, rv, objects, buckets, uid, journal, base)| {
                 serde_json::to_vec(&serde_json::json!({
-                    "version": version % 4,
+                    "version": version % 5,
                     "watch": "w",
                     "resourceVersion": rv,
                     "objects": objects % 4,
                     "buckets": buckets,
                     "clusterUid": uid,
+                    "journal": journal,
+                    "base": base,
                 }))
                 .unwrap()
             })
+    }
+
+    /// Journal lines that decode as JSON, with fields anywhere in their range, maybe torn.
+    fn journal_json() -> impl Strategy<Value = Vec<u8>> {
+        let line = (
+            prop_oneof![Just("b".to_string()), any::<String>()],
+            0u64..4,
+            proptest::collection::vec(
+                (
+                    "u[0-9]",
+                    any::<String>(),
+                    proptest::option::of("ns"),
+                    any::<String>(),
+                    any::<u64>(),
+                ),
+                0..3,
+            ),
+            proptest::collection::vec("u[0-9]", 0..3),
+            proptest::option::of(("[0-9]{1,3}", 0usize..4)),
+        )
+            .prop_map(|(base, seq, upserts, removes, last)| {
+                let mut line = serde_json::json!({
+                    "base": base, "seq": seq, "upserts": upserts, "removes": removes,
+                });
+                if let Some((rv, objects)) = last {
+                    line["resourceVersion"] = rv.into();
+                    line["objects"] = objects.into();
+                }
+                line.to_string()
+            });
+        (proptest::collection::vec(line, 0..5), any::<bool>()).prop_map(|(lines, torn)| {
+            let mut out = lines.join("\n");
+            if !torn {
+                out.push('\n');
+            }
+            out.into_bytes()
+        })
     }
 
     fn bytes() -> impl Strategy<Value = Vec<u8>> {
@@ -785,6 +927,7 @@ mod tests {
             meta in prop_oneof![bytes(), meta_json()],
             lines in proptest::collection::vec((0usize..300, bytes()), 0..4),
             raw in bytes(),
+            journal_lines in prop_oneof![bytes(), journal_json()],
         ) {
             let mut stored = meta;
             stored.push(b'\n');
@@ -794,7 +937,7 @@ mod tests {
                 stored.push(b'\n');
             }
             stored.extend_from_slice(&raw);
-            assert_corrupt_or_intact(file::decode(&key(), None, &stored).unwrap())?;
+            assert_corrupt_or_intact(file::decode(&key(), None, &stored, &journal_lines, &mut Journal::default()).unwrap())?;
         }
 
         #[test]
@@ -808,7 +951,7 @@ mod tests {
                 .map(|(b, v)| (format!("{}/b/{b}", k.id), v.clone()))
                 .collect();
             records.insert(format!("{}/meta", k.id), meta.clone());
-            let found = kafka::decode(&k, None, &records).unwrap().unwrap();
+            let found = kafka::decode(&k, None, &records, &mut Journal::default()).unwrap().unwrap();
             assert_corrupt_or_intact(found)?;
             // NATS: the meta record names the buckets, fetched by generation.
             let found = match Meta::decode(&k, &meta) {
@@ -819,7 +962,7 @@ mod tests {
                         .zip(buckets.iter().map(|(_, v)| Some(&v[..])).chain(std::iter::repeat(None)))
                         .map(|(b, v)| (*b, v))
                         .collect();
-                    Found::assemble(&k, m, named, Vec::new())
+                    Found::assemble(&k, m, named, std::iter::empty(), Vec::new(), &mut Journal::default())
                 }
                 Err(e) => Found::unreadable(e),
             };

@@ -112,6 +112,23 @@ type OwnedRecord = (Box<str>, Box<str>, Option<Box<str>>, Box<str>, u64);
 
 type Bucket = HashMap<Box<str>, Entry>;
 
+/// One object as checkpoints store it: `(uid, resourceVersion, namespace, name, digest)`, the
+/// element of an [`Encoding::Json`] bucket and of a checkpoint journal record.
+pub type StoredEntry = OwnedRecord;
+
+/// Changes tracked for a checkpoint journal stop being tracked one by one past this many and
+/// past a quarter of the index: the next checkpoint then rewrites the changed buckets instead.
+const TRACKED_CHANGES: usize = 1024;
+
+/// The uids upserted or removed since the last [`KnownObjects::take_changes`].
+#[derive(Debug)]
+enum Changes {
+    /// Every changed uid.
+    Tracked(HashSet<Box<str>>),
+    /// Too many to track, or the whole index must be stored again.
+    Overflowed,
+}
+
 /// uid -> [`Entry`] for one watch.
 #[derive(Debug)]
 pub struct KnownObjects {
@@ -120,6 +137,8 @@ pub struct KnownObjects {
     dirty: BTreeSet<usize>,
     /// Entries known before a relist and not listed yet.
     relisting: Option<Vec<Bucket>>,
+    /// Changes since the last checkpoint, for its journal record.
+    changes: Changes,
 }
 
 impl Default for KnownObjects {
@@ -129,6 +148,7 @@ impl Default for KnownObjects {
             namespaces: HashSet::new(),
             dirty: BTreeSet::new(),
             relisting: None,
+            changes: Changes::Tracked(HashSet::new()),
         }
     }
 }
@@ -193,6 +213,7 @@ impl KnownObjects {
             }
             entry.digest = digest;
             self.dirty.insert(b);
+            self.track(uid);
             return Seen::Changed;
         }
         let namespace = namespace.map(|ns| self.intern(ns));
@@ -206,6 +227,7 @@ impl KnownObjects {
             },
         );
         self.dirty.insert(b);
+        self.track(uid);
         Seen::New
     }
 
@@ -215,6 +237,7 @@ impl KnownObjects {
         let removed = self.buckets[b].remove(uid);
         if removed.is_some() {
             self.dirty.insert(b);
+            self.track(uid);
         }
         removed
     }
@@ -241,6 +264,9 @@ impl KnownObjects {
             }
         }
         gone.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        for (uid, _) in &gone {
+            self.track(uid);
+        }
         gone
     }
 
@@ -272,6 +298,66 @@ impl KnownObjects {
     /// Marks every bucket changed (a first checkpoint writes them all).
     pub fn mark_all_dirty(&mut self) {
         self.dirty = (0..BUCKETS).collect();
+        self.changes = Changes::Overflowed;
+    }
+
+    /// The uids upserted or removed since the last call (an upsert if [`KnownObjects::get`]
+    /// finds the uid, else a removal), for a checkpoint journal record; `None` when they were
+    /// too many to track or [`KnownObjects::mark_all_dirty`] was called: the checkpoint must
+    /// then rewrite the changed buckets. Buckets stay dirty until [`KnownObjects::take_dirty`].
+    pub fn take_changes(&mut self) -> Option<Vec<Box<str>>> {
+        match std::mem::replace(&mut self.changes, Changes::Tracked(HashSet::new())) {
+            Changes::Tracked(uids) => Some(uids.into_iter().collect()),
+            Changes::Overflowed => None,
+        }
+    }
+
+    /// The entry of `uid` as checkpoints store it (digest 0 unless `digests`).
+    pub fn stored_entry(&self, uid: &str, digests: bool) -> Option<StoredEntry> {
+        self.get(uid).map(|e| {
+            (
+                uid.into(),
+                e.resource_version.clone(),
+                e.namespace.as_deref().map(Into::into),
+                e.name.clone(),
+                if digests { e.digest } else { 0 },
+            )
+        })
+    }
+
+    /// Replays a stored upsert of a checkpoint journal: inserts or replaces the entry, marking
+    /// its bucket dirty and the change tracked (see [`KnownObjects::take_changes`]).
+    pub fn apply_stored(&mut self, (uid, rv, ns, name, digest): StoredEntry) {
+        let b = bucket_of(&uid);
+        let namespace = ns.map(|ns| self.intern(&ns));
+        self.track(&uid);
+        self.buckets[b].insert(
+            uid,
+            Entry {
+                resource_version: rv,
+                namespace,
+                name,
+                digest,
+            },
+        );
+        self.dirty.insert(b);
+    }
+
+    fn track(&mut self, uid: &str) {
+        let Changes::Tracked(uids) = &mut self.changes else {
+            return;
+        };
+        if uids.contains(uid) {
+            return;
+        }
+        if uids.len() >= TRACKED_CHANGES
+            && uids.len() % TRACKED_CHANGES == 0
+            && uids.len() > self.buckets.iter().map(HashMap::len).sum::<usize>() / 4
+        {
+            self.changes = Changes::Overflowed;
+            return;
+        }
+        uids.insert(uid.into());
     }
 
     /// One bucket in the current [`Encoding::Json`]; empty when the bucket is. Content digests

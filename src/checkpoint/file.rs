@@ -1,10 +1,19 @@
-//! Checkpoints of the stdout sink in a local file, one per watch: the meta record on the first
-//! line, then one `{bucket}\t{record}` line per non-empty bucket (version 1 files: one line per
-//! object). Replaced atomically: write a temporary file, fsync, rename.
+//! Checkpoints of the stdout sink in local files, one base and one journal per watch.
+//!
+//! The base: the meta record on the first line, then one `{bucket}\t{record}` line per
+//! non-empty bucket (version 1 files: one line per object); replaced atomically at a compaction
+//! (write a temporary file, fsync, rename, fsync the directory), then the journal is deleted.
+//! The journal, `{base}.journal`: one [`Record`] per line, appended and fsynced by each
+//! checkpoint between compactions (see [`super::journal`]). Each line names the base it
+//! extends and its sequence number; the last line of a checkpoint carries its resourceVersion.
+//! A crash at any point therefore loads a checkpoint that was completely saved: lines of an
+//! older base are skipped, and so are the lines of a checkpoint cut short; the next save then
+//! compacts.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use super::journal::{Journal, Plan, Record, Segment};
 use super::{Cluster, Found, Meta, Result, WatchKey};
 use crate::known::{BUCKETS, Encoding, KnownObjects};
 
@@ -27,12 +36,25 @@ impl FileStore {
         }
     }
 
-    pub(super) async fn load(&self) -> Result<Option<Found>> {
-        match tokio::fs::read(&self.path).await {
-            Ok(stored) => decode(&self.key, self.cluster.as_ref(), &stored).map(Some),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(self.err(e)),
-        }
+    /// The journal file beside the base: `{path}.journal`.
+    fn journal_path(&self) -> PathBuf {
+        let mut path = self.path.clone().into_os_string();
+        path.push(".journal");
+        PathBuf::from(path)
+    }
+
+    pub(super) async fn load(&self, journal: &mut Journal) -> Result<Option<Found>> {
+        let stored = match tokio::fs::read(&self.path).await {
+            Ok(stored) => stored,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(self.err(e)),
+        };
+        let lines = match tokio::fs::read(self.journal_path()).await {
+            Ok(lines) => lines,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(self.err(e)),
+        };
+        decode(&self.key, self.cluster.as_ref(), &stored, &lines, journal).map(Some)
     }
 
     pub(super) async fn save(
@@ -40,39 +62,105 @@ impl FileStore {
         resource_version: &str,
         known: &mut KnownObjects,
         digests: bool,
+        plan: Plan,
+        journal: &mut Journal,
     ) -> Result<()> {
-        known.take_dirty();
-        let meta = Meta::new(&self.key, self.cluster.as_ref(), resource_version, known);
-        let out = encode(&meta, known, digests);
-        let tmp = self.path.with_extension("tmp");
-        let path = self.path.clone();
-        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&out)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &path)
-        })
-        .await
-        .map_err(|e| self.err(e))?
-        .map_err(|e| self.err(e))
+        match plan {
+            Plan::Compact => {
+                known.take_dirty();
+                let mut meta = Meta::new(&self.key, self.cluster.as_ref(), resource_version, known);
+                let base = format!("{:016x}", super::random_u64());
+                meta.base = Some(base.clone());
+                let (out, sizes) = encode(&meta, known, digests);
+                let (path, lines) = (self.path.clone(), self.journal_path());
+                tokio::task::spawn_blocking(move || replace(&path, &out, &lines))
+                    .await
+                    .map_err(|e| self.err(e))?
+                    .map_err(|e| self.err(e))?;
+                journal.compacted(sizes.into_iter().enumerate(), Some(base));
+            }
+            Plan::Append(records) => {
+                let reserved = journal.reserve(records.len());
+                let mut out = Vec::with_capacity(records.iter().map(|r| r.len() + 1).sum());
+                for record in &records {
+                    // A JSON record never holds a raw line break.
+                    out.extend_from_slice(record);
+                    out.push(b'\n');
+                }
+                let lines = self.journal_path();
+                tokio::task::spawn_blocking(move || append(&lines, &out))
+                    .await
+                    .map_err(|e| self.err(e))?
+                    .map_err(|e| self.err(e))?;
+                journal.appended(reserved.as_ref(), &records);
+            }
+        }
+        Ok(())
     }
 
     pub(super) async fn reset(&self) -> Result<()> {
-        match tokio::fs::remove_file(&self.path).await {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(self.err(e)),
+        for path in [self.journal_path(), self.path.clone()] {
+            match tokio::fs::remove_file(&path).await {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(self.err(e)),
+            }
         }
+        Ok(())
     }
 }
 
-/// The file's content.
-fn encode(meta: &Meta, known: &KnownObjects, digests: bool) -> Vec<u8> {
+/// Replaces the base at `path` with `content` atomically (temporary file, fsync, rename, fsync
+/// of the directory), then deletes the journal at `lines`: until then its lines name the old
+/// base, so they are skipped at load.
+fn replace(path: &Path, content: &[u8], lines: &Path) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(content)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    sync_dir(path)?;
+    match std::fs::remove_file(lines) {
+        Ok(()) => sync_dir(path),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Appends `content` to the journal at `lines` and fsyncs it (and its directory when it was
+/// created).
+fn append(lines: &Path, content: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let existed = lines.exists();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(lines)?;
+    f.write_all(content)?;
+    f.sync_data()?;
+    if !existed {
+        sync_dir(lines)?;
+    }
+    Ok(())
+}
+
+/// Makes a rename or creation in the directory of `path` durable.
+fn sync_dir(path: &Path) -> std::io::Result<()> {
+    match path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(dir) => std::fs::File::open(dir)?.sync_all(),
+        None => std::fs::File::open(".")?.sync_all(),
+    }
+}
+
+/// The file's content, and the size of each bucket's record.
+fn encode(meta: &Meta, known: &KnownObjects, digests: bool) -> (Vec<u8>, Vec<usize>) {
     let mut out = meta.to_bytes();
     out.push(b'\n');
-    for b in 0..BUCKETS {
+    let mut sizes = vec![0; BUCKETS];
+    for (b, size) in sizes.iter_mut().enumerate() {
         let record = known.encode_bucket(b, digests);
+        *size = record.len();
         if !record.is_empty() {
             // A JSON record never holds a raw line break.
             out.extend_from_slice(format!("{b}\t").as_bytes());
@@ -80,20 +168,60 @@ fn encode(meta: &Meta, known: &KnownObjects, digests: bool) -> Vec<u8> {
             out.push(b'\n');
         }
     }
-    out
+    (out, sizes)
 }
 
-/// Decodes a checkpoint file. Never panics; anything unexpected makes the checkpoint damaged.
-pub(super) fn decode(key: &WatchKey, cluster: Option<&Cluster>, stored: &[u8]) -> Result<Found> {
+/// Decodes a checkpoint file and its journal (`lines`) and records in `journal` what is stored.
+/// Never panics; anything unexpected makes the checkpoint damaged.
+pub(super) fn decode(
+    key: &WatchKey,
+    cluster: Option<&Cluster>,
+    stored: &[u8],
+    lines: &[u8],
+    journal: &mut Journal,
+) -> Result<Found> {
     let (head, body) = match stored.iter().position(|&c| c == b'\n') {
         Some(at) => (&stored[..at], &stored[at + 1..]),
         None => (stored, &[][..]),
     };
-    let meta = match Meta::decode(key, head) {
+    let mut meta = match Meta::decode(key, head) {
         Ok(meta) => meta,
         Err(e) => return Ok(Found::unreadable(e)),
     };
     meta.check_cluster(key, cluster)?;
+    let (records, mut problems) = base_records(&meta, body);
+    let replay = match meta.base.as_deref() {
+        Some(base) => journal_lines(base, lines),
+        None => Replay::default(),
+    };
+    problems.extend(replay.problem);
+    if let Some((resource_version, objects)) = replay.last {
+        meta.resource_version = resource_version;
+        meta.objects = objects;
+    }
+    if !replay.lines.is_empty() {
+        // The stored lines count towards the compaction bound.
+        meta.journal = vec![Segment("0".repeat(16), 1, replay.lines.len() as u64)];
+    }
+    let found = Found::assemble(
+        key,
+        meta,
+        records.iter().map(|(b, r)| (*b, Some(&r[..]))),
+        replay
+            .lines
+            .iter()
+            .map(|(seq, line)| (format!("line {seq}"), Some(*line))),
+        problems,
+        journal,
+    );
+    if replay.untidy {
+        journal.invalidate();
+    }
+    Ok(found)
+}
+
+/// The records of the base's buckets, and what is wrong with its lines.
+fn base_records(meta: &Meta, body: &[u8]) -> (BTreeMap<usize, Vec<u8>>, Vec<String>) {
     let mut records: BTreeMap<usize, Vec<u8>> = BTreeMap::new();
     let mut problems = Vec::new();
     for (i, line) in body.split(|&c| c == b'\n').enumerate() {
@@ -127,10 +255,67 @@ pub(super) fn decode(key: &WatchKey, cluster: Option<&Cluster>, stored: &[u8]) -
             }
         }
     }
-    Ok(Found::assemble(
-        key,
-        meta,
-        records.iter().map(|(b, r)| (*b, Some(&r[..]))),
-        problems,
-    ))
+    (records, problems)
+}
+
+/// The journal lines to replay over a base.
+#[derive(Debug, Default)]
+struct Replay<'a> {
+    /// The lines of the checkpoints completely saved, with their sequence numbers.
+    lines: Vec<(u64, &'a [u8])>,
+    /// The resourceVersion and object count of the last of them.
+    last: Option<(String, usize)>,
+    /// A line that cannot be decoded or is out of sequence.
+    problem: Option<String>,
+    /// Lines of an older base or of a checkpoint cut short were skipped: the next save
+    /// compacts.
+    untidy: bool,
+}
+
+/// Selects the lines of journal `lines` that extend base `base`: those of an older base are
+/// skipped, and so are the lines after the last one carrying a resourceVersion (a checkpoint
+/// whose write was cut short, as is a last line without its line break).
+fn journal_lines<'a>(base: &str, lines: &'a [u8]) -> Replay<'a> {
+    let mut replay = Replay::default();
+    let (complete, torn) = match lines.iter().rposition(|&c| c == b'\n') {
+        Some(at) => (&lines[..at], &lines[at + 1..]),
+        None => (&[][..], lines),
+    };
+    replay.untidy = !torn.is_empty();
+    let mut pending = Vec::new();
+    if complete.is_empty() {
+        return replay;
+    }
+    for line in complete.split(|&c| c == b'\n') {
+        let record = match Record::decode(line) {
+            Ok(record) => record,
+            Err(problem) => {
+                replay.problem = Some(format!(
+                    "{problem} (line {})",
+                    replay.lines.len() + pending.len() + 1
+                ));
+                return replay;
+            }
+        };
+        if record.base.as_deref() != Some(base) {
+            replay.untidy = true;
+            continue;
+        }
+        let expected = (replay.lines.len() + pending.len() + 1) as u64;
+        if record.seq != Some(expected) {
+            replay.problem = Some(format!(
+                "journal line {:?} follows line {}",
+                record.seq,
+                expected - 1
+            ));
+            return replay;
+        }
+        pending.push((expected, line));
+        if let (Some(rv), Some(objects)) = (record.resource_version, record.objects) {
+            replay.lines.append(&mut pending);
+            replay.last = Some((rv, objects));
+        }
+    }
+    replay.untidy |= !pending.is_empty();
+    replay
 }

@@ -1,5 +1,7 @@
-//! Kafka checkpoints: records `{id}/meta` and `{id}/b/{bucket}` in a compacted topic with one
-//! partition, written in the transaction of the events they cover.
+//! Kafka checkpoints: records `{id}/meta`, `{id}/b/{bucket}` and journal records
+//! `{id}/j/{writer}/{sequence}` (see [`super::journal`]) in a compacted topic with one
+//! partition, written in the transaction of the events they cover. A compaction tombstones the
+//! journal records in the same transaction.
 //!
 //! The topic must keep the last record of every key for ever (`cleanup.policy=compact`; with
 //! `delete` retention would silently drop the checkpoints of quiet watches) and keep one watch's
@@ -15,6 +17,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
+use super::journal::{Journal, Plan};
 use super::{Cluster, Error, Found, Meta, Result, WatchKey};
 use crate::known::{BUCKETS, KnownObjects};
 use crate::sink::kafka::{CommitError, KafkaSink};
@@ -43,12 +46,16 @@ fn store_err(e: impl std::fmt::Display) -> Error {
 }
 
 impl KafkaStore {
-    pub(super) async fn load(&self) -> Result<Option<Found>> {
+    pub(super) async fn load(&self, journal: &mut Journal) -> Result<Option<Found>> {
         let prefix = format!("{}/", self.key.id);
         let records = read_compacted(self.sink.consumer_config(), &self.topic, &prefix)
             .await
             .map_err(store_err)?;
-        decode(&self.key, self.cluster.as_ref(), &records)
+        decode(&self.key, self.cluster.as_ref(), &records, journal)
+    }
+
+    fn journal_key(&self, writer: &str, seq: u64) -> String {
+        format!("{}/j/{writer}/{seq}", self.key.id)
     }
 
     pub(super) async fn save(
@@ -56,16 +63,40 @@ impl KafkaStore {
         resource_version: &str,
         known: &mut KnownObjects,
         digests: bool,
+        plan: Plan,
+        journal: &mut Journal,
     ) -> Result<()> {
         let mut records = Vec::new();
-        for b in known.take_dirty() {
-            records.push((
-                format!("{}/b/{b}", self.key.id),
-                known.encode_bucket(b, digests),
-            ));
+        let mut meta = Meta::new(&self.key, self.cluster.as_ref(), resource_version, known);
+        let mut written = Vec::new();
+        let mut reserved = None;
+        match &plan {
+            Plan::Compact => {
+                for b in known.take_dirty() {
+                    let record = known.encode_bucket(b, digests);
+                    written.push((b, record.len()));
+                    records.push((format!("{}/b/{b}", self.key.id), Some(record)));
+                }
+                for segment in journal.segments() {
+                    for (writer, seq) in segment.names() {
+                        records.push((self.journal_key(writer, seq), None));
+                    }
+                }
+                for stray in journal.strays() {
+                    records.push((stray.clone(), None));
+                }
+            }
+            Plan::Append(appended) => {
+                reserved = journal.reserve(appended.len());
+                let names = reserved.iter().flat_map(|s| s.names());
+                for ((writer, seq), record) in names.zip(appended) {
+                    records.push((self.journal_key(writer, seq), Some(record.clone())));
+                }
+                // The journal as it is once this transaction commits.
+                meta.journal = journal.segments_after(reserved.as_ref());
+            }
         }
-        let meta = Meta::new(&self.key, self.cluster.as_ref(), resource_version, known);
-        records.push((format!("{}/meta", self.key.id), meta.to_bytes()));
+        records.push((format!("{}/meta", self.key.id), Some(meta.to_bytes())));
         self.sink
             .commit_with(&self.topic, records)
             .await
@@ -74,13 +105,29 @@ impl KafkaStore {
                     watch: self.key.description.clone(),
                 },
                 other => store_err(other),
-            })
+            })?;
+        match plan {
+            Plan::Compact => journal.compacted(written, None),
+            Plan::Append(appended) => journal.appended(reserved.as_ref(), &appended),
+        }
+        Ok(())
     }
 
     pub(super) async fn reset(&self) -> Result<()> {
+        // Every record of the watch, whatever its name.
+        let prefix = format!("{}/", self.key.id);
+        let stored = read_compacted(self.sink.consumer_config(), &self.topic, &prefix)
+            .await
+            .map_err(store_err)?;
         let mut records: Vec<(String, Option<Vec<u8>>)> = (0..BUCKETS)
             .map(|b| (format!("{}/b/{b}", self.key.id), None))
             .collect();
+        records.extend(
+            stored
+                .into_keys()
+                .filter(|k| k.starts_with(&format!("{prefix}j/")))
+                .map(|k| (k, None)),
+        );
         records.push((format!("{}/meta", self.key.id), None));
         self.sink
             .commit_tombstones(&self.topic, records)
@@ -95,6 +142,7 @@ pub(super) fn decode(
     key: &WatchKey,
     cluster: Option<&Cluster>,
     records: &HashMap<String, Vec<u8>>,
+    journal: &mut Journal,
 ) -> Result<Option<Found>> {
     let prefix = format!("{}/", key.id);
     let Some(meta) = records.get(&format!("{prefix}meta")) else {
@@ -102,16 +150,37 @@ pub(super) fn decode(
     };
     let meta = match Meta::decode(key, meta) {
         Ok(meta) => meta,
-        Err(e) => return Ok(Some(Found::unreadable(e))),
+        Err(e) => {
+            // Which journal records it named is unknown: the compaction deletes them all.
+            let journal_prefix = format!("{prefix}j/");
+            let strays = records.keys().filter(|k| k.starts_with(&journal_prefix));
+            journal.set_strays(strays.cloned().collect());
+            return Ok(Some(Found::unreadable(e)));
+        }
     };
     meta.check_cluster(key, cluster)?;
     let mut buckets = Vec::new();
     let mut problems = Vec::new();
+    let named: Vec<String> = meta
+        .journal
+        .iter()
+        .flat_map(|s| s.names().map(|(w, seq)| format!("{prefix}j/{w}/{seq}")))
+        .collect();
+    let named_set: std::collections::HashSet<&String> = named.iter().collect();
+    let mut strays = Vec::new();
     for (k, v) in records {
         let Some(rest) = k.strip_prefix(&prefix) else {
             continue;
         };
         if rest == "meta" {
+            continue;
+        }
+        if rest.starts_with("j/") {
+            // Named ones are replayed below; others belong to no checkpoint (deleted at the
+            // next compaction).
+            if !named_set.contains(k) {
+                strays.push(k.clone());
+            }
             continue;
         }
         match rest
@@ -122,7 +191,13 @@ pub(super) fn decode(
             None => problems.push(format!("record {k:?} is neither meta nor a bucket")),
         }
     }
-    Ok(Some(Found::assemble(key, meta, buckets, problems)))
+    let replay = named.iter().map(|k| {
+        let name = k[prefix.len() + 2..].to_string();
+        (name, records.get(k).map(|v| &v[..]))
+    });
+    let found = Found::assemble(key, meta, buckets, replay, problems, journal);
+    journal.set_strays(strays);
+    Ok(Some(found))
 }
 
 /// Reads the compacted single-partition `topic` to its end with `read_committed` and returns the

@@ -1,13 +1,16 @@
-//! NATS checkpoints in a KV bucket: `{id}.meta` and `{id}.b{bucket}.{generation}`. A save writes
-//! the changed buckets under a fresh generation, then swaps the meta record with
-//! compare-and-swap on the revision this instance last wrote or read, which fences a stale
-//! writer; buckets the new meta record no longer names are purged afterwards.
+//! NATS checkpoints in a KV bucket: `{id}.meta`, `{id}.b{bucket}.{generation}` and journal
+//! records `{id}.j.{writer}.{sequence}` (see [`super::journal`]). A save writes its journal
+//! records, or at a compaction the changed buckets under a fresh generation, then swaps the meta
+//! record with compare-and-swap on the revision this instance last wrote or read, which fences
+//! a stale writer (whose records have names of their own); buckets and journal records the new
+//! meta record no longer names are purged afterwards.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use async_nats::jetstream::kv;
 use bytes::Bytes;
 
+use super::journal::{Journal, Plan, Segment};
 use super::{Cluster, Error, Found, Meta, Result, WatchKey};
 use crate::known::KnownObjects;
 
@@ -22,8 +25,16 @@ pub struct NatsStore {
     /// The generation of each non-empty bucket, as the meta record at `revision` names them.
     buckets: BTreeMap<usize, String>,
     /// A meta record whose write failed with an unknown outcome (its reply was lost), and the
-    /// buckets it names: the store may hold it.
-    unconfirmed: Option<(Bytes, BTreeMap<usize, String>)>,
+    /// buckets and journal records it names: the store may hold it.
+    unconfirmed: Option<Unconfirmed>,
+}
+
+/// A meta record that may or may not be stored.
+#[derive(Debug)]
+struct Unconfirmed {
+    value: Bytes,
+    buckets: BTreeMap<usize, String>,
+    journal: Vec<Segment>,
 }
 
 /// How a compare-and-swap of the meta record ended.
@@ -63,7 +74,11 @@ impl NatsStore {
         format!("{}.b{b}.{generation}", self.key.id)
     }
 
-    pub(super) async fn load(&mut self) -> Result<Option<Found>> {
+    fn journal_key(&self, writer: &str, seq: u64) -> String {
+        format!("{}.j.{writer}.{seq}", self.key.id)
+    }
+
+    pub(super) async fn load(&mut self, journal: &mut Journal) -> Result<Option<Found>> {
         let entry = self.kv.entry(self.meta_key()).await.map_err(store_err)?;
         let Some(entry) = entry.filter(|e| e.operation == kv::Operation::Put) else {
             return Ok(None);
@@ -85,12 +100,23 @@ impl NatsStore {
                 .map_err(store_err)?;
             stored.push((*b, record));
         }
+        let mut records = Vec::new();
+        for (writer, seq) in meta.journal.iter().flat_map(Segment::names) {
+            let record = self
+                .kv
+                .get(self.journal_key(writer, seq))
+                .await
+                .map_err(store_err)?;
+            records.push((format!("{writer}.{seq}"), record));
+        }
         self.buckets = meta.buckets.clone();
         Ok(Some(Found::assemble(
             &self.key,
             meta,
             stored.iter().map(|(b, r)| (*b, r.as_deref())),
+            records.iter().map(|(name, r)| (name.clone(), r.as_deref())),
             Vec::new(),
+            journal,
         )))
     }
 
@@ -99,54 +125,110 @@ impl NatsStore {
         resource_version: &str,
         known: &mut KnownObjects,
         digests: bool,
+        plan: Plan,
+        journal: &mut Journal,
     ) -> Result<()> {
-        let generation = format!("{:016x}", random_u64());
         let mut buckets = self.buckets.clone();
-        for b in known.take_dirty() {
-            let record = known.encode_bucket(b, digests);
-            buckets.remove(&b);
-            if !record.is_empty() {
-                self.kv
-                    .put(self.bucket_key(b, &generation), Bytes::from(record))
-                    .await
-                    .map_err(store_err)?;
-                buckets.insert(b, generation.clone());
+        let mut written = Vec::new();
+        let mut reserved = None;
+        let mut meta = Meta::new(&self.key, self.cluster.as_ref(), resource_version, known);
+        match &plan {
+            Plan::Compact => {
+                let generation = format!("{:016x}", super::random_u64());
+                for b in known.take_dirty() {
+                    let record = known.encode_bucket(b, digests);
+                    written.push((b, record.len()));
+                    buckets.remove(&b);
+                    if !record.is_empty() {
+                        self.kv
+                            .put(self.bucket_key(b, &generation), Bytes::from(record))
+                            .await
+                            .map_err(store_err)?;
+                        buckets.insert(b, generation.clone());
+                    }
+                }
+            }
+            Plan::Append(records) => {
+                reserved = journal.reserve(records.len());
+                let names = reserved.iter().flat_map(Segment::names);
+                for ((writer, seq), record) in names.zip(records) {
+                    self.kv
+                        .put(self.journal_key(writer, seq), Bytes::from(record.clone()))
+                        .await
+                        .map_err(store_err)?;
+                }
+                meta.journal = journal.segments_after(reserved.as_ref());
             }
         }
-        let mut meta = Meta::new(&self.key, self.cluster.as_ref(), resource_version, known);
         meta.buckets = buckets.clone();
         let value = Bytes::from(meta.to_bytes());
-        let revision = self.swap_meta(value, &buckets).await?;
-        // Named by no meta record now: the buckets replaced, and those of an unconfirmed write
-        // (whether or not it happened).
+        let revision = self.swap_meta(value, &buckets, &meta.journal).await?;
+        let stale = self.stale_after(&buckets, &meta.journal, journal);
+        self.revision = Some(revision);
+        self.buckets = buckets;
+        match plan {
+            Plan::Compact => journal.compacted(written, None),
+            Plan::Append(records) => journal.appended(reserved.as_ref(), &records),
+        }
+        for key in stale {
+            // Best effort: an orphaned record is harmless, only space.
+            let _ = self.kv.purge(key).await;
+        }
+        Ok(())
+    }
+
+    /// The keys named by no meta record once the one naming `buckets` and `segments` is
+    /// stored: buckets replaced, the journal records of the previous meta record (after a
+    /// compaction), and those of an unconfirmed write (whether or not it happened).
+    fn stale_after(
+        &mut self,
+        buckets: &BTreeMap<usize, String>,
+        segments: &[Segment],
+        journal: &Journal,
+    ) -> BTreeSet<String> {
         let mut stale: BTreeSet<(usize, String)> =
             std::mem::take(&mut self.buckets).into_iter().collect();
-        if let Some((_, written)) = self.unconfirmed.take() {
-            stale.extend(written);
+        let mut old_journal: Vec<Segment> = journal.segments().to_vec();
+        if let Some(unconfirmed) = self.unconfirmed.take() {
+            stale.extend(unconfirmed.buckets);
+            old_journal.extend(unconfirmed.journal);
         }
         for current in buckets.iter().map(|(b, g)| (*b, g.clone())) {
             stale.remove(&current);
         }
-        self.revision = Some(revision);
-        self.buckets = buckets;
-        for (b, generation) in stale {
-            // Best effort: an orphaned old generation is harmless, only space.
-            let _ = self.kv.purge(self.bucket_key(b, &generation)).await;
+        let keep: BTreeSet<(&str, u64)> = segments.iter().flat_map(Segment::names).collect();
+        let mut keys: BTreeSet<String> = stale
+            .into_iter()
+            .map(|(b, g)| self.bucket_key(b, &g))
+            .collect();
+        for (writer, seq) in old_journal.iter().flat_map(Segment::names) {
+            if !keep.contains(&(writer, seq)) {
+                keys.insert(self.journal_key(writer, seq));
+            }
         }
-        Ok(())
+        keys
     }
 
     /// Swaps the meta record for `value` (which names `buckets`). A conflict is fencing only if
     /// the record holds a foreign value: it may hold this very value (its write happened but the
     /// reply was lost, and the client retried), or an earlier write of ours whose reply was lost,
     /// which is adopted before swapping again.
-    async fn swap_meta(&mut self, value: Bytes, buckets: &BTreeMap<usize, String>) -> Result<u64> {
+    async fn swap_meta(
+        &mut self,
+        value: Bytes,
+        buckets: &BTreeMap<usize, String>,
+        journal: &[Segment],
+    ) -> Result<u64> {
         let mut adopted = false;
         loop {
             match self.try_swap(value.clone()).await {
                 Swap::Done(revision) => return Ok(revision),
                 Swap::Failed(message) => {
-                    self.unconfirmed = Some((value, buckets.clone()));
+                    self.unconfirmed = Some(Unconfirmed {
+                        value,
+                        buckets: buckets.clone(),
+                        journal: journal.to_vec(),
+                    });
                     return Err(store_err(message));
                 }
                 Swap::Conflict => {}
@@ -166,7 +248,7 @@ impl NatsStore {
             let earlier = self
                 .unconfirmed
                 .as_ref()
-                .is_some_and(|(earlier, _)| *earlier == current.value);
+                .is_some_and(|earlier| earlier.value == current.value);
             if !earlier || adopted {
                 return Err(self.fenced());
             }
@@ -216,16 +298,4 @@ pub async fn nats_bucket(js: &async_nats::jetstream::Context, name: &str) -> Res
             .await
             .map_err(store_err),
     }
-}
-
-fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    h.finish()
 }

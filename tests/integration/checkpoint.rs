@@ -631,7 +631,7 @@ async fn nats_damaged_checkpoint_bucket_is_repaired_keeping_the_rest() {
         },
     )
     .await;
-    assert_eq!(rewritten["version"], 2, "{rewritten}");
+    assert_eq!(rewritten["version"], 3, "{rewritten}");
     assert_eq!(rewritten["objects"], 4, "{rewritten}");
     assert_eq!(
         second.count_log("fenced: another instance owns this watch now"),
@@ -754,4 +754,446 @@ async fn nats_lost_reply_to_a_successful_swap_is_not_fencing() {
         writer.save("4", &mut known).await,
         Err(kube_event_bridge::checkpoint::Error::Fenced { .. })
     ));
+}
+
+/// The checkpoint of the configmaps watch of `ns`, loaded by this build's code as a restarted
+/// bridge would load it, and the number of journal records it holds beyond its base.
+async fn load_checkpoint(
+    sink: SinkKind,
+    cluster: &str,
+    ns: &str,
+    dir: &std::path::Path,
+) -> Option<(Option<String>, KnownObjects, u64)> {
+    let key = WatchKey::new(cluster, "v1", "configmaps", Some(ns), None, None);
+    let backend = match sink {
+        SinkKind::Kafka => {
+            let config: kube_event_bridge::config::KafkaConfig = serde_yaml_ng::from_str(&format!(
+                "bootstrapServers: \"{}\"",
+                crate::support::env().kafka_bootstrap
+            ))
+            .unwrap();
+            let topic = kube_event_bridge::template::Template::parse("unused").unwrap();
+            // Not transactional: it only reads, and never fences the running bridge.
+            let sink = kube_event_bridge::sink::kafka::KafkaSink::new(&config, topic).unwrap();
+            Backend::Kafka(kube_event_bridge::checkpoint::KafkaStore {
+                key,
+                sink: std::sync::Arc::new(sink),
+                topic: "kube-event-bridge.checkpoints".into(),
+                cluster: None,
+            })
+        }
+        SinkKind::Nats => {
+            let js = async_nats::jetstream::new(crate::support::nats_client().await);
+            let kv = js.get_key_value("kube-event-bridge").await.ok()?;
+            Backend::Nats(NatsStore::new(key, kv, None))
+        }
+        SinkKind::Stdout | SinkKind::Http => {
+            Backend::File(kube_event_bridge::checkpoint::FileStore {
+                path: dir.join(format!("{}.checkpoint", key.id)),
+                key,
+                cluster: None,
+            })
+        }
+    };
+    let mut store = Store::new(backend);
+    let corrupt = std::sync::atomic::AtomicU64::new(0);
+    let loaded = store.load(&corrupt).await.expect("the checkpoint loads")?;
+    assert_eq!(
+        corrupt.load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "the checkpoint decodes"
+    );
+    Some((
+        loaded.resource_version,
+        loaded.known,
+        store.journal_records(),
+    ))
+}
+
+/// The configmaps of `ns`: uid → (resourceVersion, name).
+async fn configmaps(cms: &Api<ConfigMap>) -> BTreeMap<String, (String, String)> {
+    cms.list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|cm| {
+            let m = cm.metadata;
+            (
+                m.uid.unwrap(),
+                (m.resource_version.unwrap(), m.name.unwrap()),
+            )
+        })
+        .collect()
+}
+
+/// Whether `known` holds exactly the configmaps `want` of namespace `ns`; else what differs.
+fn index_differs(
+    known: &KnownObjects,
+    want: &BTreeMap<String, (String, String)>,
+    ns: &str,
+) -> Option<String> {
+    if known.len() != want.len() {
+        return Some(format!(
+            "{} objects, the cluster has {}",
+            known.len(),
+            want.len()
+        ));
+    }
+    for (uid, (rv, name)) in want {
+        let entry = known.get(uid);
+        let same = entry.is_some_and(|e| {
+            &*e.resource_version == rv && &*e.name == name && e.namespace.as_deref() == Some(ns)
+        });
+        if !same {
+            return Some(format!(
+                "{name} ({uid}) at {rv}: the checkpoint holds {entry:?}"
+            ));
+        }
+    }
+    None
+}
+
+/// A namespace with configmaps `cm-0`… and the configuration of a bridge watching them.
+struct Scene {
+    ns: String,
+    cluster: String,
+    /// The checkpoint directory (stdout sink).
+    dir: tempfile::TempDir,
+    config: String,
+    cms: Api<ConfigMap>,
+}
+
+impl Scene {
+    async fn new(sink: SinkKind, prefix: &str, count: usize) -> Self {
+        let client = kube_client().await;
+        let ns = unique_namespace(&client, prefix).await;
+        let cluster = unique_name("c");
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = format!(
+            "cluster: {cluster}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n{}",
+            sink_yaml(sink, &cluster)
+        );
+        if sink == SinkKind::Stdout {
+            config.push_str(&format!(
+                "checkpoint: {{directory: {}}}\n",
+                dir.path().display()
+            ));
+        }
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+        for i in 0..count {
+            cms.create(&PostParams::default(), &cm(&format!("cm-{i}")))
+                .await
+                .unwrap();
+        }
+        Self {
+            ns,
+            cluster,
+            dir,
+            config,
+            cms,
+        }
+    }
+
+    /// Waits until the stored checkpoint holds exactly the configmaps `want`; returns its
+    /// journal records.
+    async fn wait_checkpoint(
+        &self,
+        sink: SinkKind,
+        want: &BTreeMap<String, (String, String)>,
+    ) -> u64 {
+        crate::support::wait_until(
+            "the checkpoint holds the cluster's configmaps",
+            Duration::from_secs(60),
+            || async {
+                let (_, known, records) =
+                    load_checkpoint(sink, &self.cluster, &self.ns, self.dir.path()).await?;
+                index_differs(&known, want, &self.ns)
+                    .is_none()
+                    .then_some(records)
+            },
+        )
+        .await
+    }
+}
+
+/// Churn across restarts: every round changes, deletes and creates objects while the bridge
+/// runs, waits until the checkpoint (base plus journal, loaded as a restart loads it) holds
+/// exactly the cluster's objects, stops the bridge and loads it again. The journal carries the
+/// changes between compactions, and every restart resumes without a LIST.
+async fn churn_with_restarts(sink: SinkKind) {
+    let scene = Scene::new(sink, "journal", 40).await;
+    let (ns, cluster, config, cms) = (&scene.ns, &scene.cluster, &scene.config, &scene.cms);
+    let dir = &scene.dir;
+    let pp = PostParams::default();
+    let mut journaled = 0;
+    for round in 0..3 {
+        let mut bridge = Bridge::start(config);
+        if round == 0 {
+            bridge.wait_synced(1).await;
+        } else {
+            bridge.wait_log("resuming from checkpoint").await;
+        }
+        for i in (round..40).step_by(4) {
+            let name = format!("cm-{i}");
+            let patch = Patch::Merge(json!({"data": {"v": format!("{round}")}}));
+            // Deleted in an earlier round: nothing to patch.
+            let _ = cms.patch(&name, &PatchParams::default(), &patch).await;
+        }
+        cms.delete(&format!("cm-{}", 2 + round * 5), &DeleteParams::default())
+            .await
+            .unwrap();
+        cms.create(&pp, &cm(&format!("new-{round}"))).await.unwrap();
+        let want = configmaps(cms).await;
+        let records = scene.wait_checkpoint(sink, &want).await;
+        journaled = journaled.max(records);
+        stop(&mut bridge).await;
+        let listed = if round == 0 { 1 } else { 0 };
+        assert_eq!(bridge.count_log("listed"), listed, "{}", bridge.log_text());
+        let (rv, known, _) = load_checkpoint(sink, cluster, ns, dir.path())
+            .await
+            .expect("a checkpoint after the stop");
+        assert!(rv.is_some());
+        assert_eq!(
+            index_differs(&known, &want, ns),
+            None,
+            "after round {round}"
+        );
+    }
+    assert!(journaled > 0, "the changes went to the journal");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_journal_keeps_the_index_through_churn_and_restarts() {
+    churn_with_restarts(SinkKind::Kafka).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_journal_keeps_the_index_through_churn_and_restarts() {
+    churn_with_restarts(SinkKind::Nats).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn file_journal_keeps_the_index_through_churn_and_restarts() {
+    churn_with_restarts(SinkKind::Stdout).await;
+}
+
+/// A version 2 checkpoint, as the previous release stored it (meta record and JSON buckets, no
+/// journal), written into the real store: the bridge resumes from it without a LIST, publishes
+/// only what changed, and its saves migrate it to version 3 holding the same index.
+async fn version_two_migrates(sink: SinkKind) {
+    let scene = Scene::new(sink, "v2", 20).await;
+    let (ns, cluster, config, cms) = (&scene.ns, &scene.cluster, &scene.config, &scene.cms);
+    let dir = &scene.dir;
+    let pp = PostParams::default();
+    let listing = cms.list(&Default::default()).await.unwrap();
+    let list_rv = listing.metadata.resource_version.clone().unwrap();
+    let mut known = KnownObjects::default();
+    for item in &listing.items {
+        let m = &item.metadata;
+        known.observe(
+            m.uid.as_deref().unwrap(),
+            m.resource_version.as_deref().unwrap(),
+            Some(ns),
+            m.name.as_deref().unwrap(),
+            0,
+        );
+    }
+    let key = WatchKey::new(cluster, "v1", "configmaps", Some(ns), None, None);
+    write_version_two(sink, &key, &list_rv, &known, dir.path()).await;
+
+    let mut bridge = Bridge::start(config);
+    let mut reader = Reader::for_sink(
+        sink,
+        cluster,
+        &[format!("k8s.{cluster}.core.configmaps")],
+        &bridge,
+    )
+    .await;
+    bridge.wait_log("resuming from checkpoint").await;
+    cms.patch(
+        "cm-3",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"v": "1"}})),
+    )
+    .await
+    .unwrap();
+    cms.create(&pp, &cm("after")).await.unwrap();
+    let events = reader
+        .read_until(Duration::from_secs(60), |got| got.len() >= 2)
+        .await;
+    let got: BTreeSet<(String, String)> = events
+        .iter()
+        .map(|r| (r.ext("name"), r.change().to_string()))
+        .collect();
+    let expected = BTreeSet::from([
+        ("cm-3".to_string(), "modified".to_string()),
+        ("after".to_string(), "added".to_string()),
+    ]);
+    assert_eq!(got, expected, "{}", summary(&events));
+    let want = configmaps(cms).await;
+    scene.wait_checkpoint(sink, &want).await;
+    stop(&mut bridge).await;
+    assert_eq!(bridge.count_log("listed"), 0, "{}", bridge.log_text());
+    assert_eq!(stored_version(sink, &key, dir.path()).await, 3);
+}
+
+/// Writes a version 2 checkpoint of `known` at `rv`, as the previous release did.
+async fn write_version_two(
+    sink: SinkKind,
+    key: &WatchKey,
+    rv: &str,
+    known: &KnownObjects,
+    dir: &std::path::Path,
+) {
+    let meta = |buckets: serde_json::Value| {
+        json!({"version": 2, "watch": key.description, "resourceVersion": rv,
+               "objects": known.len(), "buckets": buckets})
+        .to_string()
+    };
+    let buckets: Vec<(usize, Vec<u8>)> = (0..kube_event_bridge::known::BUCKETS)
+        .map(|b| (b, known.encode_bucket(b, true)))
+        .filter(|(_, r)| !r.is_empty())
+        .collect();
+    match sink {
+        SinkKind::Kafka => {
+            use rdkafka::producer::{FutureProducer, FutureRecord};
+            kube_event_bridge::checkpoint::kafka::ensure_topic(
+                crate::support::kafka_config(),
+                "kube-event-bridge.checkpoints",
+            )
+            .await
+            .unwrap();
+            let producer: FutureProducer = crate::support::kafka_config().create().unwrap();
+            let mut records: Vec<(String, Vec<u8>)> = buckets
+                .into_iter()
+                .map(|(b, r)| (format!("{}/b/{b}", key.id), r))
+                .collect();
+            records.push((format!("{}/meta", key.id), meta(json!({})).into_bytes()));
+            for (k, v) in &records {
+                producer
+                    .send(
+                        FutureRecord::to("kube-event-bridge.checkpoints")
+                            .key(k)
+                            .payload(v),
+                        Duration::from_secs(30),
+                    )
+                    .await
+                    .unwrap();
+            }
+        }
+        SinkKind::Nats => {
+            let js = async_nats::jetstream::new(crate::support::nats_client().await);
+            let kv = kube_event_bridge::checkpoint::nats_bucket(&js, "kube-event-bridge")
+                .await
+                .unwrap();
+            let generation = "00000000000000aa";
+            let mut named = serde_json::Map::new();
+            for (b, r) in buckets {
+                kv.put(format!("{}.b{b}.{generation}", key.id), r.into())
+                    .await
+                    .unwrap();
+                named.insert(b.to_string(), generation.into());
+            }
+            kv.put(format!("{}.meta", key.id), meta(named.into()).into())
+                .await
+                .unwrap();
+        }
+        SinkKind::Stdout | SinkKind::Http => {
+            let mut file = meta(json!({})).into_bytes();
+            file.push(b'\n');
+            for (b, r) in buckets {
+                file.extend_from_slice(format!("{b}\t").as_bytes());
+                file.extend_from_slice(&r);
+                file.push(b'\n');
+            }
+            std::fs::write(dir.join(format!("{}.checkpoint", key.id)), file).unwrap();
+        }
+    }
+}
+
+/// The version of the stored meta record.
+async fn stored_version(sink: SinkKind, key: &WatchKey, dir: &std::path::Path) -> u64 {
+    let stored: Vec<u8> = match sink {
+        SinkKind::Nats => {
+            let js = async_nats::jetstream::new(crate::support::nats_client().await);
+            let kv = js.get_key_value("kube-event-bridge").await.unwrap();
+            kv.get(format!("{}.meta", key.id))
+                .await
+                .unwrap()
+                .unwrap()
+                .to_vec()
+        }
+        SinkKind::Kafka => kafka_meta(key).await,
+        SinkKind::Stdout | SinkKind::Http => {
+            let file = std::fs::read(dir.join(format!("{}.checkpoint", key.id))).unwrap();
+            file.split(|&c| c == b'\n').next().unwrap().to_vec()
+        }
+    };
+    let meta: serde_json::Value = serde_json::from_slice(&stored).unwrap();
+    meta["version"].as_u64().unwrap()
+}
+
+/// The last committed meta record of `key` in the Kafka checkpoint topic.
+async fn kafka_meta(key: &WatchKey) -> Vec<u8> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{Message, Offset, TopicPartitionList};
+    let meta_key = format!("{}/meta", key.id);
+    tokio::task::spawn_blocking(move || {
+        let topic = "kube-event-bridge.checkpoints";
+        let mut config = crate::support::kafka_config();
+        config
+            .set("group.id", unique_name("meta"))
+            .set("isolation.level", "read_committed")
+            .set("enable.auto.commit", "false");
+        let consumer: BaseConsumer = config.create().unwrap();
+        let (_, high) = consumer
+            .fetch_watermarks(topic, 0, Duration::from_secs(30))
+            .unwrap();
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, 0, Offset::Beginning)
+            .unwrap();
+        consumer.assign(&tpl).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let mut last = None;
+        loop {
+            if let Some(m) = consumer.poll(Duration::from_millis(200)) {
+                let m = m.unwrap();
+                if m.key() == Some(meta_key.as_bytes()) {
+                    last = m.payload().map(<[u8]>::to_vec);
+                }
+            }
+            let position = consumer.position().unwrap();
+            let at = position
+                .find_partition(topic, 0)
+                .and_then(|p| match p.offset() {
+                    Offset::Offset(o) => Some(o),
+                    _ => None,
+                });
+            if at.is_some_and(|o| o >= high) {
+                return last.expect("a meta record");
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the checkpoint topic is read to its end within 60 s"
+            );
+        }
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_version_two_checkpoint_is_read_and_migrated() {
+    version_two_migrates(SinkKind::Kafka).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_version_two_checkpoint_is_read_and_migrated() {
+    version_two_migrates(SinkKind::Nats).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn file_version_two_checkpoint_is_read_and_migrated() {
+    version_two_migrates(SinkKind::Stdout).await;
 }

@@ -203,18 +203,18 @@ impl KafkaSink {
         self.write_and_commit("", Vec::new(), true).await
     }
 
-    /// Writes `records` (key, value) to `topic` in the open transaction, commits it (events
-    /// and checkpoint become visible to `read_committed` consumers together) and opens the next.
+    /// Writes `records` (key, value; `None` is a tombstone) to `topic` in the open transaction,
+    /// commits it (events and checkpoint become visible to `read_committed` consumers together)
+    /// and opens the next.
     pub async fn commit_with(
         &self,
         topic: &str,
-        records: Vec<(String, Vec<u8>)>,
+        records: Vec<(String, Option<Vec<u8>>)>,
     ) -> Result<(), CommitError> {
         assert!(
             self.transactional.is_some(),
             "commit_with needs a transactional producer"
         );
-        let records = records.into_iter().map(|(k, v)| (k, Some(v))).collect();
         self.write_and_commit(topic, records, true).await
     }
 
