@@ -143,8 +143,14 @@ impl Pipeline {
             // timeout or this process's memory.
             let flushing = transactional && listing && !st.flight.held.is_empty();
             let interval = self.commit_interval(listing);
+            let elapsed = st.last_commit.elapsed();
+            // On a cadence shorter than the checkpoint interval, a commit waits until what
+            // arrived meanwhile has been taken (each commit then holds everything that queued
+            // during the one before), but never longer than the checkpoint interval.
             let due = (pending || flushing)
-                && (st.last_commit.elapsed() >= interval || st.flight.held_bytes >= HELD_BYTES_MAX);
+                && (st.flight.held_bytes >= HELD_BYTES_MAX
+                    || elapsed >= interval.max(self.checkpoint_interval)
+                    || (elapsed >= interval && rx.is_empty()));
             let idle = st.flight.queue.is_empty();
             if idle && self.settle(&mut st, due, listing).await? {
                 continue;
