@@ -65,10 +65,9 @@ pub struct KafkaConfig {
     pub transaction_timeout_secs: u64,
     /// With checkpoints on: the least time between the starts of two transaction commits of one
     /// watch. A watch commits as soon as its previous commit has completed, events are pending
-    /// and this much time has passed, each commit carrying the checkpoint of what it holds; so a
-    /// `read_committed` consumer sees an event about this long plus one commit's round trip after
-    /// the broker acknowledged it. Larger values mean fewer, larger transactions and checkpoint
-    /// writes.
+    /// and this much time has passed, each commit carrying the checkpoint of what it holds; a
+    /// `read_committed` consumer sees an event once the commit holding it has completed. Larger
+    /// values mean fewer, larger transactions and checkpoint writes.
     #[serde(default = "default_commit_interval_ms")]
     #[schemars(range(min = COMMIT_INTERVAL_MS.min, max = COMMIT_INTERVAL_MS.max))]
     pub commit_interval_ms: u64,

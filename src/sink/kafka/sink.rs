@@ -470,28 +470,14 @@ impl From<CommitError> for Error {
     }
 }
 
-/// Retry backoff of a transactional producer, unless `sink.kafka.properties` sets it. The first
-/// record of a transaction registers its partitions with the coordinator, which answers
-/// `CONCURRENT_TRANSACTIONS` until it has written the markers of the previous commit (a few
-/// milliseconds); with librdkafka's defaults (100 ms, doubling up to 1 s) that retry would delay
-/// every transaction's first records by 100 ms to 1 s. Starting at 10 ms and doubling keeps
-/// broker outages from being hammered all the same.
-const TRANSACTION_RETRY_BACKOFF: [(&str, &str); 2] =
-    [("retry.backoff.ms", "10"), ("retry.backoff.max.ms", "500")];
-
 /// Makes a transactional producer: `init_transactions` (fencing an older producer with the same
 /// id, and completing or aborting what it left open), then `begin_transaction`.
 async fn start_transactional(
     settings: &ClientConfig,
     transactional: &Transactional,
 ) -> Result<FutureProducer, KafkaError> {
-    let mut settings = settings.clone();
-    for (key, value) in TRANSACTION_RETRY_BACKOFF {
-        if settings.get(key).is_none() {
-            settings.set(key, value);
-        }
-    }
     let producer: FutureProducer = settings
+        .clone()
         .set("transactional.id", &transactional.id)
         .set(
             "transaction.timeout.ms",
