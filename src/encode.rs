@@ -196,7 +196,8 @@ pub struct Event {
     pub author: Option<Author>,
     /// The payload as JSON.
     pub data: Vec<u8>,
-    /// When the change was received, for latency figures.
+    /// When the watch read the change (its `time`), on the monotonic clock, for latency
+    /// figures: waits in the pipeline's queue count.
     pub received: Instant,
     /// The watch's byte budget this event holds until it is settled (given back on drop).
     pub budget: Option<crate::budget::Reservation>,
@@ -453,7 +454,7 @@ pub fn encode(
             truncated: false,
             author,
             data,
-            received: Instant::now(),
+            received: monotonic(observed),
             budget: None,
         },
         object: published,
@@ -495,6 +496,13 @@ pub fn sequence(resource_version: &str) -> String {
     } else {
         resource_version.to_string()
     }
+}
+
+/// The instant of `t` (a recent wall-clock time) on the monotonic clock.
+fn monotonic(t: SystemTime) -> Instant {
+    let now = Instant::now();
+    let ago = SystemTime::now().duration_since(t).unwrap_or_default();
+    now.checked_sub(ago).unwrap_or(now)
 }
 
 fn rfc3339(t: SystemTime) -> String {

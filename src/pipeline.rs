@@ -6,7 +6,9 @@
 //! `max_in_flight` events await one, so memory stays bounded while a slow broker applies
 //! backpressure all the way to the watch. When a checkpoint is due the pipeline stops taking
 //! input until what is in flight is acknowledged, then saves: the saved resourceVersion and index
-//! never run ahead of the broker.
+//! never run ahead of the broker. A Kafka watch commits its transaction, with the checkpoint, on
+//! a cadence of its own ([`Pipeline::commit_interval`]), so committed readers see events within
+//! milliseconds of their acknowledgement.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -140,9 +142,15 @@ impl Pipeline {
             // checkpoint stays where it was), so that no transaction outgrows the broker's
             // timeout or this process's memory.
             let flushing = transactional && listing && !st.flight.held.is_empty();
+            let interval = self.commit_interval(listing);
+            let elapsed = st.last_commit.elapsed();
+            // On a cadence shorter than the checkpoint interval, a commit waits until what
+            // arrived meanwhile has been taken (each commit then holds everything that queued
+            // during the one before), but never longer than the checkpoint interval.
             let due = (pending || flushing)
-                && (st.last_commit.elapsed() >= self.checkpoint_interval
-                    || st.flight.held_bytes >= HELD_BYTES_MAX);
+                && (st.flight.held_bytes >= HELD_BYTES_MAX
+                    || elapsed >= interval.max(self.checkpoint_interval)
+                    || (elapsed >= interval && rx.is_empty()));
             let idle = st.flight.queue.is_empty();
             if idle && self.settle(&mut st, due, listing).await? {
                 continue;
@@ -161,7 +169,7 @@ impl Pipeline {
                 .as_ref()
                 .filter(|_| st.position.is_some())
                 .map(|_| st.next_heartbeat);
-            let wake = st.last_commit + self.checkpoint_interval;
+            let wake = st.last_commit + interval;
             let room = st.flight.queue.len() < self.max_in_flight;
             tokio::select! {
                 biased;
@@ -181,6 +189,19 @@ impl Pipeline {
             self.commit(&mut st).await?;
         }
         Ok(())
+    }
+
+    /// How long after the start of the last commit the next is due. A Kafka watch that is not
+    /// listing commits on its sink's cadence (`sink.kafka.commitIntervalMs`), every commit
+    /// carrying the checkpoint, so `read_committed` consumers see events within a few tens of
+    /// milliseconds; during a list its events are committed in chunks every
+    /// `checkpoint.intervalMs` (or [`HELD_BYTES_MAX`]), large transactions for throughput. Other
+    /// sinks save every `checkpoint.intervalMs`.
+    fn commit_interval(&self, listing: bool) -> Duration {
+        match self.sink.transactions() {
+            Some(transactions) if !listing => transactions.commit_interval(),
+            _ => self.checkpoint_interval,
+        }
     }
 
     /// The state at start: from the loaded checkpoint, if any.
@@ -362,6 +383,9 @@ impl Pipeline {
         let Some(rv) = st.position.clone() else {
             return Ok(());
         };
+        // The cadence counts from the start of a commit: the next is due once this one has
+        // completed and the interval has passed.
+        let started = Instant::now();
         match self.store.save(&rv, st.classifier.known()).await {
             Ok(()) => {
                 self.status.checkpoints.fetch_add(1, Ordering::Relaxed);
@@ -384,7 +408,7 @@ impl Pipeline {
                 st.classifier.known().mark_all_dirty();
             }
         }
-        st.last_commit = Instant::now();
+        st.last_commit = started;
         Ok(())
     }
 }

@@ -283,6 +283,11 @@ pub trait Transactions: Send + Sync {
     /// Commits the open transaction as it is (events only, the checkpoint stays where it was)
     /// and opens the next.
     fn commit(&self) -> BoxFuture<'_, Result<()>>;
+
+    /// The least time between the starts of two commits of a watch that is not listing: its
+    /// transactions commit on this cadence, each carrying the checkpoint, independently of the
+    /// checkpoint interval.
+    fn commit_interval(&self) -> Duration;
 }
 
 /// Where the checkpoints of a sink's watches live.

@@ -617,7 +617,9 @@ mod tests {
                 0.0
             );
         }
-        let cumulative = [1.0, 2.0, 2.0, 2.0, 2.0, 2.0, 4.0, 4.0, 5.0, 5.0];
+        let cumulative = [
+            1.0, 1.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 4.0, 4.0, 4.0, 5.0, 5.0,
+        ];
         for (bound, n) in LATENCY_BUCKETS.iter().zip(cumulative) {
             let labels = format!("{PROD},le={bound}");
             assert_eq!(
@@ -719,7 +721,7 @@ mod tests {
         status.latency_count.store(4, Relaxed);
         let latency = Latency::of(&status);
         let own: Vec<u64> = latency.buckets.iter().map(|(_, n)| *n).collect();
-        assert_eq!(own, [3, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(own, [3, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(latency.buckets.last().unwrap().0, f64::INFINITY);
         assert_eq!(latency.count, 4);
     }

@@ -97,6 +97,12 @@ pub const MAX_QUEUE_BYTES: Limit = Limit {
 /// Kafka's `transaction.timeout.ms` in seconds: up to the broker's default
 /// `transaction.max.timeout.ms` (15 minutes).
 pub const TRANSACTION_TIMEOUT_SECS: Limit = Limit { min: 1, max: 900 };
+/// The least time between two Kafka transaction commits of one watch: 0 (commit as soon as the
+/// previous commit completed) to ten seconds, like `checkpoint.intervalMs`.
+pub const COMMIT_INTERVAL_MS: Limit = Limit {
+    min: 0,
+    max: 10_000,
+};
 
 #[cfg(test)]
 mod tests {

@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 
 use super::destination::{Destination, parse_template};
 use super::http::{Environment, HttpConfig, validate_environment, validate_http};
-use super::limits::{ACK_TIMEOUT_SECS, DUPLICATE_WINDOW_SECS, TRANSACTION_TIMEOUT_SECS};
+use super::limits::{
+    ACK_TIMEOUT_SECS, COMMIT_INTERVAL_MS, DUPLICATE_WINDOW_SECS, TRANSACTION_TIMEOUT_SECS,
+};
 use super::names::is_nats_name;
 use crate::template::Template;
 
@@ -61,11 +63,26 @@ pub struct KafkaConfig {
     #[serde(default = "default_transaction_timeout_secs")]
     #[schemars(range(min = TRANSACTION_TIMEOUT_SECS.min, max = TRANSACTION_TIMEOUT_SECS.max))]
     pub transaction_timeout_secs: u64,
+    /// With checkpoints on: the least time between the starts of two transaction commits of one
+    /// watch. A watch commits as soon as its previous commit has completed, events are pending
+    /// and this much time has passed, each commit carrying the checkpoint of what it holds; a
+    /// `read_committed` consumer sees an event once the commit holding it has completed. Larger
+    /// values mean fewer, larger transactions and checkpoint writes.
+    #[serde(default = "default_commit_interval_ms")]
+    #[schemars(range(min = COMMIT_INTERVAL_MS.min, max = COMMIT_INTERVAL_MS.max))]
+    pub commit_interval_ms: u64,
 }
 
 /// librdkafka's default.
 const fn default_transaction_timeout_secs() -> u64 {
     60
+}
+
+/// Ten milliseconds: events visible to `read_committed` consumers within a few tens of
+/// milliseconds (a local broker commits in a few), at most about a hundred commits per second
+/// and watch.
+const fn default_commit_interval_ms() -> u64 {
+    10
 }
 
 /// Properties whose values are secrets: shown as `<redacted>` by `Debug`.
@@ -97,6 +114,7 @@ impl fmt::Debug for KafkaConfig {
             .field("properties", &properties)
             .field("property_files", &self.property_files)
             .field("transaction_timeout_secs", &self.transaction_timeout_secs)
+            .field("commit_interval_ms", &self.commit_interval_ms)
             .finish()
     }
 }

@@ -4,10 +4,10 @@
 
 use super::http::{Environment, check_url};
 use super::limits::{
-    ACK_TIMEOUT_SECS, BURST, CHECKPOINT_INTERVAL_MS, DISCOVERY_REFRESH_SECS, DUPLICATE_WINDOW_SECS,
-    HEARTBEAT_INTERVAL_SECS, LEASE_DURATION_SECS, MAX_IN_FLIGHT, MAX_QUEUE_BYTES, QPS,
-    QUEUE_CAPACITY, RETRY_PERIOD_SECS, SHUTDOWN_DELAY_SECS, SHUTDOWN_GRACE_SECS,
-    TRANSACTION_TIMEOUT_SECS,
+    ACK_TIMEOUT_SECS, BURST, CHECKPOINT_INTERVAL_MS, COMMIT_INTERVAL_MS, DISCOVERY_REFRESH_SECS,
+    DUPLICATE_WINDOW_SECS, HEARTBEAT_INTERVAL_SECS, LEASE_DURATION_SECS, MAX_IN_FLIGHT,
+    MAX_QUEUE_BYTES, QPS, QUEUE_CAPACITY, RETRY_PERIOD_SECS, SHUTDOWN_DELAY_SECS,
+    SHUTDOWN_GRACE_SECS, TRANSACTION_TIMEOUT_SECS,
 };
 use super::names::{is_dns_subdomain, is_nats_name};
 use super::resource::{self, Resource};
@@ -143,6 +143,8 @@ impl ConfigFile {
             let timeout = kafka.transaction_timeout_secs;
             let at = "sink.kafka.transactionTimeoutSecs";
             TRANSACTION_TIMEOUT_SECS.check(at, timeout, errors);
+            let commit = kafka.commit_interval_ms;
+            COMMIT_INTERVAL_MS.check("sink.kafka.commitIntervalMs", commit, errors);
             if self.checkpoint.enabled && interval.saturating_mul(2) > timeout.saturating_mul(1000)
             {
                 errors.push(format!(

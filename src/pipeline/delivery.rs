@@ -347,6 +347,7 @@ impl Pipeline {
         let Some(transactions) = self.sink.transactions() else {
             return Ok(());
         };
+        let started = Instant::now();
         match transactions.commit().await {
             Ok(()) => st.flight.committed(),
             Err(e) => {
@@ -354,7 +355,7 @@ impl Pipeline {
                 self.resend_after_abort(st, &e).await?;
             }
         }
-        st.last_commit = Instant::now();
+        st.last_commit = started;
         Ok(())
     }
 

@@ -325,3 +325,40 @@ async fn a_fenced_producer_stops_the_pipeline() {
     );
     assert_eq!(status.checkpoint_resource_version(), None);
 }
+
+/// A Kafka watch commits on its sink's cadence, each commit carrying the checkpoint: committed
+/// readers see its events long before the checkpoint interval (an hour here) would have
+/// committed them, and no commit leaves events visible without the checkpoint that covers them.
+#[tokio::test(start_paused = true)]
+async fn a_transactional_watch_commits_with_its_checkpoint_on_the_sinks_cadence() {
+    let sink = ScriptedSink::new(true, true);
+    let items = vec![event("a", "1"), event("b", "2")];
+    let run = Run::start_with(
+        sink,
+        items,
+        Store::new(Backend::Memory),
+        Duration::from_secs(3600),
+    );
+    let status = run.status.clone();
+    // `until` gives up after 600 s of the paused clock, well before the checkpoint interval.
+    until("the checkpoint covers both events", || {
+        status.checkpoint_resource_version().as_deref() == Some("2")
+    })
+    .await;
+    assert_eq!(run.sink.book().acked, [id("a", "1"), id("b", "2")]);
+    run.watch
+        .send((event("a", "3"), Reservation::none()))
+        .await
+        .expect("the pipeline runs");
+    until("a later event is committed with its checkpoint too", || {
+        status.checkpoint_resource_version().as_deref() == Some("3")
+    })
+    .await;
+    assert_eq!(
+        run.sink.book().commits,
+        0,
+        "every commit carried the checkpoint"
+    );
+    let (_, _, ended) = run.finish().await;
+    ended.expect("the pipeline ends cleanly");
+}

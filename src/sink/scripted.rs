@@ -14,6 +14,9 @@ use tokio::time::Instant;
 use super::{Delivered, Outcome, Pending, Result, Sink, Transactions};
 use crate::encode::Event;
 
+/// The commit cadence of the scripted transactions (Kafka's default).
+pub(crate) const COMMIT_INTERVAL: Duration = Duration::from_millis(10);
+
 /// What the scripted broker does with one send of an event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Script {
@@ -264,5 +267,9 @@ impl Transactions for ScriptedSink {
     fn commit(&self) -> BoxFuture<'_, Result<()>> {
         self.book().commits += 1;
         Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn commit_interval(&self) -> Duration {
+        COMMIT_INTERVAL
     }
 }

@@ -242,6 +242,7 @@ mod tests {
             properties: [("compression.type".to_string(), "zstd".to_string())].into(),
             property_files: Default::default(),
             transaction_timeout_secs: 60,
+            commit_interval_ms: 10,
         };
         let c = producer_config(&cfg).unwrap();
         assert_eq!(c.get("compression.type"), Some("zstd"));
@@ -260,6 +261,7 @@ mod tests {
                 .map(|(k, p)| (k.to_string(), p.clone()))
                 .collect(),
             transaction_timeout_secs: 60,
+            commit_interval_ms: 10,
         }
     }
 

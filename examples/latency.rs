@@ -1,0 +1,257 @@
+//! Latency probe for `scripts/bench latency`: patches ConfigMaps at a steady rate, each patch
+//! stamping its wall-clock time into an annotation, while a consumer reads the bridge's events
+//! from the broker and measures, per event, the time from the patch to its receipt: for Kafka
+//! with `isolation.level=read_committed` (when the event becomes visible), for NATS with a
+//! JetStream ordered consumer.
+//!
+//! `latency kafka <bootstrap> <topic> <namespace> <objects> <rate> <seconds>`
+//! `latency nats <url> <stream> <subject-filter> <namespace> <objects> <rate> <seconds>`
+//!
+//! The ConfigMaps `cm-000000` … must exist (`loadgen create`). Prints one JSON line: patches
+//! sent, events received, the achieved patch rate, and p50 / p99 / max of patch → receipt in
+//! milliseconds.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams};
+use tokio::sync::Mutex;
+
+/// The annotation carrying `<run>-<unix nanos>` of the patch.
+const STAMP: &str = "bench.kube-event-bridge.io/stamp";
+
+/// Patches in flight at most.
+const CONCURRENCY: usize = 64;
+
+struct Probe {
+    run: String,
+    /// Patch → receipt, nanoseconds, of this run's events.
+    samples: Mutex<Vec<u64>>,
+    received: AtomicU64,
+}
+
+impl Probe {
+    /// Records an event's payload if it carries a stamp of this run.
+    async fn observe(&self, payload: &[u8]) {
+        let Some(sent) = stamp(payload, &self.run) else {
+            return;
+        };
+        let latency = now_nanos().saturating_sub(sent);
+        self.samples.lock().await.push(latency);
+        self.received.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn now_nanos() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// The nanoseconds of a stamp `<run>-<nanos>` of `run` found in `payload` (the event's JSON).
+fn stamp(payload: &[u8], run: &str) -> Option<u64> {
+    let text = std::str::from_utf8(payload).ok()?;
+    let needle = format!("\"{STAMP}\":\"{run}-");
+    let at = text.find(&needle)? + needle.len();
+    let digits: String = text[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
+/// Sends `rate` patches a second for `seconds`, round-robin over `objects` ConfigMaps; returns
+/// how many were applied and the seconds it took.
+async fn patch(
+    ns: &str,
+    objects: usize,
+    rate: u64,
+    seconds: u64,
+    run: &str,
+) -> anyhow::Result<(u64, f64)> {
+    let client = kube::Client::try_default().await?;
+    let api: Api<ConfigMap> = Api::namespaced(client, ns);
+    let total = rate * seconds;
+    let mut ticker = tokio::time::interval(Duration::from_nanos(1_000_000_000 / rate.max(1)));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let limit = Arc::new(tokio::sync::Semaphore::new(CONCURRENCY));
+    let failed = Arc::new(AtomicU64::new(0));
+    let start = std::time::Instant::now();
+    let mut tasks = Vec::with_capacity(total as usize);
+    for i in 0..total {
+        ticker.tick().await;
+        let permit = limit.clone().acquire_owned().await?;
+        let (api, failed, run) = (api.clone(), failed.clone(), run.to_string());
+        let name = format!("cm-{:06}", i as usize % objects);
+        tasks.push(tokio::spawn(async move {
+            let value = format!("{run}-{}", now_nanos());
+            let body = serde_json::json!({"metadata": {"annotations": {STAMP: value}}});
+            if api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(body))
+                .await
+                .is_err()
+            {
+                failed.fetch_add(1, Ordering::Relaxed);
+            }
+            drop(permit);
+        }));
+    }
+    for t in tasks {
+        t.await?;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    Ok((total - failed.load(Ordering::Relaxed), elapsed))
+}
+
+/// Reads the topic with `read_committed` from its end, feeding every record to `probe`.
+async fn consume_kafka(
+    bootstrap: String,
+    topic: String,
+    probe: Arc<Probe>,
+    ready: Arc<AtomicBool>,
+) -> anyhow::Result<()> {
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("group.id", format!("latency-{}", probe.run))
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "5")
+        .create()?;
+    let metadata = consumer.fetch_metadata(Some(&topic), Duration::from_secs(10))?;
+    let partitions = metadata
+        .topics()
+        .first()
+        .map(|t| t.partitions().len())
+        .filter(|n| *n > 0)
+        .context("the topic has no partitions yet")?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(&topic, p as i32, Offset::End)?;
+    }
+    consumer.assign(&tpl)?;
+    let mut stream = consumer.stream();
+    ready.store(true, Ordering::Relaxed);
+    while let Some(message) = stream.next().await {
+        if let Some(payload) = message?.payload() {
+            probe.observe(payload).await;
+        }
+    }
+    Ok(())
+}
+
+/// Reads new messages of the stream under `filter` with an ordered consumer, feeding each to
+/// `probe`.
+async fn consume_nats(
+    url: String,
+    stream: String,
+    filter: String,
+    probe: Arc<Probe>,
+    ready: Arc<AtomicBool>,
+) -> anyhow::Result<()> {
+    use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
+    let client = async_nats::connect(&url).await?;
+    let js = async_nats::jetstream::new(client);
+    let consumer = js
+        .get_stream(&stream)
+        .await?
+        .create_consumer(OrderedConfig {
+            filter_subject: filter,
+            deliver_policy: DeliverPolicy::New,
+            ..OrderedConfig::default()
+        })
+        .await?;
+    let mut messages = consumer.messages().await?;
+    ready.store(true, Ordering::Relaxed);
+    while let Some(message) = messages.next().await {
+        let message = message.map_err(|e| anyhow::anyhow!(e))?;
+        probe.observe(&message.payload).await;
+    }
+    Ok(())
+}
+
+fn percentile(sorted: &[u64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i] as f64 / 1e6
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let usage = "latency kafka <bootstrap> <topic> <ns> <objects> <rate> <seconds> | latency nats <url> <stream> <filter> <ns> <objects> <rate> <seconds>";
+    let (sink, rest) = args.split_at(2.min(args.len()));
+    let sink = sink.get(1).context(usage)?.clone();
+    let tail = match sink.as_str() {
+        "kafka" => &rest[2..],
+        "nats" => &rest[3..],
+        _ => anyhow::bail!(usage),
+    };
+    anyhow::ensure!(tail.len() == 4, usage);
+    let ns = tail[0].clone();
+    let objects: usize = tail[1].parse()?;
+    let rate: u64 = tail[2].parse()?;
+    let seconds: u64 = tail[3].parse()?;
+    let probe = Arc::new(Probe {
+        run: format!("{:x}", now_nanos()),
+        samples: Mutex::new(Vec::new()),
+        received: AtomicU64::new(0),
+    });
+    let ready = Arc::new(AtomicBool::new(false));
+    let consumer = match sink.as_str() {
+        "kafka" => tokio::spawn(consume_kafka(
+            rest[0].clone(),
+            rest[1].clone(),
+            probe.clone(),
+            ready.clone(),
+        )),
+        _ => tokio::spawn(consume_nats(
+            rest[0].clone(),
+            rest[1].clone(),
+            rest[2].clone(),
+            probe.clone(),
+            ready.clone(),
+        )),
+    };
+    while !ready.load(Ordering::Relaxed) {
+        anyhow::ensure!(
+            !consumer.is_finished(),
+            "the consumer stopped: {:?}",
+            consumer.await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The consumer resolves its starting offsets with its first fetch.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (applied, took) = patch(&ns, objects, rate, seconds, &probe.run).await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while probe.received.load(Ordering::Relaxed) < applied && std::time::Instant::now() < deadline {
+        anyhow::ensure!(
+            !consumer.is_finished(),
+            "the consumer stopped: {:?}",
+            consumer.await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut samples = probe.samples.lock().await.clone();
+    samples.sort_unstable();
+    println!(
+        "{}",
+        serde_json::json!({
+            "patches": applied,
+            "received": samples.len(),
+            "rate": applied as f64 / took,
+            "p50_ms": percentile(&samples, 0.50),
+            "p99_ms": percentile(&samples, 0.99),
+            "max_ms": percentile(&samples, 1.0),
+        })
+    );
+    Ok(())
+}
