@@ -115,6 +115,8 @@ struct State {
     flight: Flight,
     /// Publishing keeps failing: since when, and the backoff between attempts.
     failing: Option<Failing>,
+    /// A commit was found due and is waiting for what is in flight to be acknowledged.
+    commit_due: bool,
 }
 
 impl Pipeline {
@@ -147,12 +149,17 @@ impl Pipeline {
             // On a cadence shorter than the checkpoint interval, a commit waits until what
             // arrived meanwhile has been taken (each commit then holds everything that queued
             // during the one before), but never longer than the checkpoint interval.
-            let due = (pending || flushing)
-                && (st.flight.held_bytes >= HELD_BYTES_MAX
-                    || elapsed >= interval.max(self.checkpoint_interval)
-                    || (elapsed >= interval && rx.is_empty()));
+            // Once due, a commit stays due until it is made: intake stops, what is in flight is
+            // acknowledged, and the events that queued meanwhile wait for the next transaction
+            // (re-deciding after the drain would take them in, and under steady load never
+            // find the queue empty, so commits would fall back to the checkpoint interval).
+            st.commit_due |= st.flight.held_bytes >= HELD_BYTES_MAX
+                || elapsed >= interval.max(self.checkpoint_interval)
+                || (elapsed >= interval && rx.is_empty());
+            let due = st.commit_due && (pending || flushing);
             let idle = st.flight.queue.is_empty();
             if idle && self.settle(&mut st, due, listing).await? {
+                st.commit_due = false;
                 continue;
             }
             if let Some(hb) = self.heartbeat.clone()
@@ -222,6 +229,7 @@ impl Pipeline {
             previous: HashMap::new(),
             flight: Flight::default(),
             failing: None,
+            commit_due: false,
         };
         if let Some(rv) = &st.committed {
             info!(rv = %rv, objects = st.classifier.known().len(), "resuming from checkpoint");

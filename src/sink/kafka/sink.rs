@@ -252,6 +252,7 @@ impl KafkaSink {
                 .map_err(|(e, _)| classify_commit(e))?;
         }
         tokio::task::spawn_blocking(move || {
+            wait_until_queue_empty(&producer, TRANSACTION_TIMEOUT);
             producer.commit_transaction(TRANSACTION_TIMEOUT)?;
             if reopen {
                 producer.begin_transaction()
@@ -512,6 +513,18 @@ fn needs_new_producer(e: &KafkaError) -> bool {
             other.rdkafka_error_code(),
             Some(RDKafkaErrorCode::Fatal | RDKafkaErrorCode::State)
         ),
+    }
+}
+
+/// Waits, in steps of 100 µs, until nothing is queued in the producer (records in flight and
+/// delivery reports its polling thread has not served yet), or `limit` has passed.
+/// rust-rdkafka's `commit_transaction` flushes first, and its flush polls for up to 100 ms
+/// whenever anything is still queued: after the last acknowledgement the report is often still
+/// being served, so without this wait a commit took 100 ms instead of its round trip (7 ms here).
+fn wait_until_queue_empty(producer: &FutureProducer, limit: Duration) {
+    let deadline = std::time::Instant::now() + limit;
+    while producer.in_flight_count() > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_micros(100));
     }
 }
 
