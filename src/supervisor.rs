@@ -4,6 +4,9 @@
 //! `namespaceSelector` (followed through a watch on Namespaces). A watch that is no longer
 //! desired is stopped cleanly: its pipeline drains and saves a last checkpoint. Starting or
 //! stopping one watch never disturbs the others.
+//!
+//! With sharding, the desired watches are told to the [`Shard`], and only those whose Lease this
+//! replica holds run; a watch given up drains, saves its checkpoint, then releases its Lease.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -27,6 +30,7 @@ use crate::discovery::{self, ResolvedResource};
 use crate::encode::ResourceInfo;
 use crate::leader::Leadership;
 use crate::pipeline::{Heartbeat, Pipeline};
+use crate::shard::{Ownership, Shard};
 use crate::sink::{self, AnySink};
 use crate::status::Status;
 use crate::stores::{self, Stores};
@@ -100,6 +104,8 @@ struct Running {
     handle: WatchHandle,
     cancel: CancellationToken,
     generation: u64,
+    /// The claim of its Lease, with sharding.
+    epoch: Option<u64>,
 }
 
 /// The watches' owner.
@@ -110,6 +116,7 @@ pub(crate) struct Supervisor {
     sink: Arc<AnySink>,
     stores: Stores,
     leadership: Option<Leadership>,
+    shard: Option<Shard>,
     running: BTreeMap<String, Running>,
     tasks: JoinSet<Finished>,
     generation: u64,
@@ -138,6 +145,8 @@ pub(crate) struct Parts {
     pub stores: Stores,
     /// Held leadership, if replicas elect a leader.
     pub leadership: Option<Leadership>,
+    /// This replica's part, if replicas share the watches.
+    pub shard: Option<Shard>,
     /// Cancelled at shutdown.
     pub stop: CancellationToken,
     /// Told about the running watches.
@@ -154,6 +163,7 @@ impl Supervisor {
             sink: parts.sink,
             stores: parts.stores,
             leadership: parts.leadership,
+            shard: parts.shard,
             running: BTreeMap::new(),
             tasks: JoinSet::new(),
             generation: 0,
@@ -225,6 +235,7 @@ impl Supervisor {
                 }
                 () = self.refresh.notified() => self.refresh().await,
                 () = self.rescope.notified() => self.update(self.resolved.clone()).await,
+                () = owned_changed(&mut self.shard) => self.update(self.resolved.clone()).await,
                 () = tokio::time::sleep_until(next_refresh) => {
                     next_refresh = tokio::time::Instant::now() + period;
                     self.refresh().await;
@@ -248,7 +259,15 @@ impl Supervisor {
                     .running
                     .get(&key)
                     .is_some_and(|r| r.generation == generation);
-                if current {
+                if current && self.shard.is_some() && lost(&e) {
+                    // Another replica owns the watch now: only this watch stops.
+                    warn!(watch = %key, error = %e, "watch lost to another replica: stopping it");
+                    if let Some(r) = self.running.remove(&key) {
+                        r.cancel.cancel();
+                    }
+                    (self.on_change)(self.handles());
+                    None
+                } else if current {
                     Some(Error::Watch(e))
                 } else {
                     // A watch already stopped (its resource or namespace went away) may be
@@ -290,31 +309,59 @@ impl Supervisor {
                 }
             }
         }
+        let owned = self.owned(&desired);
         let gone: Vec<String> = self
             .running
-            .keys()
-            .filter(|k| !desired.contains_key(*k))
-            .cloned()
+            .iter()
+            .filter(|(k, r)| {
+                !desired.contains_key(*k)
+                    || owned
+                        .as_ref()
+                        .is_some_and(|o| o.get(*k).map(|o| o.epoch) != r.epoch)
+            })
+            .map(|(k, _)| k.clone())
             .collect();
         for key in &gone {
             if let Some(r) = self.running.remove(key) {
-                info!(resource = %r.handle.resource, namespace = r.handle.namespace.as_deref().unwrap_or("*"), "watch no longer desired: stopping it");
+                info!(resource = %r.handle.resource, namespace = r.handle.namespace.as_deref().unwrap_or("*"), "watch no longer desired or owned here: stopping it");
                 r.cancel.cancel();
             }
         }
         let new: Vec<_> = desired
             .into_iter()
             .filter(|(k, _)| !self.running.contains_key(k))
-            .map(|(_, v)| v)
+            .filter_map(|(k, v)| match &owned {
+                None => Some((v, None)),
+                // A lapsed claim is not started again: the shard forgets it.
+                Some(o) => o
+                    .get(&k)
+                    .filter(|o| o.validity.is_valid())
+                    .map(|o| (v, Some(o.clone()))),
+            })
             .collect();
         if !new.is_empty() {
-            let fresh: Vec<ResolvedResource> = new.iter().map(|(_, r, _)| r.clone()).collect();
+            let fresh: Vec<ResolvedResource> = new.iter().map(|((_, r, _), _)| r.clone()).collect();
             self.sink.prepare(&self.config.cluster, &fresh).await?;
         }
-        for (key, r, ns) in new {
-            self.start_watch(key, &r, ns).await?;
+        for ((key, r, ns), ownership) in new {
+            self.start_watch(key, &r, ns, ownership).await?;
         }
         Ok(())
+    }
+
+    /// With sharding: tells the shard the desired watches and returns the ones held here.
+    fn owned(
+        &self,
+        desired: &BTreeMap<String, (WatchKey, ResolvedResource, Option<String>)>,
+    ) -> Option<crate::shard::Owned> {
+        let shard = self.shard.as_ref()?;
+        shard.set_desired(
+            desired
+                .iter()
+                .map(|(id, (key, _, _))| (id.clone(), key.description.clone()))
+                .collect(),
+        );
+        Some(shard.owned())
     }
 
     /// Reconciles while running: a watch that cannot start is retried at the next refresh, and
@@ -336,6 +383,7 @@ impl Supervisor {
         key: WatchKey,
         r: &ResolvedResource,
         namespace: Option<String>,
+        ownership: Option<Ownership>,
     ) -> Result<()> {
         let config = self.config.clone();
         let span = info_span!("watch", resource = %r.label(), namespace = namespace.as_deref().unwrap_or("*"));
@@ -353,6 +401,11 @@ impl Supervisor {
         let info = Arc::new(info);
         store.set_redacted(info.redacts());
         let status = Arc::new(Status::default());
+        if let Some(gap) = ownership.as_ref().and_then(|o| o.unowned) {
+            status
+                .unowned_before_ms
+                .store(gap.as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
+        }
         // A checkpoint that cannot be decoded comes back as a repair (no resourceVersion: list).
         let resume = store
             .load(&status.checkpoints_corrupt)
@@ -400,7 +453,10 @@ impl Supervisor {
             resume,
             snapshot: config.initial_snapshot,
             checkpoint_interval: Duration::from_millis(config.checkpoint.interval_ms),
-            leadership: self.leadership.clone(),
+            leadership: ownership
+                .as_ref()
+                .map(|o| o.validity.clone())
+                .or_else(|| self.leadership.clone()),
             heartbeat: config.heartbeat.enabled.then(|| Heartbeat {
                 interval: Duration::from_secs(config.heartbeat.interval_secs),
                 destination: config
@@ -411,8 +467,21 @@ impl Supervisor {
             }),
         };
         let id = key.id.clone();
-        self.tasks
-            .spawn(async move { (id, generation, pipeline.run(rx).await) }.instrument(span));
+        let epoch = ownership.as_ref().map(|o| o.epoch);
+        // A lease is released only once the pipeline drained and saved its last checkpoint.
+        let release_within = Duration::from_secs(config.sharding.lease_duration_secs);
+        self.tasks.spawn(
+            async move {
+                let result = pipeline.run(rx).await;
+                match (&ownership, &result) {
+                    (Some(o), Ok(())) => o.release(release_within).await,
+                    (Some(o), Err(_)) => o.abandon(),
+                    (None, _) => {}
+                }
+                (id, generation, result)
+            }
+            .instrument(span),
+        );
         self.running.insert(
             key.id,
             Running {
@@ -423,10 +492,30 @@ impl Supervisor {
                 },
                 cancel,
                 generation,
+                epoch,
             },
         );
         Ok(())
     }
+}
+
+/// Resolves when the watches held here change; never without sharding.
+async fn owned_changed(shard: &mut Option<Shard>) {
+    match shard {
+        Some(shard) => shard.changed().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Whether a pipeline's failure means another replica took its watch over (its Lease lapsed,
+/// or the broker or checkpoint store fenced it), rather than a failure of this process.
+fn lost(error: &crate::pipeline::Error) -> bool {
+    matches!(
+        error,
+        crate::pipeline::Error::LeadershipLost { .. }
+            | crate::pipeline::Error::Fenced { .. }
+            | crate::pipeline::Error::Checkpoint(checkpoint::Error::Fenced { .. })
+    )
 }
 
 /// What the watch of `r` in `namespace` (`None`: all namespaces, or cluster scope) lists and
