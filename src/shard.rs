@@ -269,8 +269,8 @@ impl Shard {
         let api: Api<Lease> = Api::namespaced(client, &settings.namespace);
         let names = Names::new(&settings.prefix);
         let selector = names.selector();
-        let leases = watcher::watcher(api.clone(), watcher::Config::default().labels(&selector))
-            .boxed();
+        let leases =
+            watcher::watcher(api.clone(), watcher::Config::default().labels(&selector)).boxed();
         let (owned_tx, owned) = watch::channel(Owned::new());
         let (commands, commands_rx) = mpsc::unbounded_channel();
         let metrics = Arc::new(Metrics::default());
@@ -290,7 +290,10 @@ impl Shard {
             epoch: 0,
             member: None,
         };
-        coordinator.renew_member().await.map_err(|e| fatal(&settings, e))?;
+        coordinator
+            .renew_member()
+            .await
+            .map_err(|e| fatal(&settings, e))?;
         info!(identity = %settings.identity, namespace = %settings.namespace, prefix = %settings.prefix, "joined the replicas sharing the watches");
         let (first_tx, first_rx) = oneshot::channel();
         tokio::spawn(coordinator.run(leases, commands_rx, stop, first_tx));
@@ -592,7 +595,9 @@ impl Coordinator {
         match lease::write(&self.api, &lease).await {
             Ok(Some(written)) => self.claimed(id, written, at, unowned, orphan),
             Ok(None) => debug!(watch = %id, "another replica took the watch first"),
-            Err(e) => warn!(watch = %id, lease = %name, error = %e, "cannot claim the watch's lease; retrying"),
+            Err(e) => {
+                warn!(watch = %id, lease = %name, error = %e, "cannot claim the watch's lease; retrying")
+            }
         }
     }
 
@@ -609,7 +614,11 @@ impl Coordinator {
         self.epoch += 1;
         let name = self.names.watch(id);
         self.seen(name.clone(), written.clone(), at);
-        let keep = if orphan { self.s.lease_duration * 10 } else { Duration::ZERO };
+        let keep = if orphan {
+            self.s.lease_duration * 10
+        } else {
+            Duration::ZERO
+        };
         self.held.insert(
             id.to_string(),
             Held {
@@ -766,7 +775,12 @@ async fn renew(api: &Api<Lease>, current: Lease, s: &Settings) -> Renewal {
     let name = current.metadata.name.clone().unwrap_or_default();
     let mut current = current;
     for _ in 0..2 {
-        match lease::write(api, &lease::held_by(&current, &s.identity, s.lease_duration)).await {
+        match lease::write(
+            api,
+            &lease::held_by(&current, &s.identity, s.lease_duration),
+        )
+        .await
+        {
             Ok(Some(lease)) => return Renewal::Renewed(Box::new(lease), at),
             Ok(None) => match api.get_opt(&name).await {
                 Ok(Some(lease)) if holder(&lease) == Some(&s.identity) => current = lease,

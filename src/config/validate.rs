@@ -340,7 +340,9 @@ mod tests {
             "{base}sharding: {{enabled: true, leaseDurationSecs: 5, renewSecs: 3}}\n"
         ));
         assert!(
-            e.contains("sharding.renewSecs: 3 s must be at most half of sharding.leaseDurationSecs (5 s)"),
+            e.contains(
+                "sharding.renewSecs: 3 s must be at most half of sharding.leaseDurationSecs (5 s)"
+            ),
             "{e}"
         );
         let e = invalid(&format!(
@@ -355,7 +357,10 @@ mod tests {
         let e = invalid(&format!(
             "cluster: {long}\nresources: [{{apiVersion: v1, resource: pods}}]\nsharding: {{enabled: true}}\n"
         ));
-        assert!(e.contains("sharding.leasePrefix: the default prefix"), "{e}");
+        assert!(
+            e.contains("sharding.leasePrefix: the default prefix"),
+            "{e}"
+        );
         let cfg = ConfigFile::parse(&format!("{base}sharding: {{enabled: true}}\n"))
             .unwrap()
             .validate()

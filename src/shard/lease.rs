@@ -48,7 +48,11 @@ impl Names {
 
     /// The member Lease of replica `identity`.
     pub(crate) fn member(&self, identity: &str) -> String {
-        format!("{}-m-{:016x}", self.prefix, stable_hash(identity.as_bytes()))
+        format!(
+            "{}-m-{:016x}",
+            self.prefix,
+            stable_hash(identity.as_bytes())
+        )
     }
 
     /// The Lease of the watch `id`.
@@ -237,7 +241,9 @@ pub(crate) async fn delete(api: &Api<Lease>, name: &str, resource_version: Optio
     match api.delete(name, &params).await {
         Ok(_) => {}
         Err(e) if lost_race(&e) => {}
-        Err(e) => tracing::warn!(lease = %name, error = %e, "cannot delete lease; it expires instead"),
+        Err(e) => {
+            tracing::warn!(lease = %name, error = %e, "cannot delete lease; it expires instead")
+        }
     }
 }
 
