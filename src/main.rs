@@ -232,18 +232,25 @@ async fn resolve(config: &Config) -> anyhow::Result<Vec<ResolvedResource>> {
 
 async fn rbac(config: &Config, service_account: &str, namespace: &str) -> anyhow::Result<()> {
     let resolved = resolve(config).await?;
-    // The bridge keeps its Lease in its own namespace unless the config names another.
+    // The bridge keeps its Leases in its own namespace unless the config names another.
     let election = &config.leader_election;
-    let lease_namespace = election
-        .enabled
-        .then(|| election.namespace.as_deref().unwrap_or(namespace));
+    let sharding = &config.sharding;
+    let leases = if sharding.enabled {
+        let ns = sharding.namespace.as_deref().unwrap_or(namespace);
+        Some((ns, &kube_event_bridge::rbac::SHARDING_LEASE_VERBS[..]))
+    } else if election.enabled {
+        let ns = election.namespace.as_deref().unwrap_or(namespace);
+        Some((ns, &kube_event_bridge::rbac::LEASE_VERBS[..]))
+    } else {
+        None
+    };
     print!(
         "{}",
-        kube_event_bridge::rbac::render(
+        kube_event_bridge::rbac::render_with_leases(
             &resolved,
             service_account,
             namespace,
-            lease_namespace,
+            leases,
             config.reads_cluster_identity()
         )
     );
