@@ -214,6 +214,9 @@ pub struct Ownership {
     /// How long the watch had no owner before this claim, as seen here; `None` for a watch that
     /// never had one.
     pub unowned: Option<Duration>,
+    /// Being given up: the watch must stop, drain and then [`Ownership::release`] (at once when
+    /// it never started).
+    pub giving_up: bool,
     commands: mpsc::UnboundedSender<Command>,
 }
 
@@ -534,7 +537,9 @@ impl Coordinator {
         for (id, reason) in given_up {
             info!(watch = %id, reason = REASONS[reason as usize], "giving the watch up: draining it, then releasing its lease");
             self.owned.send_modify(|o| {
-                o.remove(&id);
+                if let Some(o) = o.get_mut(&id) {
+                    o.giving_up = true;
+                }
             });
         }
         if self.leaving {
@@ -641,6 +646,7 @@ impl Coordinator {
             epoch: self.epoch,
             validity,
             unowned,
+            giving_up: false,
             commands: self.commands.clone(),
         };
         self.owned.send_modify(|o| {

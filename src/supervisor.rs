@@ -117,6 +117,9 @@ pub(crate) struct Supervisor {
     stores: Stores,
     leadership: Option<Leadership>,
     shard: Option<Shard>,
+    /// With sharding: the claims (watch id, epoch) started here, whose pipeline releases the
+    /// Lease once drained; a claim given up before it started is released at once.
+    started: BTreeSet<(String, u64)>,
     running: BTreeMap<String, Running>,
     tasks: JoinSet<Finished>,
     generation: u64,
@@ -164,6 +167,7 @@ impl Supervisor {
             stores: parts.stores,
             leadership: parts.leadership,
             shard: parts.shard,
+            started: BTreeSet::new(),
             running: BTreeMap::new(),
             tasks: JoinSet::new(),
             generation: 0,
@@ -315,9 +319,9 @@ impl Supervisor {
             .iter()
             .filter(|(k, r)| {
                 !desired.contains_key(*k)
-                    || owned
-                        .as_ref()
-                        .is_some_and(|o| o.get(*k).map(|o| o.epoch) != r.epoch)
+                    || owned.as_ref().is_some_and(|o| {
+                        o.get(*k).filter(|o| !o.giving_up).map(|o| o.epoch) != r.epoch
+                    })
             })
             .map(|(k, _)| k.clone())
             .collect();
@@ -335,7 +339,7 @@ impl Supervisor {
                 // A lapsed claim is not started again: the shard forgets it.
                 Some(o) => o
                     .get(&k)
-                    .filter(|o| o.validity.is_valid())
+                    .filter(|o| o.validity.is_valid() && !o.giving_up)
                     .map(|o| (v, Some(o.clone()))),
             })
             .collect();
@@ -346,7 +350,54 @@ impl Supervisor {
         for ((key, r, ns), ownership) in new {
             self.start_watch(key, &r, ns, ownership).await?;
         }
+        if let Some(owned) = owned {
+            self.release_unstarted(&owned);
+        }
         Ok(())
+    }
+
+    /// Runs `pipeline` as a task; with sharding, records the claim it runs under (returned) so
+    /// that its pipeline, not [`Supervisor::release_unstarted`], releases the Lease.
+    fn spawn_pipeline(
+        &mut self,
+        id: &str,
+        generation: u64,
+        pipeline: Pipeline,
+        rx: mpsc::Receiver<(crate::watch::Item, budget::Reservation)>,
+        ownership: Option<Ownership>,
+        span: tracing::Span,
+    ) -> Option<u64> {
+        let epoch = ownership.as_ref().map(|o| o.epoch);
+        if let Some(epoch) = epoch {
+            self.started.insert((id.to_string(), epoch));
+        }
+        let within = Duration::from_secs(self.config.sharding.lease_duration_secs);
+        let id = id.to_string();
+        self.tasks.spawn(
+            async move {
+                let result = run_owned(pipeline, rx, ownership, within).await;
+                (id, generation, result)
+            }
+            .instrument(span),
+        );
+        epoch
+    }
+
+    /// Releases at once the Leases given up before their watch started here (no pipeline will),
+    /// and forgets the claims no longer held.
+    fn release_unstarted(&mut self, owned: &crate::shard::Owned) {
+        let within = Duration::from_secs(self.config.sharding.lease_duration_secs);
+        for o in owned.values().filter(|o| o.giving_up) {
+            if self.started.insert((o.id.clone(), o.epoch)) {
+                let o = o.clone();
+                self.tasks.spawn(async move {
+                    o.release(within).await;
+                    (o.id.clone(), 0, Ok(()))
+                });
+            }
+        }
+        self.started
+            .retain(|(id, epoch)| owned.get(id).is_some_and(|o| o.epoch == *epoch));
     }
 
     /// With sharding: tells the shard the desired watches and returns the ones held here.
@@ -400,12 +451,7 @@ impl Supervisor {
         }
         let info = Arc::new(info);
         store.set_redacted(info.redacts());
-        let status = Arc::new(Status::default());
-        if let Some(gap) = ownership.as_ref().and_then(|o| o.unowned) {
-            status
-                .unowned_before_ms
-                .store(gap.as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
-        }
+        let status = new_status(ownership.as_ref());
         // A checkpoint that cannot be decoded comes back as a repair (no resourceVersion: list).
         let resume = store
             .load(&status.checkpoints_corrupt)
@@ -457,31 +503,9 @@ impl Supervisor {
                 .as_ref()
                 .map(|o| o.validity.clone())
                 .or_else(|| self.leadership.clone()),
-            heartbeat: config.heartbeat.enabled.then(|| Heartbeat {
-                interval: Duration::from_secs(config.heartbeat.interval_secs),
-                destination: config
-                    .heartbeat
-                    .destination
-                    .replace("{cluster}", &config.cluster),
-                watch: key.clone(),
-            }),
+            heartbeat: heartbeat(&config, &key),
         };
-        let id = key.id.clone();
-        let epoch = ownership.as_ref().map(|o| o.epoch);
-        // A lease is released only once the pipeline drained and saved its last checkpoint.
-        let release_within = Duration::from_secs(config.sharding.lease_duration_secs);
-        self.tasks.spawn(
-            async move {
-                let result = pipeline.run(rx).await;
-                match (&ownership, &result) {
-                    (Some(o), Ok(())) => o.release(release_within).await,
-                    (Some(o), Err(_)) => o.abandon(),
-                    (None, _) => {}
-                }
-                (id, generation, result)
-            }
-            .instrument(span),
-        );
+        let epoch = self.spawn_pipeline(&key.id, generation, pipeline, rx, ownership, span);
         self.running.insert(
             key.id,
             Running {
@@ -497,6 +521,47 @@ impl Supervisor {
         );
         Ok(())
     }
+}
+
+/// A new watch's status; with sharding it records how long the watch had no owner.
+fn new_status(ownership: Option<&Ownership>) -> Arc<Status> {
+    let status = Arc::new(Status::default());
+    if let Some(gap) = ownership.and_then(|o| o.unowned) {
+        let ms = gap.as_millis() as u64;
+        status
+            .unowned_before_ms
+            .store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+    status
+}
+
+/// The heartbeat settings of the watch `key`, if heartbeats are on.
+fn heartbeat(config: &Config, key: &WatchKey) -> Option<Heartbeat> {
+    config.heartbeat.enabled.then(|| Heartbeat {
+        interval: Duration::from_secs(config.heartbeat.interval_secs),
+        destination: config
+            .heartbeat
+            .destination
+            .replace("{cluster}", &config.cluster),
+        watch: key.clone(),
+    })
+}
+
+/// Runs a pipeline; with sharding, its Lease is released only once it drained and saved its
+/// last checkpoint (waiting at most `within`), and forgotten without release when it failed.
+async fn run_owned(
+    pipeline: Pipeline,
+    rx: mpsc::Receiver<(crate::watch::Item, budget::Reservation)>,
+    ownership: Option<Ownership>,
+    within: Duration,
+) -> Result<(), crate::pipeline::Error> {
+    let result = pipeline.run(rx).await;
+    match (&ownership, &result) {
+        (Some(o), Ok(())) => o.release(within).await,
+        (Some(o), Err(_)) => o.abandon(),
+        (None, _) => {}
+    }
+    result
 }
 
 /// Resolves when the watches held here change; never without sharding.
@@ -545,22 +610,6 @@ fn target(
         watch_timeout_secs: WATCH_TIMEOUT_SECS,
         not_found,
     }
-}
-
-/// The namespaces matching `selector` now (one LIST), for commands that do not follow them.
-pub(crate) async fn list_namespaces(
-    client: &Client,
-    selector: &str,
-) -> Result<BTreeSet<String>, kube::Error> {
-    let api: Api<Namespace> = Api::all(client.clone());
-    let list = api
-        .list_metadata(&kube::api::ListParams::default().labels(selector))
-        .await?;
-    Ok(list
-        .items
-        .into_iter()
-        .filter_map(|ns| ns.metadata.name)
-        .collect())
 }
 
 /// Keeps `selected[selector]` equal to the namespaces matching `selector`, asking for a

@@ -17,7 +17,7 @@ use super::{Error, Result, Settings};
 use crate::checkpoint::WatchKey;
 use crate::config::Config;
 use crate::discovery::ResolvedResource;
-use crate::supervisor::list_namespaces;
+use crate::discovery::list_namespaces;
 
 /// One watch of the report.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -76,13 +76,15 @@ impl Scene {
 
     /// The valid holder of every watch Lease (by its name), judged by its renew time; `None`
     /// for a watch Lease without one. Replicas are named by the `POD_NAME` they were given.
-    async fn holders(&self) -> BTreeMap<String, Option<String>> {
+    /// `None` when the API server did not answer (the caller reads again).
+    async fn holders(&self) -> Option<BTreeMap<String, Option<String>>> {
         let api: Api<Lease> = Api::namespaced(self.client.clone(), &self.lease_ns);
         let leases = api
             .list(&ListParams::default().labels("kube-event-bridge/shard-role=watch"))
             .await
-            .expect("list leases");
-        leases
+            .inspect_err(|e| eprintln!("cannot list the leases, reading again: {e}"))
+            .ok()?;
+        let holders = leases
             .items
             .into_iter()
             .filter(|l| {
@@ -95,7 +97,8 @@ impl Scene {
                 let name = l.metadata.name.clone().unwrap_or_default();
                 (name, valid_holder(&l))
             })
-            .collect()
+            .collect();
+        Some(holders)
     }
 
     /// Waits until every watch is held, only by `replicas`, each holding its fair share.
@@ -106,7 +109,7 @@ impl Scene {
             &format!("{w} watches held by {replicas:?}, {low} or {high} each"),
             WAIT,
             || async {
-                let holders = self.holders().await;
+                let holders = self.holders().await?;
                 let held: BTreeMap<String, String> = holders
                     .into_iter()
                     .filter_map(|(l, h)| Some((l, h?)))
@@ -298,18 +301,19 @@ async fn sample_leases(
 ) -> (usize, usize) {
     let (mut samples, mut unowned) = (0, 0);
     while !stop.is_cancelled() {
-        let holders = scene.holders().await;
-        let allowed = allowed.lock().unwrap().clone();
-        for (lease, holder) in &holders {
-            match holder {
-                Some(h) => assert!(
-                    allowed.contains(h),
-                    "watch lease {lease} held by {h}, which may not hold any (allowed: {allowed:?})"
-                ),
-                None => unowned += 1,
+        if let Some(holders) = scene.holders().await {
+            let allowed = allowed.lock().unwrap().clone();
+            for (lease, holder) in &holders {
+                match holder {
+                    Some(h) => assert!(
+                        allowed.contains(h),
+                        "watch lease {lease} held by {h}, which may not hold any (allowed: {allowed:?})"
+                    ),
+                    None => unowned += 1,
+                }
             }
+            samples += 1;
         }
-        samples += 1;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     (samples, unowned)
