@@ -355,6 +355,16 @@ async fn share_and_hand_off(sink: SinkKind) {
     let r1 = scene.start("r1");
     let r2 = scene.start("r2");
     scene.wait_fair(&["r0", "r1", "r2"]).await;
+    // Every watch has published its initial state (and saved its first checkpoint) before the
+    // churn starts: a watch without a checkpoint that changes hands starts with a LIST.
+    wait_until("the twelve watches synced", WAIT, || async {
+        let synced: usize = [&r0, &r1, &r2]
+            .iter()
+            .map(|b| b.count_log("initial state published"))
+            .sum();
+        (synced >= 12).then_some(())
+    })
+    .await;
 
     let ledger = Arc::new(Mutex::new(Ledger::default()));
     let stop = CancellationToken::new();
