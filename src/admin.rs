@@ -70,6 +70,8 @@ pub struct State {
     /// nothing yet).
     started: AtomicBool,
     watches: Mutex<Vec<WatchHandle>>,
+    /// Sharding's counters, when replicas share the watches.
+    shard: Mutex<Option<Arc<crate::shard::Metrics>>>,
     api: Arc<throttle::Counters>,
     /// Holds the collector that reads this state at scrape time.
     registry: Registry,
@@ -84,6 +86,7 @@ impl State {
             shutting_down: AtomicBool::new(false),
             started: AtomicBool::new(false),
             watches: Mutex::new(Vec::new()),
+            shard: Mutex::new(None),
             api: throttle::Counters::process(),
             registry: metrics::registry(state.clone()),
         })
@@ -98,6 +101,15 @@ impl State {
     pub fn set_watches(&self, watches: Vec<WatchHandle>) {
         *self.watches.lock().unwrap_or_else(|e| e.into_inner()) = watches;
         self.started.store(true, Ordering::Relaxed);
+    }
+
+    /// Registers sharding's counters (`/metrics` then shows the `shard_*` families).
+    pub fn set_shard(&self, metrics: Arc<crate::shard::Metrics>) {
+        *self.shard.lock().unwrap_or_else(|e| e.into_inner()) = Some(metrics);
+    }
+
+    fn shard(&self) -> Option<Arc<crate::shard::Metrics>> {
+        self.shard.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Marks the start of shutdown: readiness turns false.

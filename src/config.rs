@@ -26,14 +26,15 @@ mod validate;
 
 pub use file::{
     AdminConfig, CheckpointConfig, ConfigFile, DeliveryConfig, DiscoveryConfig, HeartbeatConfig,
-    KubernetesConfig, LeaderElectionConfig, SnapshotPolicy,
+    KubernetesConfig, LeaderElectionConfig, ShardingConfig, SnapshotPolicy,
 };
 pub use http::{Environment, HttpConfig, HttpCredentials, K_CE_OVERRIDES, K_SINK, check_url};
 pub use limits::{
     ACK_TIMEOUT_SECS, BURST, CHECKPOINT_INTERVAL_MS, DISCOVERY_REFRESH_SECS, DUPLICATE_WINDOW_SECS,
     HEARTBEAT_INTERVAL_SECS, HTTP_MAX_IN_FLIGHT, HTTP_MAX_RETRY_AFTER_SECS, HTTP_TIMEOUT_SECS,
     LEASE_DURATION_SECS, Limit, MAX_IN_FLIGHT, MAX_QUEUE_BYTES, QPS, QUEUE_CAPACITY,
-    RETRY_PERIOD_SECS, SHUTDOWN_DELAY_SECS, SHUTDOWN_GRACE_SECS, TRANSACTION_TIMEOUT_SECS,
+    RETRY_PERIOD_SECS, SHARD_LEASE_DURATION_SECS, SHARD_RENEW_SECS, SHUTDOWN_DELAY_SECS,
+    SHUTDOWN_GRACE_SECS, TRANSACTION_TIMEOUT_SECS,
 };
 pub use resource::{
     EventFormat, Exclude, ExcludeConfig, RecordKey, Resource, ResourceConfig, glob, same_objects,
@@ -90,6 +91,8 @@ pub struct Config {
     pub initial_snapshot: SnapshotPolicy,
     /// Leader election.
     pub leader_election: LeaderElectionConfig,
+    /// Sharing the watches among replicas.
+    pub sharding: ShardingConfig,
     /// Admin server.
     pub admin: AdminConfig,
     /// Heartbeats.

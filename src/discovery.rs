@@ -273,6 +273,22 @@ pub fn resolve_one(
     })
 }
 
+/// The namespaces matching `selector` now (one LIST), for commands that do not follow them.
+pub(crate) async fn list_namespaces(
+    client: &Client,
+    selector: &str,
+) -> Result<std::collections::BTreeSet<String>, kube::Error> {
+    let api: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client.clone());
+    let list = api
+        .list_metadata(&kube::api::ListParams::default().labels(selector))
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter_map(|ns| ns.metadata.name)
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

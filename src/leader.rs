@@ -141,6 +141,21 @@ pub struct Leadership {
 }
 
 impl Leadership {
+    /// A validity not renewed yet (invalid until [`Leadership::renewed`]): sharding keeps one
+    /// per watch Lease it holds.
+    pub(crate) fn unrenewed() -> Self {
+        Self {
+            lost: CancellationToken::new(),
+            epoch: Instant::now(),
+            valid_until_ms: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Ends the validity at once (the Lease was taken over or released).
+    pub(crate) fn lose(&self) {
+        self.lost.cancel();
+    }
+
     /// Resolves when leadership is lost.
     pub async fn lost(&self) {
         self.lost.cancelled().await;
@@ -153,7 +168,8 @@ impl Leadership {
                 < self.valid_until_ms.load(Ordering::Relaxed)
     }
 
-    fn renewed(&self, lease_duration: Duration, at: Instant) {
+    /// Records a renewal sent at `at`: valid until four fifths of `lease_duration` later.
+    pub(crate) fn renewed(&self, lease_duration: Duration, at: Instant) {
         // A safety margin of a fifth of the lease: stop publishing before anyone may take over.
         let until = at.duration_since(self.epoch) + lease_duration.mul_f32(0.8);
         self.valid_until_ms
@@ -183,11 +199,7 @@ pub async fn elect(config: &Config) -> Result<Option<Leadership>> {
 /// will not heal (RBAC, a missing namespace, bad credentials) is returned.
 pub async fn acquire(client: Client, s: Settings) -> Result<Leadership> {
     let api: Api<Lease> = Api::namespaced(client, &s.namespace);
-    let leadership = Leadership {
-        lost: CancellationToken::new(),
-        epoch: Instant::now(),
-        valid_until_ms: Arc::new(AtomicU64::new(0)),
-    };
+    let leadership = Leadership::unrenewed();
     // The holder's lease is judged expired by how long its resourceVersion has not changed, as
     // observed here: no clock comparison with other nodes.
     let mut observed: Option<(String, Instant)> = None;

@@ -24,6 +24,7 @@ pub mod pipeline;
 pub mod rbac;
 pub mod runtime;
 pub mod schema;
+pub mod shard;
 pub mod shutdown;
 pub mod sink;
 pub mod snapshot;

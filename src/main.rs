@@ -1,4 +1,4 @@
-//! The `kube-event-bridge` command: `run`, `check-config`, `tail`, `snapshot`, `rbac`,
+//! The `kube-event-bridge` command: `run`, `check-config`, `tail`, `snapshot`, `status`, `rbac`,
 //! `asyncapi`, `schema`.
 
 use std::path::PathBuf;
@@ -84,6 +84,13 @@ enum Command {
         /// Only the watch of this namespace.
         #[arg(long)]
         namespace: Option<String>,
+    },
+    /// With sharding: list the configuration's watches, the replica each is assigned to and who
+    /// holds its Lease, then the live replicas and how many watches each holds.
+    Status {
+        /// The configuration file.
+        #[arg(long, short)]
+        config: PathBuf,
     },
     /// Print the RBAC objects (Roles or ClusterRole, bindings, Lease access) the configuration
     /// needs, resolved through discovery: list and watch on exactly the resources it resolves to
@@ -197,6 +204,7 @@ async fn command(command: Command) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Status { config } => status(&load(&config)?).await,
         Command::Rbac {
             config,
             service_account,
@@ -224,20 +232,41 @@ async fn resolve(config: &Config) -> anyhow::Result<Vec<ResolvedResource>> {
 
 async fn rbac(config: &Config, service_account: &str, namespace: &str) -> anyhow::Result<()> {
     let resolved = resolve(config).await?;
-    // The bridge keeps its Lease in its own namespace unless the config names another.
+    // The bridge keeps its Leases in its own namespace unless the config names another.
     let election = &config.leader_election;
-    let lease_namespace = election
-        .enabled
-        .then(|| election.namespace.as_deref().unwrap_or(namespace));
+    let sharding = &config.sharding;
+    let leases = if sharding.enabled {
+        let ns = sharding.namespace.as_deref().unwrap_or(namespace);
+        Some((ns, &kube_event_bridge::rbac::SHARDING_LEASE_VERBS[..]))
+    } else if election.enabled {
+        let ns = election.namespace.as_deref().unwrap_or(namespace);
+        Some((ns, &kube_event_bridge::rbac::LEASE_VERBS[..]))
+    } else {
+        None
+    };
     print!(
         "{}",
-        kube_event_bridge::rbac::render(
+        kube_event_bridge::rbac::render_with_leases(
             &resolved,
             service_account,
             namespace,
-            lease_namespace,
+            leases,
             config.reads_cluster_identity()
         )
+    );
+    Ok(())
+}
+
+async fn status(config: &Config) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        config.sharding.enabled,
+        "sharding.enabled: status lists the owners of sharded watches; this configuration does not shard"
+    );
+    let client = kubernetes::client(&config.kubernetes).await?;
+    let resolved = discovery::resolve(&client, &config.resources).await?;
+    print!(
+        "{}",
+        kube_event_bridge::shard::report(config, &client, &resolved).await?
     );
     Ok(())
 }

@@ -127,14 +127,7 @@ impl Pipeline {
         let mut st = self.start();
         let transactional = self.sink.transactions().is_some();
         loop {
-            if let Some(l) = &self.leadership
-                && !l.is_valid()
-            {
-                error!("leadership lost: stopping this watch");
-                return Err(Error::LeadershipLost {
-                    watch: self.info.source.clone(),
-                });
-            }
+            self.check_leadership()?;
             self.status
                 .queue_depth
                 .store((st.flight.queue.len() + rx.len()) as u64, Ordering::Relaxed);
@@ -208,6 +201,20 @@ impl Pipeline {
         match self.sink.transactions() {
             Some(transactions) if !listing => transactions.commit_interval(),
             _ => self.checkpoint_interval,
+        }
+    }
+
+    /// Fails once the lease is no longer held: checked before every publish and every save,
+    /// so a process resumed after a pause past its lease (SIGSTOP) sends and saves nothing.
+    fn check_leadership(&self) -> Result<()> {
+        match &self.leadership {
+            Some(l) if !l.is_valid() => {
+                error!("leadership lost: stopping this watch");
+                Err(Error::LeadershipLost {
+                    watch: self.info.source.clone(),
+                })
+            }
+            _ => Ok(()),
         }
     }
 
@@ -349,6 +356,7 @@ impl Pipeline {
             while st.flight.uids.contains_key(&event.uid) && self.settle_next(st).await? {}
             *st.flight.uids.entry(event.uid.clone()).or_default() += 1;
         }
+        self.check_leadership()?;
         st.flight.push(self.sink.send(event).await);
         Ok(())
     }
@@ -394,6 +402,7 @@ impl Pipeline {
         // The cadence counts from the start of a commit: the next is due once this one has
         // completed and the interval has passed.
         let started = Instant::now();
+        self.check_leadership()?;
         match self.store.save(&rv, st.classifier.known()).await {
             Ok(()) => {
                 self.status.checkpoints.fetch_add(1, Ordering::Relaxed);

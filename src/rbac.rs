@@ -38,6 +38,10 @@ pub const WATCH_VERBS: [&str; 2] = ["list", "watch"];
 /// The verbs granted on Leases in the bridge's own namespace (leader election).
 pub const LEASE_VERBS: [&str; 3] = ["get", "create", "update"];
 
+/// The verbs granted on Leases with sharding: replicas also follow the group's Leases (`list`,
+/// `watch`) and a replica leaving deletes its member Lease (`delete`).
+pub const SHARDING_LEASE_VERBS: [&str; 6] = ["get", "list", "watch", "create", "update", "delete"];
+
 /// The API group of Leases.
 pub const LEASE_GROUP: &str = "coordination.k8s.io";
 
@@ -149,6 +153,19 @@ pub fn render(
     lease_namespace: Option<&str>,
     identity: bool,
 ) -> String {
+    let leases = lease_namespace.map(|ns| (ns, &LEASE_VERBS[..]));
+    render_with_leases(resources, service_account, namespace, leases, identity)
+}
+
+/// [`render`], granting `verbs` on Leases in the namespace `leases` names (leader election:
+/// [`LEASE_VERBS`]; sharding: [`SHARDING_LEASE_VERBS`]).
+pub fn render_with_leases(
+    resources: &[ResolvedResource],
+    service_account: &str,
+    namespace: &str,
+    leases: Option<(&str, &[&str])>,
+    identity: bool,
+) -> String {
     let perms = permissions(resources);
     let name = role_name(service_account, namespace);
     let subject = Subject {
@@ -186,15 +203,15 @@ pub fn render(
          # {} on the configured resources",
         WATCH_VERBS.join(", "),
     );
-    match lease_namespace {
-        Some(lease_ns) => {
+    match leases {
+        Some((lease_ns, verbs)) => {
             let lease = lease_role_name(service_account, namespace);
             docs.push(yaml(&Role {
                 metadata: meta(&lease, Some(lease_ns)),
                 rules: Some(vec![PolicyRule {
                     api_groups: Some(vec![LEASE_GROUP.into()]),
                     resources: Some(vec!["leases".into()]),
-                    verbs: LEASE_VERBS.iter().map(|v| v.to_string()).collect(),
+                    verbs: verbs.iter().map(|v| v.to_string()).collect(),
                     ..PolicyRule::default()
                 }]),
             }));
@@ -205,10 +222,10 @@ pub fn render(
             }));
             out.push_str(&format!(
                 ", {} on leases in {lease_ns}.\n",
-                LEASE_VERBS.join(", ")
+                verbs.join(", ")
             ));
         }
-        None => out.push_str(" (leader election off: no Lease access).\n"),
+        None => out.push_str(" (leader election and sharding off: no Lease access).\n"),
     }
     if identity {
         let identity = identity_role_name(service_account, namespace);
@@ -522,6 +539,27 @@ mod tests {
         .map(String::from)
         .into();
         assert_eq!(verbs, expected, "{text}");
+    }
+
+    #[test]
+    fn sharding_may_also_list_watch_and_delete_leases() {
+        let text = render_with_leases(
+            &core_wildcard(),
+            "keb",
+            "ops",
+            Some(("shards", &SHARDING_LEASE_VERBS)),
+            false,
+        );
+        let lease = docs(&text)
+            .into_iter()
+            .find(|d| d["kind"] == "Role" && d["metadata"]["namespace"] == "shards")
+            .unwrap_or_else(|| panic!("no Lease Role in {text}"));
+        let expected: serde_yaml_ng::Value = serde_yaml_ng::from_str(
+            "- {apiGroups: [coordination.k8s.io], resources: [leases], verbs: [get, list, watch, create, update, delete]}\n",
+        )
+        .unwrap();
+        assert_eq!(lease["rules"], expected);
+        assert!(text.contains("get, list, watch, create, update, delete on leases in shards"));
     }
 
     #[test]

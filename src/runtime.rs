@@ -15,6 +15,7 @@ use crate::config::Config;
 use crate::discovery;
 use crate::kubernetes;
 use crate::leader::{self, Leadership};
+use crate::shard::{self, Shard};
 use crate::sink::{self, AnySink};
 use crate::stores::{self, Stores};
 use crate::supervisor::{self, OnChange, Parts, Supervisor};
@@ -40,6 +41,9 @@ pub enum Error {
     /// Leader election failed.
     #[error(transparent)]
     Leader(#[from] leader::Error),
+    /// Joining the replicas that share the watches failed.
+    #[error(transparent)]
+    Shard(#[from] shard::Error),
     /// The admin server could not start.
     #[error(transparent)]
     Admin(#[from] admin::Error),
@@ -78,6 +82,7 @@ impl Bridge {
     pub async fn start(
         config: Config,
         leadership: Option<Leadership>,
+        shard: Option<Shard>,
         on_change: OnChange,
     ) -> Result<Self> {
         let (client, api_server) = kubernetes::client_and_url(&config.kubernetes).await?;
@@ -97,6 +102,7 @@ impl Bridge {
             sink: shared.clone(),
             stores,
             leadership,
+            shard,
             stop: stop.clone(),
             on_change,
         });
@@ -167,9 +173,25 @@ pub async fn run(config: Config, stop: CancellationToken) -> Result<()> {
     if leadership.is_some() {
         admin.set_role(admin::Role::Leader);
     }
+    // Joining holds nothing yet either: the member Lease expires if a signal ends the join.
+    let shard = if config.sharding.enabled {
+        tokio::select! {
+            joined = Shard::join(&config, stop.clone()) => Some(joined?),
+            () = stop.cancelled() => {
+                admin.shutting_down();
+                info!("stopped before start-up finished: nothing to drain");
+                return Ok(());
+            }
+        }
+    } else {
+        None
+    };
+    if let Some(shard) = &shard {
+        admin.set_shard(shard.metrics());
+    }
     let watches = admin.clone();
     let on_change = Box::new(move |w| watches.set_watches(w));
-    let started = Bridge::start(config, leadership.clone(), on_change);
+    let started = Bridge::start(config, leadership.clone(), shard, on_change);
     tokio::pin!(started);
     // A signal during start lets the start finish (it may have begun writing to the broker and
     // the checkpoint store), then drains: no half-written state, within the grace period.

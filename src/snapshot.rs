@@ -6,10 +6,10 @@ use std::collections::HashMap;
 use crate::checkpoint::{self, WatchKey};
 use crate::config::Config;
 use crate::discovery;
+use crate::discovery::list_namespaces;
 use crate::kubernetes;
 use crate::sink;
 use crate::stores::{self, Stores};
-use crate::supervisor::list_namespaces;
 
 /// Errors of resetting checkpoints.
 #[derive(Debug, thiserror::Error)]

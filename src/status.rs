@@ -22,6 +22,9 @@ pub const LATENCY_BUCKETS: [f64; 14] = [
 /// Counters and position of one watch, read by the admin server.
 #[derive(Debug, Default)]
 pub struct Status {
+    /// With sharding: how long the watch had no owner before this replica took it, in
+    /// milliseconds, as seen here (0 for a watch that never had an owner).
+    pub unowned_before_ms: AtomicU64,
     /// Changes classified for publishing, by kind (added, modified, deleted).
     pub observed: [AtomicU64; 3],
     /// Events the broker acknowledged, by kind.

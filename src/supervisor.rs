@@ -4,6 +4,9 @@
 //! `namespaceSelector` (followed through a watch on Namespaces). A watch that is no longer
 //! desired is stopped cleanly: its pipeline drains and saves a last checkpoint. Starting or
 //! stopping one watch never disturbs the others.
+//!
+//! With sharding, the desired watches are told to the [`Shard`], and only those whose Lease this
+//! replica holds run; a watch given up drains, saves its checkpoint, then releases its Lease.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -27,6 +30,7 @@ use crate::discovery::{self, ResolvedResource};
 use crate::encode::ResourceInfo;
 use crate::leader::Leadership;
 use crate::pipeline::{Heartbeat, Pipeline};
+use crate::shard::{Ownership, Shard};
 use crate::sink::{self, AnySink};
 use crate::status::Status;
 use crate::stores::{self, Stores};
@@ -100,6 +104,8 @@ struct Running {
     handle: WatchHandle,
     cancel: CancellationToken,
     generation: u64,
+    /// The claim of its Lease, with sharding.
+    epoch: Option<u64>,
 }
 
 /// The watches' owner.
@@ -110,6 +116,10 @@ pub(crate) struct Supervisor {
     sink: Arc<AnySink>,
     stores: Stores,
     leadership: Option<Leadership>,
+    shard: Option<Shard>,
+    /// With sharding: the claims (watch id, epoch) started here, whose pipeline releases the
+    /// Lease once drained; a claim given up before it started is released at once.
+    started: BTreeSet<(String, u64)>,
     running: BTreeMap<String, Running>,
     tasks: JoinSet<Finished>,
     generation: u64,
@@ -138,6 +148,8 @@ pub(crate) struct Parts {
     pub stores: Stores,
     /// Held leadership, if replicas elect a leader.
     pub leadership: Option<Leadership>,
+    /// This replica's part, if replicas share the watches.
+    pub shard: Option<Shard>,
     /// Cancelled at shutdown.
     pub stop: CancellationToken,
     /// Told about the running watches.
@@ -154,6 +166,8 @@ impl Supervisor {
             sink: parts.sink,
             stores: parts.stores,
             leadership: parts.leadership,
+            shard: parts.shard,
+            started: BTreeSet::new(),
             running: BTreeMap::new(),
             tasks: JoinSet::new(),
             generation: 0,
@@ -225,6 +239,7 @@ impl Supervisor {
                 }
                 () = self.refresh.notified() => self.refresh().await,
                 () = self.rescope.notified() => self.update(self.resolved.clone()).await,
+                () = owned_changed(&mut self.shard) => self.update(self.resolved.clone()).await,
                 () = tokio::time::sleep_until(next_refresh) => {
                     next_refresh = tokio::time::Instant::now() + period;
                     self.refresh().await;
@@ -248,7 +263,15 @@ impl Supervisor {
                     .running
                     .get(&key)
                     .is_some_and(|r| r.generation == generation);
-                if current {
+                if current && self.shard.is_some() && lost(&e) {
+                    // Another replica owns the watch now: only this watch stops.
+                    warn!(watch = %key, error = %e, "watch lost to another replica: stopping it");
+                    if let Some(r) = self.running.remove(&key) {
+                        r.cancel.cancel();
+                    }
+                    (self.on_change)(self.handles());
+                    None
+                } else if current {
                     Some(Error::Watch(e))
                 } else {
                     // A watch already stopped (its resource or namespace went away) may be
@@ -290,31 +313,106 @@ impl Supervisor {
                 }
             }
         }
+        let owned = self.owned(&desired);
         let gone: Vec<String> = self
             .running
-            .keys()
-            .filter(|k| !desired.contains_key(*k))
-            .cloned()
+            .iter()
+            .filter(|(k, r)| {
+                !desired.contains_key(*k)
+                    || owned.as_ref().is_some_and(|o| {
+                        o.get(*k).filter(|o| !o.giving_up).map(|o| o.epoch) != r.epoch
+                    })
+            })
+            .map(|(k, _)| k.clone())
             .collect();
         for key in &gone {
             if let Some(r) = self.running.remove(key) {
-                info!(resource = %r.handle.resource, namespace = r.handle.namespace.as_deref().unwrap_or("*"), "watch no longer desired: stopping it");
+                info!(resource = %r.handle.resource, namespace = r.handle.namespace.as_deref().unwrap_or("*"), "watch no longer desired or owned here: stopping it");
                 r.cancel.cancel();
             }
         }
         let new: Vec<_> = desired
             .into_iter()
             .filter(|(k, _)| !self.running.contains_key(k))
-            .map(|(_, v)| v)
+            .filter_map(|(k, v)| match &owned {
+                None => Some((v, None)),
+                // A lapsed claim is not started again: the shard forgets it.
+                Some(o) => o
+                    .get(&k)
+                    .filter(|o| o.validity.is_valid() && !o.giving_up)
+                    .map(|o| (v, Some(o.clone()))),
+            })
             .collect();
         if !new.is_empty() {
-            let fresh: Vec<ResolvedResource> = new.iter().map(|(_, r, _)| r.clone()).collect();
+            let fresh: Vec<ResolvedResource> = new.iter().map(|((_, r, _), _)| r.clone()).collect();
             self.sink.prepare(&self.config.cluster, &fresh).await?;
         }
-        for (key, r, ns) in new {
-            self.start_watch(key, &r, ns).await?;
+        for ((key, r, ns), ownership) in new {
+            self.start_watch(key, &r, ns, ownership).await?;
+        }
+        if let Some(owned) = owned {
+            self.release_unstarted(&owned);
         }
         Ok(())
+    }
+
+    /// Runs `pipeline` as a task; with sharding, records the claim it runs under (returned) so
+    /// that its pipeline, not [`Supervisor::release_unstarted`], releases the Lease.
+    fn spawn_pipeline(
+        &mut self,
+        id: &str,
+        generation: u64,
+        pipeline: Pipeline,
+        rx: mpsc::Receiver<(crate::watch::Item, budget::Reservation)>,
+        ownership: Option<Ownership>,
+        span: tracing::Span,
+    ) -> Option<u64> {
+        let epoch = ownership.as_ref().map(|o| o.epoch);
+        if let Some(epoch) = epoch {
+            self.started.insert((id.to_string(), epoch));
+        }
+        let within = Duration::from_secs(self.config.sharding.lease_duration_secs);
+        let id = id.to_string();
+        self.tasks.spawn(
+            async move {
+                let result = run_owned(pipeline, rx, ownership, within).await;
+                (id, generation, result)
+            }
+            .instrument(span),
+        );
+        epoch
+    }
+
+    /// Releases at once the Leases given up before their watch started here (no pipeline will),
+    /// and forgets the claims no longer held.
+    fn release_unstarted(&mut self, owned: &crate::shard::Owned) {
+        let within = Duration::from_secs(self.config.sharding.lease_duration_secs);
+        for o in owned.values().filter(|o| o.giving_up) {
+            if self.started.insert((o.id.clone(), o.epoch)) {
+                let o = o.clone();
+                self.tasks.spawn(async move {
+                    o.release(within).await;
+                    (o.id.clone(), 0, Ok(()))
+                });
+            }
+        }
+        self.started
+            .retain(|(id, epoch)| owned.get(id).is_some_and(|o| o.epoch == *epoch));
+    }
+
+    /// With sharding: tells the shard the desired watches and returns the ones held here.
+    fn owned(
+        &self,
+        desired: &BTreeMap<String, (WatchKey, ResolvedResource, Option<String>)>,
+    ) -> Option<crate::shard::Owned> {
+        let shard = self.shard.as_ref()?;
+        shard.set_desired(
+            desired
+                .iter()
+                .map(|(id, (key, _, _))| (id.clone(), key.description.clone()))
+                .collect(),
+        );
+        Some(shard.owned())
     }
 
     /// Reconciles while running: a watch that cannot start is retried at the next refresh, and
@@ -336,6 +434,7 @@ impl Supervisor {
         key: WatchKey,
         r: &ResolvedResource,
         namespace: Option<String>,
+        ownership: Option<Ownership>,
     ) -> Result<()> {
         let config = self.config.clone();
         let span = info_span!("watch", resource = %r.label(), namespace = namespace.as_deref().unwrap_or("*"));
@@ -352,7 +451,7 @@ impl Supervisor {
         }
         let info = Arc::new(info);
         store.set_redacted(info.redacts());
-        let status = Arc::new(Status::default());
+        let status = new_status(ownership.as_ref());
         // A checkpoint that cannot be decoded comes back as a repair (no resourceVersion: list).
         let resume = store
             .load(&status.checkpoints_corrupt)
@@ -400,19 +499,13 @@ impl Supervisor {
             resume,
             snapshot: config.initial_snapshot,
             checkpoint_interval: Duration::from_millis(config.checkpoint.interval_ms),
-            leadership: self.leadership.clone(),
-            heartbeat: config.heartbeat.enabled.then(|| Heartbeat {
-                interval: Duration::from_secs(config.heartbeat.interval_secs),
-                destination: config
-                    .heartbeat
-                    .destination
-                    .replace("{cluster}", &config.cluster),
-                watch: key.clone(),
-            }),
+            leadership: ownership
+                .as_ref()
+                .map(|o| o.validity.clone())
+                .or_else(|| self.leadership.clone()),
+            heartbeat: heartbeat(&config, &key),
         };
-        let id = key.id.clone();
-        self.tasks
-            .spawn(async move { (id, generation, pipeline.run(rx).await) }.instrument(span));
+        let epoch = self.spawn_pipeline(&key.id, generation, pipeline, rx, ownership, span);
         self.running.insert(
             key.id,
             Running {
@@ -423,10 +516,71 @@ impl Supervisor {
                 },
                 cancel,
                 generation,
+                epoch,
             },
         );
         Ok(())
     }
+}
+
+/// A new watch's status; with sharding it records how long the watch had no owner.
+fn new_status(ownership: Option<&Ownership>) -> Arc<Status> {
+    let status = Arc::new(Status::default());
+    if let Some(gap) = ownership.and_then(|o| o.unowned) {
+        let ms = gap.as_millis() as u64;
+        status
+            .unowned_before_ms
+            .store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+    status
+}
+
+/// The heartbeat settings of the watch `key`, if heartbeats are on.
+fn heartbeat(config: &Config, key: &WatchKey) -> Option<Heartbeat> {
+    config.heartbeat.enabled.then(|| Heartbeat {
+        interval: Duration::from_secs(config.heartbeat.interval_secs),
+        destination: config
+            .heartbeat
+            .destination
+            .replace("{cluster}", &config.cluster),
+        watch: key.clone(),
+    })
+}
+
+/// Runs a pipeline; with sharding, its Lease is released only once it drained and saved its
+/// last checkpoint (waiting at most `within`), and forgotten without release when it failed.
+async fn run_owned(
+    pipeline: Pipeline,
+    rx: mpsc::Receiver<(crate::watch::Item, budget::Reservation)>,
+    ownership: Option<Ownership>,
+    within: Duration,
+) -> Result<(), crate::pipeline::Error> {
+    let result = pipeline.run(rx).await;
+    match (&ownership, &result) {
+        (Some(o), Ok(())) => o.release(within).await,
+        (Some(o), Err(_)) => o.abandon(),
+        (None, _) => {}
+    }
+    result
+}
+
+/// Resolves when the watches held here change; never without sharding.
+async fn owned_changed(shard: &mut Option<Shard>) {
+    match shard {
+        Some(shard) => shard.changed().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Whether a pipeline's failure means another replica took its watch over (its Lease lapsed,
+/// or the broker or checkpoint store fenced it), rather than a failure of this process.
+fn lost(error: &crate::pipeline::Error) -> bool {
+    matches!(
+        error,
+        crate::pipeline::Error::LeadershipLost { .. }
+            | crate::pipeline::Error::Fenced { .. }
+            | crate::pipeline::Error::Checkpoint(checkpoint::Error::Fenced { .. })
+    )
 }
 
 /// What the watch of `r` in `namespace` (`None`: all namespaces, or cluster scope) lists and
@@ -456,22 +610,6 @@ fn target(
         watch_timeout_secs: WATCH_TIMEOUT_SECS,
         not_found,
     }
-}
-
-/// The namespaces matching `selector` now (one LIST), for commands that do not follow them.
-pub(crate) async fn list_namespaces(
-    client: &Client,
-    selector: &str,
-) -> Result<BTreeSet<String>, kube::Error> {
-    let api: Api<Namespace> = Api::all(client.clone());
-    let list = api
-        .list_metadata(&kube::api::ListParams::default().labels(selector))
-        .await?;
-    Ok(list
-        .items
-        .into_iter()
-        .filter_map(|ns| ns.metadata.name)
-        .collect())
 }
 
 /// Keeps `selected[selector]` equal to the namespaces matching `selector`, asking for a

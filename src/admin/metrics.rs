@@ -85,7 +85,11 @@ impl Collector for Exposition {
         events(&mut families)?;
         publishing(&mut families)?;
         watching(&mut families)?;
-        checkpoints(&mut families)
+        checkpoints(&mut families)?;
+        match state.shard() {
+            Some(shard) => sharding(&mut families, &shard),
+            None => Ok(()),
+        }
     }
 }
 
@@ -276,6 +280,70 @@ fn checkpoints(f: &mut Families) -> fmt::Result {
     )
 }
 
+/// With sharding: the watches held, hand-offs by reason, and how long watches had no owner
+/// before this replica took them (a histogram, and the last value per watch).
+fn sharding(f: &mut Families, shard: &crate::shard::Metrics) -> fmt::Result {
+    single(
+        f.encoder,
+        "shard_watches_owned",
+        "Watches whose Lease this replica holds.",
+        None,
+        ConstGauge::new(shard.owned.load(Ordering::Relaxed) as i64),
+    )?;
+    let mut family = f.encoder.encode_descriptor(
+        "shard_handoffs",
+        "Watches this replica stopped owning, by reason: rebalance (given to a replica that joined or stayed), unselected (no longer desired), shutdown, lost (Lease lapsed or taken over, or fenced).",
+        None,
+        MetricType::Counter,
+    )?;
+    for (reason, n) in crate::shard::REASONS.iter().zip(&shard.handoffs) {
+        ConstCounter::new(n.load(Ordering::Relaxed))
+            .encode(family.encode_family(&[("reason", *reason)])?)?;
+    }
+    single(
+        f.encoder,
+        "shard_unowned",
+        "Time a watch had no owner before this replica took it over (released: from the release; expired: from the previous owner's last renewal).",
+        Some(&SECONDS),
+        Unowned::of(shard),
+    )?;
+    f.per_watch(
+        "shard_watch_unowned_before",
+        "Time this watch had no owner before this replica took it over (0: it never had one).",
+        Some(&SECONDS),
+        MetricType::Gauge,
+        |s| ConstGauge::new(s.unowned_before_ms.load(Ordering::Relaxed) as f64 / 1e3),
+    )
+}
+
+/// Sharding's time-without-owner histogram, from cumulative bucket counts.
+struct Unowned(Latency);
+
+impl Unowned {
+    fn of(shard: &crate::shard::Metrics) -> Self {
+        let count = shard.unowned_count.load(Ordering::Relaxed);
+        Self(Latency {
+            sum: shard.unowned_sum_micros.load(Ordering::Relaxed) as f64 / 1e6,
+            count,
+            buckets: own_buckets(
+                &crate::shard::UNOWNED_BUCKETS,
+                &shard.unowned_buckets,
+                count,
+            ),
+        })
+    }
+}
+
+impl EncodeMetric for Unowned {
+    fn encode(&self, encoder: MetricEncoder) -> fmt::Result {
+        self.0.encode(encoder)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
 /// One family with one sample without labels.
 fn single(
     encoder: &mut DescriptorEncoder,
@@ -394,26 +462,35 @@ struct Latency {
 impl Latency {
     fn of(status: &Status) -> Self {
         let count = status.latency_count.load(Ordering::Relaxed);
-        // The atomics are read one by one while the pipeline may add to them: a bucket never
-        // goes below the one before.
-        let mut below = 0;
-        let mut buckets: Vec<(f64, u64)> = LATENCY_BUCKETS
-            .iter()
-            .zip(&status.latency_buckets)
-            .map(|(bound, cumulative)| {
-                let cumulative = cumulative.load(Ordering::Relaxed);
-                let own = cumulative.saturating_sub(below);
-                below = below.max(cumulative);
-                (*bound, own)
-            })
-            .collect();
-        buckets.push((f64::INFINITY, count.saturating_sub(below)));
         Self {
             sum: status.latency_sum_micros.load(Ordering::Relaxed) as f64 / 1e6,
             count,
-            buckets,
+            buckets: own_buckets(&LATENCY_BUCKETS, &status.latency_buckets, count),
         }
     }
+}
+
+/// Each bucket's own count (the crate accumulates) from cumulative counts per upper bound, with
+/// the `+Inf` bucket. The atomics are read one by one while they may grow: a bucket never goes
+/// below the one before.
+fn own_buckets(
+    bounds: &[f64],
+    cumulative: &[std::sync::atomic::AtomicU64],
+    count: u64,
+) -> Vec<(f64, u64)> {
+    let mut below = 0;
+    let mut buckets: Vec<(f64, u64)> = bounds
+        .iter()
+        .zip(cumulative)
+        .map(|(bound, cumulative)| {
+            let cumulative = cumulative.load(Ordering::Relaxed);
+            let own = cumulative.saturating_sub(below);
+            below = below.max(cumulative);
+            (*bound, own)
+        })
+        .collect();
+    buckets.push((f64::INFINITY, count.saturating_sub(below)));
+    buckets
 }
 
 impl EncodeMetric for Latency {

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::limits::{
     BURST, CHECKPOINT_INTERVAL_MS, DISCOVERY_REFRESH_SECS, HEARTBEAT_INTERVAL_SECS,
     LEASE_DURATION_SECS, MAX_IN_FLIGHT, MAX_QUEUE_BYTES, QPS, QUEUE_CAPACITY, RETRY_PERIOD_SECS,
-    SHUTDOWN_DELAY_SECS, SHUTDOWN_GRACE_SECS,
+    SHARD_LEASE_DURATION_SECS, SHARD_RENEW_SECS, SHUTDOWN_DELAY_SECS, SHUTDOWN_GRACE_SECS,
 };
 use super::resource::{EventFormat, ResourceConfig, default_true};
 use super::sink::SinkConfig;
@@ -42,6 +42,10 @@ pub struct ConfigFile {
     /// Run several replicas, one publishing at a time, through a Lease.
     #[serde(default)]
     pub leader_election: LeaderElectionConfig,
+    /// Run several replicas that share the watches, each watch owned through a Lease of its own
+    /// (exclusive with `leaderElection`).
+    #[serde(default)]
+    pub sharding: ShardingConfig,
     /// The admin server (`/livez`, `/readyz`, `/metrics`).
     #[serde(default)]
     pub admin: AdminConfig,
@@ -192,6 +196,59 @@ const fn default_lease_duration_secs() -> u64 {
 }
 
 const fn default_retry_period_secs() -> u64 {
+    2
+}
+
+/// Sharding settings: replicas share the watches, each watch owned through its own Lease.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ShardingConfig {
+    /// Share the watches among every replica running this configuration; default false.
+    /// Exclusive with `leaderElection.enabled`; needs checkpoints (a new owner resumes from them).
+    #[serde(default)]
+    pub enabled: bool,
+    /// The Leases' namespace; default `$POD_NAMESPACE`, else `default`.
+    pub namespace: Option<String>,
+    /// The prefix of the Lease names: `{prefix}-m-{hash}` per replica, `{prefix}-w-{hash}` per
+    /// watch; default `kube-event-bridge-{cluster}`.
+    pub lease_prefix: Option<String>,
+    /// This replica's identity; default `$POD_NAME`, else the host name, with the process id.
+    pub identity: Option<String>,
+    /// How long a replica's Leases stay valid without renewal: a killed replica's watches are
+    /// taken over after about this long. Shorter than leader election's default because a
+    /// sharded deployment hands off one watch at a time and every replica is already running.
+    #[serde(default = "default_shard_lease_duration_secs")]
+    #[schemars(range(min = SHARD_LEASE_DURATION_SECS.min, max = SHARD_LEASE_DURATION_SECS.max))]
+    pub lease_duration_secs: u64,
+    /// How often a replica renews its Leases (its member Lease and every watch Lease it holds)
+    /// and looks again at the assignment: well below the lease duration, so that a slow renewal
+    /// or two does not cost the watches.
+    #[serde(default = "default_shard_renew_secs")]
+    #[schemars(range(min = SHARD_RENEW_SECS.min, max = SHARD_RENEW_SECS.max))]
+    pub renew_secs: u64,
+}
+
+impl Default for ShardingConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            namespace: None,
+            lease_prefix: None,
+            identity: None,
+            lease_duration_secs: default_shard_lease_duration_secs(),
+            renew_secs: default_shard_renew_secs(),
+        }
+    }
+}
+
+/// A killed replica's watches wait this long for a new owner; 10 s keeps that short while a
+/// renewal every 2 s may fail four times in a row before a healthy replica loses anything.
+const fn default_shard_lease_duration_secs() -> u64 {
+    10
+}
+
+/// A fifth of the default lease duration.
+const fn default_shard_renew_secs() -> u64 {
     2
 }
 

@@ -44,6 +44,10 @@ pub const SHUTDOWN_GRACE_SECS: Limit = Limit { min: 0, max: 3_600 };
 pub const LEASE_DURATION_SECS: Limit = Limit { min: 2, max: 3_600 };
 /// Ten minutes, and less than the lease duration.
 pub const RETRY_PERIOD_SECS: Limit = Limit { min: 1, max: 600 };
+/// An hour: a Lease stores whole seconds, and a killed replica's watches wait this long.
+pub const SHARD_LEASE_DURATION_SECS: Limit = Limit { min: 2, max: 3_600 };
+/// Ten minutes, and at most half the lease duration.
+pub const SHARD_RENEW_SECS: Limit = Limit { min: 1, max: 600 };
 /// Ten seconds: each save of a Kafka watch commits the transaction its events were sent in,
 /// which must stay well below the transaction timeout.
 pub const CHECKPOINT_INTERVAL_MS: Limit = Limit {
@@ -158,6 +162,8 @@ mod tests {
         ("kubernetes", "burst", BURST),
         ("leaderElection", "leaseDurationSecs", LEASE_DURATION_SECS),
         ("leaderElection", "retryPeriodSecs", RETRY_PERIOD_SECS),
+        ("sharding", "leaseDurationSecs", SHARD_LEASE_DURATION_SECS),
+        ("sharding", "renewSecs", SHARD_RENEW_SECS),
         ("checkpoint", "intervalMs", CHECKPOINT_INTERVAL_MS),
         ("admin", "shutdownDelaySecs", SHUTDOWN_DELAY_SECS),
         ("heartbeat", "intervalSecs", HEARTBEAT_INTERVAL_SECS),
@@ -188,9 +194,9 @@ mod tests {
             }
             // The bounds themselves are accepted (a lease must outlast its retry period).
             for value in [limit.min, limit.max] {
-                let extra = match *key {
-                    "leaseDurationSecs" => ", retryPeriodSecs: 1",
-                    "retryPeriodSecs" => ", leaseDurationSecs: 3600",
+                let extra = match (*section, *key) {
+                    ("leaderElection", "leaseDurationSecs") => ", retryPeriodSecs: 1",
+                    ("leaderElection", "retryPeriodSecs") => ", leaseDurationSecs: 3600",
                     _ => "",
                 };
                 let yaml = format!("{base}{section}: {{{key}: {value}{extra}}}\n");

@@ -4,16 +4,20 @@
 
 use super::http::{Environment, check_url};
 use super::limits::{
-    ACK_TIMEOUT_SECS, BURST, CHECKPOINT_INTERVAL_MS, COMMIT_INTERVAL_MS, DISCOVERY_REFRESH_SECS,
-    DUPLICATE_WINDOW_SECS, HEARTBEAT_INTERVAL_SECS, LEASE_DURATION_SECS, MAX_IN_FLIGHT,
-    MAX_QUEUE_BYTES, QPS, QUEUE_CAPACITY, RETRY_PERIOD_SECS, SHUTDOWN_DELAY_SECS,
-    SHUTDOWN_GRACE_SECS, TRANSACTION_TIMEOUT_SECS,
+    ACK_TIMEOUT_SECS, BURST, CHECKPOINT_INTERVAL_MS, COMMIT_INTERVAL_MS, DISCOVERY_REFRESH_SECS, DUPLICATE_WINDOW_SECS,
+    HEARTBEAT_INTERVAL_SECS, LEASE_DURATION_SECS, MAX_IN_FLIGHT, MAX_QUEUE_BYTES, QPS,
+    QUEUE_CAPACITY, RETRY_PERIOD_SECS, SHARD_LEASE_DURATION_SECS, SHARD_RENEW_SECS,
+    SHUTDOWN_DELAY_SECS, SHUTDOWN_GRACE_SECS, TRANSACTION_TIMEOUT_SECS,
 };
-use super::names::{is_dns_subdomain, is_nats_name};
+use super::names::{is_dns_label, is_dns_subdomain, is_nats_name};
 use super::resource::{self, Resource};
 use super::sink::{Sink, validate_sink};
 use super::{Config, ConfigFile, Error, Result};
 use crate::template;
+
+/// The longest `sharding.leasePrefix`: a Lease name (at most 253 characters) appends `-w-` and
+/// 16 hex digits.
+const LEASE_PREFIX_MAX: usize = 234;
 
 impl ConfigFile {
     /// Checks every rule that needs no cluster and returns the validated config, or every
@@ -46,6 +50,7 @@ impl ConfigFile {
             ));
         }
         self.check_leader_election(&mut errors);
+        self.check_sharding(&mut errors);
         self.check_checkpoint(sink.as_ref(), &mut errors);
         match sink {
             Some(sink) if errors.is_empty() => Ok(self.build(resources, sink)),
@@ -81,6 +86,48 @@ impl ConfigFile {
         }
         if le.enabled && !self.checkpoint.enabled {
             errors.push("leaderElection.enabled: a new leader resumes from the checkpoint; enable checkpoints".into());
+        }
+    }
+
+    /// One way of running replicas at a time; a watch's next owner resumes from its checkpoint;
+    /// a renewal fits in the lease at least twice; the Lease names are valid.
+    fn check_sharding(&self, errors: &mut Vec<String>) {
+        let sh = &self.sharding;
+        if !sh.enabled {
+            return;
+        }
+        if self.leader_election.enabled {
+            errors.push(
+                "sharding.enabled, leaderElection.enabled: replicas either share the watches (sharding) or elect one leader that runs them all (leaderElection); enable one of them".into(),
+            );
+        }
+        if !self.checkpoint.enabled {
+            errors.push("sharding.enabled: a watch's next owner resumes from its checkpoint; enable checkpoints".into());
+        }
+        if sh.renew_secs.saturating_mul(2) > sh.lease_duration_secs {
+            errors.push(format!(
+                "sharding.renewSecs: {} s must be at most half of sharding.leaseDurationSecs ({} s), so that one failed renewal does not cost the watches",
+                sh.renew_secs, sh.lease_duration_secs
+            ));
+        }
+        if let Some(ns) = &sh.namespace
+            && !is_dns_label(ns)
+        {
+            errors.push(format!(
+                "sharding.namespace: {ns:?} is not a valid namespace name"
+            ));
+        }
+        if let Some(prefix) = &sh.lease_prefix
+            && !(is_dns_subdomain(prefix) && prefix.len() <= LEASE_PREFIX_MAX)
+        {
+            errors.push(format!(
+                "sharding.leasePrefix: {prefix:?} must be a lowercase DNS name (letters, digits, '-', '.') of at most {LEASE_PREFIX_MAX} characters: the Lease names append 19"
+            ));
+        }
+        if sh.lease_prefix.is_none()
+            && self.cluster.len() + "kube-event-bridge-".len() > LEASE_PREFIX_MAX
+        {
+            errors.push("sharding.leasePrefix: the default prefix `kube-event-bridge-{cluster}` is too long for a Lease name; set a shorter one".into());
         }
     }
 
@@ -131,6 +178,10 @@ impl ConfigFile {
         LEASE_DURATION_SECS.check("leaderElection.leaseDurationSecs", lease, errors);
         let retry = le.retry_period_secs;
         RETRY_PERIOD_SECS.check("leaderElection.retryPeriodSecs", retry, errors);
+        let sh = &self.sharding;
+        let lease = sh.lease_duration_secs;
+        SHARD_LEASE_DURATION_SECS.check("sharding.leaseDurationSecs", lease, errors);
+        SHARD_RENEW_SECS.check("sharding.renewSecs", sh.renew_secs, errors);
         let interval = self.checkpoint.interval_ms;
         CHECKPOINT_INTERVAL_MS.check("checkpoint.intervalMs", interval, errors);
         let delay = self.admin.shutdown_delay_secs;
@@ -219,6 +270,7 @@ impl ConfigFile {
             checkpoint: self.checkpoint,
             initial_snapshot: self.initial_snapshot,
             leader_election: self.leader_election,
+            sharding: self.sharding,
             admin: self.admin,
             heartbeat: self.heartbeat,
             discovery: self.discovery,
@@ -266,6 +318,59 @@ mod tests {
         assert!(
             e.contains("leaderElection: leaseDurationSecs must be greater than retryPeriodSecs"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn sharding_is_exclusive_with_leader_election_and_needs_checkpoints() {
+        let base = "cluster: dev\nresources: [{apiVersion: v1, resource: pods}]\n";
+        let e = invalid(&format!(
+            "{base}sharding: {{enabled: true}}\nleaderElection: {{enabled: true}}\n"
+        ));
+        assert!(
+            e.contains("sharding.enabled, leaderElection.enabled: replicas either share"),
+            "{e}"
+        );
+        let e = invalid(&format!(
+            "{base}sharding: {{enabled: true}}\ncheckpoint: {{enabled: false}}\n"
+        ));
+        assert!(
+            e.contains("sharding.enabled: a watch's next owner resumes from its checkpoint"),
+            "{e}"
+        );
+        let e = invalid(&format!(
+            "{base}sharding: {{enabled: true, leaseDurationSecs: 5, renewSecs: 3}}\n"
+        ));
+        assert!(
+            e.contains(
+                "sharding.renewSecs: 3 s must be at most half of sharding.leaseDurationSecs (5 s)"
+            ),
+            "{e}"
+        );
+        let e = invalid(&format!(
+            "{base}sharding: {{enabled: true, namespace: Ops, leasePrefix: 'a_b'}}\n"
+        ));
+        assert!(
+            e.contains("sharding.namespace: \"Ops\" is not a valid namespace name"),
+            "{e}"
+        );
+        assert!(e.contains("sharding.leasePrefix: \"a_b\" must be"), "{e}");
+        let long = "c".repeat(220);
+        let e = invalid(&format!(
+            "cluster: {long}\nresources: [{{apiVersion: v1, resource: pods}}]\nsharding: {{enabled: true}}\n"
+        ));
+        assert!(
+            e.contains("sharding.leasePrefix: the default prefix"),
+            "{e}"
+        );
+        let cfg = ConfigFile::parse(&format!("{base}sharding: {{enabled: true}}\n"))
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert!(cfg.sharding.enabled);
+        assert_eq!(
+            (cfg.sharding.lease_duration_secs, cfg.sharding.renew_secs),
+            (10, 2)
         );
     }
 
