@@ -31,6 +31,8 @@ schema = {
         "config": {"$ref": "#/$defs/ConfigFile"},
         "checkpointVolume": {"type": "object"},
         "logFormat": {"enum": ["text", "json"]},
+        "sharding": {"type": "object", "additionalProperties": False, "properties": {
+            "replicas": {"type": "integer", "minimum": 2}}},
         "rbac": {"type": "object", "properties": {
             "create": {"type": "boolean"},
             "plurals": {"type": "object", "additionalProperties": string},

@@ -218,7 +218,7 @@ async fn vanished_resource_does_not_stop_the_others() {
         .await
         .unwrap();
     bridge
-        .wait_log("watch no longer desired: stopping it")
+        .wait_log("watch no longer desired or owned here: stopping it")
         .await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let c: ConfigMap =

@@ -24,10 +24,11 @@ use crate::support::{self, create_crd, kube_client, unique_name, unique_namespac
 const RENDER_RELEASE: &str = "kube-event-bridge";
 const RENDER_NAMESPACE: &str = "kube-event-bridge";
 /// The documented values files, besides the chart's own values.yaml.
-const CI_VALUES: [&str; 3] = [
+const CI_VALUES: [&str; 4] = [
     "ci/kafka-values.yaml",
     "ci/nats-leader-election-values.yaml",
     "ci/kafka-sasl-values.yaml",
+    "ci/kafka-sharding-values.yaml",
 ];
 /// How long RBAC changes may take to reach the API server's authorizer.
 const RBAC_SETTLE: Duration = Duration::from_secs(30);
@@ -690,6 +691,8 @@ async fn helm_renders_every_documented_values_file_with_the_rbac_src_rbac_comput
         let docs = documents(&helm_template(&helm, release, &namespace, values).await);
         let config = chart_config(&docs);
         let leader_election = values == Some(CI_VALUES[1]);
+        let sharding = values == Some(CI_VALUES[3]);
+        assert_eq!(config.sharding.enabled, sharding, "{what}");
 
         // The chart's RBAC is what src/rbac.rs computes from the same config through discovery.
         let resolved = discovery::resolve(&client, &config.resources)
@@ -731,8 +734,8 @@ async fn helm_renders_every_documented_values_file_with_the_rbac_src_rbac_comput
             .find(|d| kind(d) == "Role" && name(d) == lease_role);
         assert_eq!(
             lease.is_some(),
-            leader_election,
-            "{what}: leader-election Role"
+            leader_election || sharding,
+            "{what}: Lease Role"
         );
         if let Some(lease) = lease {
             assert_eq!(
@@ -742,12 +745,37 @@ async fn helm_renders_every_documented_values_file_with_the_rbac_src_rbac_comput
             assert_eq!(lease["rules"][0]["apiGroups"][0], rbac::LEASE_GROUP);
             assert_eq!(lease["rules"][0]["resources"][0], "leases");
             let verbs: Vec<String> = strings(&lease["rules"][0]["verbs"]);
-            assert_eq!(verbs, rbac::LEASE_VERBS);
+            if sharding {
+                assert_eq!(verbs, rbac::SHARDING_LEASE_VERBS, "{what}");
+            } else {
+                assert_eq!(verbs, rbac::LEASE_VERBS, "{what}");
+            }
         }
 
         let deployment = docs.iter().find(|d| kind(d) == "Deployment").unwrap();
-        let replicas = if leader_election { 2 } else { 1 };
+        let replicas = match (leader_election, sharding) {
+            (true, _) => 2,
+            (_, true) => 4,
+            _ => 1,
+        };
         assert_eq!(deployment["spec"]["replicas"], replicas, "{what}");
+        let spread = &deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"];
+        assert_eq!(!spread.is_null(), sharding, "{what}: anti-affinity");
+        if sharding {
+            let term = &spread["preferredDuringSchedulingIgnoredDuringExecution"][0];
+            assert_eq!(
+                term["podAffinityTerm"]["topologyKey"],
+                "kubernetes.io/hostname"
+            );
+            let selector = &term["podAffinityTerm"]["labelSelector"]["matchLabels"];
+            let pod_labels = &deployment["spec"]["template"]["metadata"]["labels"];
+            for (k, v) in selector.as_mapping().unwrap() {
+                assert_eq!(
+                    &pod_labels[k], v,
+                    "{what}: anti-affinity selects the bridge's pods"
+                );
+            }
+        }
         // Unready but publishing, then draining, then 5 s to exit.
         assert_eq!(
             deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"].as_u64(),
@@ -758,9 +786,15 @@ async fn helm_renders_every_documented_values_file_with_the_rbac_src_rbac_comput
             .iter()
             .find(|d| kind(d) == "PodDisruptionBudget")
             .unwrap();
+        // A standby for leader election; a majority of the four sharded replicas.
+        let min_available = match (leader_election, sharding) {
+            (true, _) => Some(1),
+            (_, true) => Some(3),
+            _ => None,
+        };
         assert_eq!(
-            !pdb["spec"]["minAvailable"].is_null(),
-            leader_election,
+            pdb["spec"]["minAvailable"].as_u64(),
+            min_available,
             "{what}"
         );
 

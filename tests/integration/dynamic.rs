@@ -106,7 +106,7 @@ async fn wildcard_follows_crds_created_and_deleted_at_run_time() {
     // The discovery that stops the Things' watch runs after the Gadget CRD was served: had the
     // exclusion failed, a Gadget watch would be running by then. Only the ConfigMaps' remains.
     bridge
-        .wait_log("watch no longer desired: stopping it")
+        .wait_log("watch no longer desired or owned here: stopping it")
         .await;
     wait_watches(&bridge, &[("v1/configmaps", &ns)]).await;
     let events = reader

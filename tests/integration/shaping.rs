@@ -91,18 +91,27 @@ async fn diff_patches_rebuild_every_version_on_the_resources_subject() {
 }
 
 fn checkpoint_rv(dir: &std::path::Path) -> u64 {
+    // The base file's first line is its meta record; each checkpoint appended to the journal
+    // beside it (`.checkpoint.journal`) ends with a line carrying its resourceVersion.
     std::fs::read_dir(dir)
         .unwrap()
         .filter_map(Result::ok)
-        .filter(|e| e.path().extension().is_some_and(|x| x == "checkpoint"))
-        .filter_map(|e| {
-            let text = std::fs::read_to_string(e.path()).ok()?;
-            let meta: Value = serde_json::from_str(text.lines().next()?).ok()?;
-            meta["resourceVersion"]
-                .as_str()
-                .or(meta["resource_version"].as_str())?
-                .parse()
-                .ok()
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.ends_with(".checkpoint") || name.ends_with(".checkpoint.journal")
+        })
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .flat_map(|text| {
+            text.lines()
+                .filter_map(|line| {
+                    let record: Value = serde_json::from_str(line).ok()?;
+                    record["resourceVersion"]
+                        .as_str()
+                        .or(record["resource_version"].as_str())?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .collect::<Vec<_>>()
         })
         .max()
         .unwrap_or(0)

@@ -68,6 +68,10 @@ are on (config.auditExtensions, default true), whose `clusterid` is that uid.
 {{/*
 "true" when the bridge's config enables leader election, else "".
 */}}
+{{- define "kube-event-bridge.sharding" -}}
+{{- if dig "sharding" "enabled" false .Values.config }}true{{ end }}
+{{- end }}
+
 {{- define "kube-event-bridge.leaderElection" -}}
 {{- if dig "leaderElection" "enabled" false .Values.config }}true{{ end }}
 {{- end }}
