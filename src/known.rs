@@ -4,16 +4,29 @@
 //! After a watch loses its history (410 Gone) the bridge lists again and diffs the listing against
 //! this index, as kubert's `index.rs` does: keys known before but absent from the listing are
 //! deletions. The index is split into [`BUCKETS`] buckets by uid so that a checkpoint rewrites
-//! only the buckets that changed; namespaces are interned.
+//! only the buckets that changed.
+//!
+//! Memory is what limits how many objects one process can watch, so an entry is kept compact
+//! (about 75 bytes of table per object, no allocation of its own in the common case; measured in
+//! docs/architecture.md, "Memory"): a uid that is a UUID in the API server's canonical form is
+//! kept as its 16 bytes, any other uid as text; a resourceVersion that is a decimal integer as a
+//! `u64`, any other as text (they are opaque by contract); a name of up to 24 bytes inline
+//! ([`CompactString`]); the namespace as a 4-byte number into a table of interned names. Every
+//! value is given back exactly as it was received.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::num::NonZeroU32;
 use std::sync::Arc;
+
+use compact_str::CompactString;
+use uuid::Uuid;
 
 /// Number of buckets; a checkpoint stores each bucket as one record, so 100,000 objects make
 /// records of about 30 KB.
 pub const BUCKETS: usize = 256;
 
-/// What the index remembers of one object.
+/// What the index knows of one object, as [`KnownObjects::get`] gives it back (it is kept in
+/// a compact form of its own).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     /// The last resourceVersion seen.
@@ -105,12 +118,193 @@ pub enum DecodeError {
     },
 }
 
-/// One stored object of a [`Encoding::Json`] bucket.
-type Record<'a> = (&'a str, &'a str, Option<&'a str>, &'a str, u64);
+/// One stored object of a [`Encoding::Json`] bucket, as written: the uid as text, the
+/// resourceVersion as a JSON string whatever its kept form.
+type Record<'a> = (&'a str, RvText<'a>, Option<&'a str>, &'a str, u64);
 /// The same, decoded (strings with escapes cannot be borrowed).
 type OwnedRecord = (Box<str>, Box<str>, Option<Box<str>>, Box<str>, u64);
 
-type Bucket = HashMap<Box<str>, Entry>;
+/// A uid as kept: the 16 bytes of a UUID in canonical text form (lowercase, hyphenated: what
+/// the API server generates), else the text itself (the API server accepts any string).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Key<'a> {
+    Uuid([u8; 16]),
+    Text(&'a str),
+}
+
+impl<'a> Key<'a> {
+    fn of(uid: &'a str) -> Self {
+        // `try_parse` also takes upper case: only the form that prints back identically is packed.
+        match Uuid::try_parse(uid) {
+            Ok(u) if uid.len() == 36 && !uid.bytes().any(|c| c.is_ascii_uppercase()) => {
+                Key::Uuid(u.into_bytes())
+            }
+            _ => Key::Text(uid),
+        }
+    }
+}
+
+/// The text of a packed uid, on the stack.
+fn uuid_text(bytes: &[u8; 16]) -> [u8; 36] {
+    let mut buf = [0; 36];
+    Uuid::from_bytes(*bytes).hyphenated().encode_lower(&mut buf);
+    buf
+}
+
+/// A resourceVersion as kept: a decimal integer as written by the API server (no sign, no
+/// leading zero) as a number, any other text as it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Rv {
+    Int(u64),
+    Text(Box<str>),
+}
+
+impl Rv {
+    fn new(rv: &str) -> Self {
+        match Self::integer(rv) {
+            Some(n) => Rv::Int(n),
+            None => Rv::Text(rv.into()),
+        }
+    }
+
+    /// The number `rv` spells if it prints back identically.
+    fn integer(rv: &str) -> Option<u64> {
+        let canonical = rv.bytes().all(|c| c.is_ascii_digit())
+            && !rv.is_empty()
+            && (rv.len() == 1 || !rv.starts_with('0'));
+        canonical.then(|| rv.parse().ok()).flatten()
+    }
+
+    fn is(&self, rv: &str) -> bool {
+        match self {
+            Rv::Int(n) => Self::integer(rv) == Some(*n),
+            Rv::Text(t) => &**t == rv,
+        }
+    }
+
+    fn text(&self) -> Box<str> {
+        match self {
+            Rv::Int(n) => n.to_string().into(),
+            Rv::Text(t) => t.clone(),
+        }
+    }
+}
+
+/// Serializes an [`Rv`] as the JSON string of its text, without building the text.
+struct RvText<'a>(&'a Rv);
+
+impl serde::Serialize for RvText<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Rv::Int(n) => s.collect_str(n),
+            Rv::Text(t) => s.serialize_str(t),
+        }
+    }
+}
+
+/// What the index keeps of one object (the compact form of an [`Entry`]).
+#[derive(Debug, Clone)]
+struct Slot {
+    digest: u64,
+    resource_version: Rv,
+    name: CompactString,
+    /// 1 + the index of the interned namespace; `None` for cluster-scoped objects.
+    namespace: Option<NonZeroU32>,
+}
+
+/// The objects of one bucket: packed uids in one table, other uids (rare) in another.
+#[derive(Debug, Clone, Default)]
+struct Bucket {
+    uuids: HashMap<[u8; 16], Slot>,
+    texts: HashMap<Box<str>, Slot>,
+}
+
+impl Bucket {
+    fn len(&self) -> usize {
+        self.uuids.len() + self.texts.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.uuids.is_empty() && self.texts.is_empty()
+    }
+
+    fn get(&self, key: Key<'_>) -> Option<&Slot> {
+        match key {
+            Key::Uuid(u) => self.uuids.get(&u),
+            Key::Text(t) => self.texts.get(t),
+        }
+    }
+
+    fn get_mut(&mut self, key: Key<'_>) -> Option<&mut Slot> {
+        match key {
+            Key::Uuid(u) => self.uuids.get_mut(&u),
+            Key::Text(t) => self.texts.get_mut(t),
+        }
+    }
+
+    fn remove(&mut self, key: Key<'_>) -> Option<Slot> {
+        match key {
+            Key::Uuid(u) => self.uuids.remove(&u),
+            Key::Text(t) => self.texts.remove(t),
+        }
+    }
+
+    /// Inserts `slot` unless the key is there; says whether it was inserted.
+    fn insert_new(&mut self, key: Key<'_>, slot: Slot) -> bool {
+        use std::collections::hash_map::Entry::{Occupied, Vacant};
+        match key {
+            Key::Uuid(u) => match self.uuids.entry(u) {
+                Vacant(v) => {
+                    v.insert(slot);
+                    true
+                }
+                Occupied(_) => false,
+            },
+            Key::Text(t) if self.texts.contains_key(t) => false,
+            Key::Text(t) => {
+                self.texts.insert(t.into(), slot);
+                true
+            }
+        }
+    }
+
+    fn slots(&self) -> impl Iterator<Item = &Slot> {
+        self.uuids.values().chain(self.texts.values())
+    }
+
+    /// Every object as (uid text, slot).
+    fn iter(&self) -> impl Iterator<Item = (UidText<'_>, &Slot)> {
+        let packed = self
+            .uuids
+            .iter()
+            .map(|(u, slot)| (UidText::Uuid(uuid_text(u)), slot));
+        packed.chain(self.texts.iter().map(|(t, slot)| (UidText::Text(t), slot)))
+    }
+
+    /// Every object as (uid text, slot), sorted by uid: a packed uid's text sorts as its bytes
+    /// do, but text uids interleave with them, so all are compared as text.
+    fn sorted(&self) -> Vec<(UidText<'_>, &Slot)> {
+        let mut all: Vec<(UidText<'_>, &Slot)> = self.iter().collect();
+        all.sort_unstable_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+        all
+    }
+}
+
+/// The text of a uid, borrowed or formatted on the stack.
+enum UidText<'a> {
+    Uuid([u8; 36]),
+    Text(&'a str),
+}
+
+impl UidText<'_> {
+    fn as_str(&self) -> &str {
+        match self {
+            // Only ever filled by `uuid_text`: ASCII.
+            UidText::Uuid(buf) => std::str::from_utf8(buf).expect("a formatted uuid is ASCII"),
+            UidText::Text(t) => t,
+        }
+    }
+}
 
 /// One object as checkpoints store it: `(uid, resourceVersion, namespace, name, digest)`, the
 /// element of an [`Encoding::Json`] bucket and of a checkpoint journal record.
@@ -133,7 +327,9 @@ enum Changes {
 #[derive(Debug)]
 pub struct KnownObjects {
     buckets: Vec<Bucket>,
-    namespaces: HashSet<Arc<str>>,
+    /// Interned namespaces, by [`Slot::namespace`] - 1.
+    namespaces: Vec<Arc<str>>,
+    namespace_ids: HashMap<Arc<str>, NonZeroU32>,
     dirty: BTreeSet<usize>,
     /// Entries known before a relist and not listed yet.
     relisting: Option<Vec<Bucket>>,
@@ -144,8 +340,9 @@ pub struct KnownObjects {
 impl Default for KnownObjects {
     fn default() -> Self {
         Self {
-            buckets: vec![Bucket::new(); BUCKETS],
-            namespaces: HashSet::new(),
+            buckets: vec![Bucket::default(); BUCKETS],
+            namespaces: Vec::new(),
+            namespace_ids: HashMap::new(),
             dirty: BTreeSet::new(),
             relisting: None,
             changes: Changes::Tracked(HashSet::new()),
@@ -172,17 +369,19 @@ pub fn bucket_of(uid: &str) -> usize {
 impl KnownObjects {
     /// Number of known objects.
     pub fn len(&self) -> usize {
-        self.buckets.iter().map(HashMap::len).sum()
+        self.buckets.iter().map(Bucket::len).sum()
     }
 
     /// Whether the index is empty.
     pub fn is_empty(&self) -> bool {
-        self.buckets.iter().all(HashMap::is_empty)
+        self.buckets.iter().all(Bucket::is_empty)
     }
 
-    /// The entry for `uid`.
-    pub fn get(&self, uid: &str) -> Option<&Entry> {
-        self.buckets[bucket_of(uid)].get(uid)
+    /// What the index knows of `uid`.
+    pub fn get(&self, uid: &str) -> Option<Entry> {
+        self.buckets[bucket_of(uid)]
+            .get(Key::of(uid))
+            .map(|slot| self.entry(slot))
     }
 
     /// Records an object seen at `resource_version` with content `digest` (0: not computed) and
@@ -197,35 +396,32 @@ impl KnownObjects {
         name: &str,
         digest: u64,
     ) -> Seen {
-        let b = bucket_of(uid);
+        let (b, key) = (bucket_of(uid), Key::of(uid));
         if let Some(previous) = self.relisting.as_mut()
-            && let Some((key, entry)) = previous[b].remove_entry(uid)
+            && let Some(slot) = previous[b].remove(key)
         {
-            self.buckets[b].insert(key, entry);
+            self.buckets[b].insert_new(key, slot);
         }
-        if let Some(entry) = self.buckets[b].get_mut(uid) {
-            if &*entry.resource_version == resource_version {
+        if let Some(slot) = self.buckets[b].get_mut(key) {
+            if slot.resource_version.is(resource_version) {
                 return Seen::Unchanged;
             }
-            entry.resource_version = resource_version.into();
-            if digest != 0 && entry.digest == digest {
+            slot.resource_version = Rv::new(resource_version);
+            if digest != 0 && slot.digest == digest {
                 return Seen::Touched;
             }
-            entry.digest = digest;
+            slot.digest = digest;
             self.dirty.insert(b);
             self.track(uid);
             return Seen::Changed;
         }
-        let namespace = namespace.map(|ns| self.intern(ns));
-        self.buckets[b].insert(
-            uid.into(),
-            Entry {
-                resource_version: resource_version.into(),
-                namespace,
-                name: name.into(),
-                digest,
-            },
-        );
+        let slot = Slot {
+            digest,
+            resource_version: Rv::new(resource_version),
+            name: name.into(),
+            namespace: namespace.map(|ns| self.intern(ns)),
+        };
+        self.buckets[b].insert_new(key, slot);
         self.dirty.insert(b);
         self.track(uid);
         Seen::New
@@ -234,19 +430,17 @@ impl KnownObjects {
     /// Forgets a deleted object; returns what was known of it.
     pub fn remove(&mut self, uid: &str) -> Option<Entry> {
         let b = bucket_of(uid);
-        let removed = self.buckets[b].remove(uid);
-        if removed.is_some() {
-            self.dirty.insert(b);
-            self.track(uid);
-        }
-        removed
+        let removed = self.buckets[b].remove(Key::of(uid))?;
+        self.dirty.insert(b);
+        self.track(uid);
+        Some(self.entry(&removed))
     }
 
     /// Starts a relist: objects then fed to [`KnownObjects::observe`] are compared with what was
     /// known before; [`KnownObjects::finish_relist`] returns the objects that vanished.
     pub fn begin_relist(&mut self) {
         self.abort_relist();
-        let previous = std::mem::replace(&mut self.buckets, vec![Bucket::new(); BUCKETS]);
+        let previous = std::mem::replace(&mut self.buckets, vec![Bucket::default(); BUCKETS]);
         self.relisting = Some(previous);
     }
 
@@ -257,10 +451,14 @@ impl KnownObjects {
             return Vec::new();
         };
         let mut gone: Vec<(Box<str>, Entry)> = Vec::new();
-        for (b, bucket) in previous.into_iter().enumerate() {
+        for (b, bucket) in previous.iter().enumerate() {
             if !bucket.is_empty() {
                 self.dirty.insert(b);
-                gone.extend(bucket);
+                gone.extend(
+                    bucket
+                        .iter()
+                        .map(|(uid, slot)| (uid.as_str().into(), self.entry(slot))),
+                );
             }
         }
         gone.sort_unstable_by(|a, b| a.0.cmp(&b.0));
@@ -275,8 +473,12 @@ impl KnownObjects {
     pub fn abort_relist(&mut self) {
         if let Some(previous) = self.relisting.take() {
             for (b, bucket) in previous.into_iter().enumerate() {
-                for (uid, entry) in bucket {
-                    self.buckets[b].entry(uid).or_insert(entry);
+                let current = &mut self.buckets[b];
+                for (u, slot) in bucket.uuids {
+                    current.uuids.entry(u).or_insert(slot);
+                }
+                for (t, slot) in bucket.texts {
+                    current.texts.entry(t).or_insert(slot);
                 }
             }
         }
@@ -291,8 +493,8 @@ impl KnownObjects {
     pub fn has_digests(&self) -> bool {
         self.buckets
             .iter()
-            .flat_map(HashMap::values)
-            .any(|e| e.digest != 0)
+            .flat_map(Bucket::slots)
+            .any(|slot| slot.digest != 0)
     }
 
     /// Marks every bucket changed (a first checkpoint writes them all).
@@ -317,9 +519,9 @@ impl KnownObjects {
         self.get(uid).map(|e| {
             (
                 uid.into(),
-                e.resource_version.clone(),
+                e.resource_version,
                 e.namespace.as_deref().map(Into::into),
-                e.name.clone(),
+                e.name,
                 if digests { e.digest } else { 0 },
             )
         })
@@ -328,18 +530,16 @@ impl KnownObjects {
     /// Replays a stored upsert of a checkpoint journal: inserts or replaces the entry, marking
     /// its bucket dirty and the change tracked (see [`KnownObjects::take_changes`]).
     pub fn apply_stored(&mut self, (uid, rv, ns, name, digest): StoredEntry) {
-        let b = bucket_of(&uid);
-        let namespace = ns.map(|ns| self.intern(&ns));
+        let (b, key) = (bucket_of(&uid), Key::of(&uid));
+        let slot = Slot {
+            digest,
+            resource_version: Rv::new(&rv),
+            name: name.as_ref().into(),
+            namespace: ns.map(|ns| self.intern(&ns)),
+        };
         self.track(&uid);
-        self.buckets[b].insert(
-            uid,
-            Entry {
-                resource_version: rv,
-                namespace,
-                name,
-                digest,
-            },
-        );
+        self.buckets[b].remove(key);
+        self.buckets[b].insert_new(key, slot);
         self.dirty.insert(b);
     }
 
@@ -352,7 +552,7 @@ impl KnownObjects {
         }
         if uids.len() >= TRACKED_CHANGES
             && uids.len() % TRACKED_CHANGES == 0
-            && uids.len() > self.buckets.iter().map(HashMap::len).sum::<usize>() / 4
+            && uids.len() > self.buckets.iter().map(Bucket::len).sum::<usize>() / 4
         {
             self.changes = Changes::Overflowed;
             return;
@@ -364,22 +564,24 @@ impl KnownObjects {
     /// are written only if `digests` (see [`crate::checkpoint::Store::set_redacted`]): else 0,
     /// unknown.
     pub fn encode_bucket(&self, b: usize, digests: bool) -> Vec<u8> {
-        if self.buckets[b].is_empty() {
+        let bucket = &self.buckets[b];
+        if bucket.is_empty() {
             return Vec::new();
         }
-        let mut records: Vec<Record<'_>> = self.buckets[b]
+        let sorted = bucket.sorted();
+        let records: Vec<Record<'_>> = sorted
             .iter()
-            .map(|(uid, e)| {
+            .map(|(uid, slot)| {
                 (
-                    &**uid,
-                    &*e.resource_version,
-                    e.namespace.as_deref(),
-                    &*e.name,
-                    if digests { e.digest } else { 0 },
+                    uid.as_str(),
+                    RvText(&slot.resource_version),
+                    slot.namespace
+                        .map(|id| &*self.namespaces[id.get() as usize - 1]),
+                    slot.name.as_str(),
+                    if digests { slot.digest } else { 0 },
                 )
             })
             .collect();
-        records.sort_unstable_by(|a, b| a.0.cmp(b.0));
         // Serializing strings and integers into memory cannot fail.
         serde_json::to_vec(&records).expect("bucket serializes")
     }
@@ -401,34 +603,54 @@ impl KnownObjects {
             Encoding::Json => serde_json::from_slice::<Vec<OwnedRecord>>(stored)
                 .map_err(|source| DecodeError::Json { bucket: b, source })?,
         };
-        let mut bucket = Bucket::with_capacity(records.len());
+        let mut bucket = Bucket::default();
         for (uid, rv, ns, name, digest) in records {
             let belongs = bucket_of(&uid);
             if belongs != b {
                 return Err(DecodeError::Misplaced { bucket: b, belongs });
             }
-            let namespace = ns.map(|ns| self.intern(&ns));
-            let entry = Entry {
-                resource_version: rv,
-                namespace,
-                name,
+            let slot = Slot {
                 digest,
+                resource_version: Rv::new(&rv),
+                name: name.as_ref().into(),
+                namespace: ns.map(|ns| self.intern(&ns)),
             };
-            if bucket.insert(uid, entry).is_some() {
+            if !bucket.insert_new(Key::of(&uid), slot) {
                 return Err(DecodeError::Duplicate { bucket: b });
             }
         }
+        bucket.uuids.shrink_to_fit();
+        bucket.texts.shrink_to_fit();
         self.buckets[b] = bucket;
         Ok(())
     }
 
-    fn intern(&mut self, ns: &str) -> Arc<str> {
-        if let Some(found) = self.namespaces.get(ns) {
-            return found.clone();
+    /// The number of an interned namespace (interned now if new). Namespaces are few: the table
+    /// only grows.
+    fn intern(&mut self, ns: &str) -> NonZeroU32 {
+        if let Some(id) = self.namespace_ids.get(ns) {
+            return *id;
         }
         let arc: Arc<str> = ns.into();
-        self.namespaces.insert(arc.clone());
-        arc
+        self.namespaces.push(arc.clone());
+        let id = u32::try_from(self.namespaces.len())
+            .ok()
+            .and_then(NonZeroU32::new)
+            .expect("fewer than 2^32 namespaces");
+        self.namespace_ids.insert(arc, id);
+        id
+    }
+
+    /// The [`Entry`] a slot stands for.
+    fn entry(&self, slot: &Slot) -> Entry {
+        Entry {
+            resource_version: slot.resource_version.text(),
+            namespace: slot
+                .namespace
+                .map(|id| self.namespaces[id.get() as usize - 1].clone()),
+            name: slot.name.as_str().into(),
+            digest: slot.digest,
+        }
     }
 }
 
@@ -700,6 +922,10 @@ mod tests {
         prop_oneof![
             any::<String>(),
             r#"[ \t\n\r\\"'{}\[\],:%a-zA-Z0-9é😀-]{0,16}"#,
+            // What the compact form packs, and near misses it must keep as text.
+            "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-fA-F]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+            "[0-9]{1,21}",
+            "[+0-]?[0-9]{0,3}",
         ]
     }
 
@@ -729,6 +955,30 @@ mod tests {
         }
 
         #[test]
+        fn the_stored_form_is_what_it_was_before_the_compact_index(
+            objects in proptest::collection::vec(
+                (field(), field(), proptest::option::of(field()), field(), proptest::prelude::any::<u64>()),
+                0..24,
+            )
+        ) {
+            // The version-2 encoding, written from the fields as received: uid order, strings.
+            let mut k = KnownObjects::default();
+            let mut expected: std::collections::BTreeMap<&str, OwnedRecord> = Default::default();
+            for (uid, rv, ns, name, digest) in &objects {
+                k.remove(uid);
+                k.observe(uid, rv, ns.as_deref(), name, *digest);
+                let record = (uid.as_str().into(), rv.as_str().into(), ns.as_deref().map(Into::into), name.as_str().into(), *digest);
+                expected.insert(uid, record);
+            }
+            for b in 0..BUCKETS {
+                let records: Vec<&OwnedRecord> =
+                    expected.iter().filter(|(uid, _)| bucket_of(uid) == b).map(|(_, r)| r).collect();
+                let want = if records.is_empty() { Vec::new() } else { serde_json::to_vec(&records).unwrap() };
+                proptest::prop_assert_eq!(k.encode_bucket(b, true), want);
+            }
+        }
+
+        #[test]
         fn arbitrary_bytes_never_panic_the_bucket_decoder(
             b in 0..BUCKETS + 8,
             bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256),
@@ -738,6 +988,139 @@ mod tests {
             let encoding = if json { Encoding::Json } else { Encoding::Text };
             let _ = k.decode_bucket(b, &bytes, encoding);
         }
+    }
+
+    #[test]
+    fn uids_and_resource_versions_come_back_exactly_as_received() {
+        let uuid = "e79c3f23-b20e-4d2e-9431-2ecebf629d4a";
+        assert!(
+            matches!(Key::of(uuid), Key::Uuid(_)),
+            "the API server's form is packed"
+        );
+        let odd_uids = [
+            "E79C3F23-B20E-4D2E-9431-2ECEBF629D4A",
+            "{e79c3f23-b20e-4d2e-9431-2ecebf629d4a}",
+            "e79c3f23b20e4d2e94312ecebf629d4a",
+            "urn:uuid:e79c3f23-b20e-4d2e-9431-2ecebf629d4a",
+            "u1",
+            "",
+        ];
+        for uid in odd_uids {
+            assert_eq!(Key::of(uid), Key::Text(uid), "{uid:?} is kept as text");
+        }
+        let rvs = [
+            ("0", true),
+            ("123", true),
+            ("18446744073709551615", true),
+            ("18446744073709551616", false),
+            ("007", false),
+            ("+5", false),
+            ("-1", false),
+            (" 1", false),
+            ("", false),
+            ("rv-a", false),
+        ];
+        for (rv, integer) in rvs {
+            assert_eq!(matches!(Rv::new(rv), Rv::Int(_)), integer, "{rv:?}");
+        }
+        let mut k = KnownObjects::default();
+        let uids = std::iter::once(uuid).chain(odd_uids);
+        for (i, (uid, (rv, _))) in uids.zip(rvs.iter().cycle()).enumerate() {
+            let ns = (i % 2 == 0).then_some("ns");
+            assert_eq!(k.observe(uid, rv, ns, &format!("n{i}"), 0), Seen::New);
+            assert_eq!(k.observe(uid, rv, ns, &format!("n{i}"), 0), Seen::Unchanged);
+            let entry = k.get(uid).unwrap();
+            assert_eq!(
+                (&*entry.resource_version, entry.namespace.as_deref()),
+                (*rv, ns)
+            );
+        }
+        let mut back = KnownObjects::default();
+        for b in 0..BUCKETS {
+            back.decode_bucket(b, &k.encode_bucket(b, true), Encoding::Json)
+                .unwrap();
+        }
+        for uid in std::iter::once(uuid).chain(odd_uids) {
+            assert_eq!(back.get(uid), k.get(uid), "{uid:?}");
+        }
+        assert!(
+            back.get(&uuid.to_uppercase()).is_some(),
+            "a text uid is its own object"
+        );
+    }
+
+    #[test]
+    fn another_spelling_of_the_same_number_is_another_resource_version() {
+        let mut k = KnownObjects::default();
+        assert_eq!(k.observe("u", "7", None, "a", 0), Seen::New);
+        assert_eq!(k.observe("u", "07", None, "a", 0), Seen::Changed);
+        assert_eq!(&*k.get("u").unwrap().resource_version, "07");
+        assert_eq!(k.observe("u", "7", None, "a", 0), Seen::Changed);
+        assert_eq!(k.observe("u", "7", None, "a", 0), Seen::Unchanged);
+    }
+
+    #[test]
+    fn relist_diff_covers_packed_and_text_uids() {
+        let uuid = |i: u32| format!("{i:08x}-b20e-4d2e-9431-2ecebf629d4a");
+        let mut k = KnownObjects::default();
+        for i in 0..4 {
+            k.observe(&uuid(i), "10", Some("ns"), &format!("n{i}"), 0);
+            k.observe(&format!("text-{i}"), "rv-a", None, &format!("t{i}"), 0);
+        }
+        k.begin_relist();
+        assert_eq!(
+            k.observe(&uuid(0), "10", Some("ns"), "n0", 0),
+            Seen::Unchanged
+        );
+        assert_eq!(
+            k.observe(&uuid(1), "11", Some("ns"), "n1", 0),
+            Seen::Changed
+        );
+        assert_eq!(k.observe("text-0", "rv-a", None, "t0", 0), Seen::Unchanged);
+        assert_eq!(k.observe("text-1", "rv-b", None, "t1", 0), Seen::Changed);
+        assert_eq!(k.observe(&uuid(9), "12", Some("ns"), "n9", 0), Seen::New);
+        let gone: Vec<(String, String, Option<String>)> = k
+            .finish_relist()
+            .into_iter()
+            .map(|(uid, e)| {
+                (
+                    uid.into(),
+                    e.resource_version.into(),
+                    e.namespace.map(|n| n.to_string()),
+                )
+            })
+            .collect();
+        let ns = Some("ns".to_string());
+        assert_eq!(
+            gone,
+            vec![
+                (uuid(2), "10".into(), ns.clone()),
+                (uuid(3), "10".into(), ns),
+                ("text-2".into(), "rv-a".into(), None),
+                ("text-3".into(), "rv-a".into(), None),
+            ],
+            "sorted by uid"
+        );
+        assert_eq!(k.len(), 5);
+        assert_eq!(&*k.get(&uuid(1)).unwrap().resource_version, "11");
+    }
+
+    #[test]
+    fn namespaces_are_interned_once_and_entries_stay_small() {
+        let mut k = KnownObjects::default();
+        for i in 0..100 {
+            k.observe(&format!("u{i}"), "1", Some(["a", "b"][i % 2]), "x", 0);
+        }
+        k.remove("u0");
+        k.observe("v", "1", Some("a"), "x", 0);
+        assert_eq!(k.namespaces.len(), 2);
+        assert!(Arc::ptr_eq(
+            &k.get("u2").unwrap().namespace.unwrap(),
+            &k.get("v").unwrap().namespace.unwrap()
+        ));
+        // The layout the memory figures in docs/architecture.md rest on.
+        assert_eq!(std::mem::size_of::<Rv>(), 16);
+        assert!(std::mem::size_of::<([u8; 16], Slot)>() <= 72);
     }
 
     #[test]

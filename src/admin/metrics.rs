@@ -48,6 +48,7 @@ const RELISTS: [&str; 2] = ["initial", "gone"];
 
 /// The unit of every metric whose name ends in `_seconds`.
 static SECONDS: Unit = Unit::Seconds;
+static BYTES: Unit = Unit::Bytes;
 
 /// A registry holding the collector of `state`'s metrics, all named `kube_event_bridge_*`.
 pub(super) fn registry(state: Weak<State>) -> Registry {
@@ -137,7 +138,41 @@ fn process(encoder: &mut DescriptorEncoder, state: &State) -> fmt::Result {
         "Time API server requests were held back waiting for kubernetes.qps.",
         Some(&SECONDS),
         ConstCounter::new(api.waited().as_secs_f64()),
-    )
+    )?;
+    allocator(encoder)
+}
+
+/// The heap as jemalloc counts it (docs/architecture.md, "Memory"): what the program holds
+/// (`allocated`), the pages that serve it (`active`), the allocator's own `metadata`, what is in
+/// memory (`resident`) and what stays mapped though given back to the system (`retained`).
+fn allocator(encoder: &mut DescriptorEncoder) -> fmt::Result {
+    use tikv_jemalloc_ctl::{epoch, stats};
+    // The figures are a snapshot refreshed by advancing the epoch; a figure jemalloc cannot give
+    // is left out rather than reported as 0.
+    if epoch::advance().is_err() {
+        return Ok(());
+    }
+    let mut family = encoder.encode_descriptor(
+        "allocator",
+        "Heap bytes as the allocator (jemalloc) counts them, by state.",
+        Some(&BYTES),
+        MetricType::Gauge,
+    )?;
+    type Read = fn() -> Result<usize, tikv_jemalloc_ctl::Error>;
+    let states: [(&str, Read); 5] = [
+        ("allocated", stats::allocated::read),
+        ("active", stats::active::read),
+        ("metadata", stats::metadata::read),
+        ("resident", stats::resident::read),
+        ("retained", stats::retained::read),
+    ];
+    for (state, read) in states {
+        if let Ok(bytes) = read() {
+            let gauge = ConstGauge::new(i64::try_from(bytes).unwrap_or(i64::MAX));
+            gauge.encode(family.encode_family(&[("state", state)])?)?;
+        }
+    }
+    Ok(())
 }
 
 /// What happened to the changes each watch saw.
@@ -629,6 +664,12 @@ mod tests {
         assert!((before.0 as f64..=after.0 as f64).contains(&requests));
         let throttled = value("api_requests_throttled_total", "");
         assert!((before.1 as f64..=after.1 as f64).contains(&throttled));
+        let heap = |state: &str| value("allocator_bytes", &format!("state={state}"));
+        assert!(heap("allocated") > 0.0);
+        assert!(
+            heap("active") >= heap("allocated"),
+            "pages hold what is allocated"
+        );
         let waited = value("api_throttle_wait_seconds_total", "");
         let (from, to) = (before.2.as_secs_f64(), after.2.as_secs_f64());
         assert!(from - 1e-9 <= waited && waited <= to + 1e-9, "{waited}");
@@ -723,6 +764,7 @@ mod tests {
             ("api_requests", "counter"),
             ("api_requests_throttled", "counter"),
             ("api_throttle_wait_seconds", "counter"),
+            ("allocator_bytes", "gauge"),
             ("events_observed", "counter"),
             ("events_published", "counter"),
             ("events_filtered", "counter"),

@@ -23,6 +23,10 @@ use crate::status::{STALL_AFTER, count, kind_index};
 /// until then, to be sent again if it aborts.
 pub(super) const HELD_BYTES_MAX: usize = 16 << 20;
 
+/// Room for held events kept between transactions (a steady stream reuses it; a snapshot's
+/// transaction does not pin its size).
+const HELD_ROOM_KEPT: usize = 256;
+
 /// Retriable failures are retried at least this often.
 const RETRY_DELAY_MAX: Duration = Duration::from_secs(5);
 
@@ -65,9 +69,11 @@ impl Flight {
         self.queue.push_back(pending);
     }
 
-    /// The open transaction committed: what it held is durable.
+    /// The open transaction committed: what it held is durable. A snapshot's transaction can
+    /// hold thousands of events: their room is given back rather than kept for good.
     pub fn committed(&mut self) {
         self.held.clear();
+        self.held.shrink_to(HELD_ROOM_KEPT);
         self.held_bytes = 0;
     }
 

@@ -842,7 +842,7 @@ fn index_differs(
     }
     for (uid, (rv, name)) in want {
         let entry = known.get(uid);
-        let same = entry.is_some_and(|e| {
+        let same = entry.as_ref().is_some_and(|e| {
             &*e.resource_version == rv && &*e.name == name && e.namespace.as_deref() == Some(ns)
         });
         if !same {
