@@ -929,15 +929,26 @@ mod tests {
         ]
     }
 
+    /// Up to 24 objects as (uid, resourceVersion, namespace, name, digest); uids may repeat.
+    type Object = (String, String, Option<String>, String, u64);
+    fn objects() -> impl proptest::strategy::Strategy<Value = Vec<Object>> {
+        use proptest::prelude::*;
+        let object = (
+            field(),
+            field(),
+            proptest::option::of(field()),
+            field(),
+            any::<u64>(),
+        );
+        proptest::collection::vec(object, 0..24)
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
 
         #[test]
         fn every_field_round_trips(
-            objects in proptest::collection::vec(
-                (field(), field(), proptest::option::of(field()), field(), proptest::prelude::any::<u64>()),
-                0..24,
-            )
+            objects in objects()
         ) {
             let mut k = KnownObjects::default();
             for (uid, rv, ns, name, digest) in &objects {
@@ -956,10 +967,7 @@ mod tests {
 
         #[test]
         fn the_stored_form_is_what_it_was_before_the_compact_index(
-            objects in proptest::collection::vec(
-                (field(), field(), proptest::option::of(field()), field(), proptest::prelude::any::<u64>()),
-                0..24,
-            )
+            objects in objects()
         ) {
             // The version-2 encoding, written from the fields as received: uid order, strings.
             let mut k = KnownObjects::default();
