@@ -84,6 +84,15 @@ pub enum Error {
         /// What is wrong, and the fix.
         problem: String,
     },
+    /// The Kafka transaction holding the checkpoint was aborted by another watch sharing it:
+    /// the checkpoint is saved again with the next commit (nothing is wrong with the store).
+    #[error(
+        "checkpoint of watch {watch} not saved: another watch sharing the transaction aborted it"
+    )]
+    Aborted {
+        /// The watch.
+        watch: String,
+    },
     /// The store failed.
     #[error("checkpoint store {store}: {message}")]
     Store {

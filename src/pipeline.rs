@@ -117,6 +117,8 @@ struct State {
     failing: Option<Failing>,
     /// A commit was found due and is waiting for what is in flight to be acknowledged.
     commit_due: bool,
+    /// Another watch sharing the Kafka transaction waits for this one to commit.
+    requested: bool,
 }
 
 impl Pipeline {
@@ -149,10 +151,13 @@ impl Pipeline {
             st.commit_due |= st.flight.held_bytes >= HELD_BYTES_MAX
                 || elapsed >= interval.max(self.checkpoint_interval)
                 || (elapsed >= interval && rx.is_empty());
-            let due = st.commit_due && (pending || flushing);
+            // A watch that sent in a shared transaction commits when another asks: the
+            // transaction commits only with the checkpoint of every watch that sent in it.
+            let due = st.commit_due && (pending || flushing) || st.requested;
             let idle = st.flight.queue.is_empty();
             if idle && self.settle(&mut st, due, listing).await? {
                 st.commit_due = false;
+                st.requested = false;
                 continue;
             }
             if let Some(hb) = self.heartbeat.clone()
@@ -174,7 +179,9 @@ impl Pipeline {
             tokio::select! {
                 biased;
                 Some(done) = st.flight.queue.next(), if !idle => self.complete(done, &mut st).await?,
-                () = self.voided(), if !idle => self.restart_transaction(None, &mut st).await?,
+                // A shared transaction can be voided by another watch while this one is idle.
+                () = self.voided(), if transactional => self.restart_transaction(None, &mut st).await?,
+                () = self.requested(), if transactional && !st.requested => st.requested = true,
                 () = tokio::time::sleep_until(st.flight.progress + STALL_AFTER), if !idle && !st.flight.silence_reported => self.broker_silent(&mut st),
                 () = tokio::time::sleep_until(wake), if (pending || flushing) && idle => {}
                 () = tokio::time::sleep_until(heartbeat_wake.unwrap_or(wake)), if heartbeat_wake.is_some() && idle => {}
@@ -237,6 +244,7 @@ impl Pipeline {
             flight: Flight::default(),
             failing: None,
             commit_due: false,
+            requested: false,
         };
         if let Some(rv) = &st.committed {
             info!(rv = %rv, objects = st.classifier.known().len(), "resuming from checkpoint");
@@ -397,7 +405,8 @@ impl Pipeline {
 
     async fn commit(&mut self, st: &mut State) -> Result<()> {
         let Some(rv) = st.position.clone() else {
-            return Ok(());
+            // Nothing to checkpoint yet; a shared transaction still waits for this watch.
+            return self.commit_events(st).await;
         };
         // The cadence counts from the start of a commit: the next is due once this one has
         // completed and the interval has passed.
@@ -418,7 +427,8 @@ impl Pipeline {
                 // The checkpoint records went down with the transaction: write every bucket
                 // with the next one.
                 st.classifier.known().mark_all_dirty();
-                self.resend_after_abort(st, &e).await?;
+                let broken = !matches!(e, checkpoint::Error::Aborted { .. });
+                self.resend_after_abort(st, &e, broken).await?;
             }
             Err(e) => {
                 warn!(error = %e, "checkpoint not saved, will retry");

@@ -138,6 +138,11 @@ pub enum Error {
     /// A newer producer with the same transactional id exists: this instance must stop.
     #[error("producer fenced by a newer instance with the same transactional id")]
     Fenced,
+    /// Another watch sharing the open transaction voided it (a failed delivery of its own, or it
+    /// stopped with events in it): its events must be sent again after
+    /// [`Transactions::recover`], at once (nothing is wrong with this watch or the broker).
+    #[error("transaction aborted by another watch sharing it")]
+    TransactionAborted,
     /// The broker or client failed; the open transaction did not commit. Its events must be sent
     /// again after [`Transactions::recover`].
     #[error("{sink} transaction failed")]
@@ -284,6 +289,11 @@ pub trait Transactions: Send + Sync {
     /// and opens the next.
     fn commit(&self) -> BoxFuture<'_, Result<()>>;
 
+    /// Resolves while another watch sharing the open transaction, in which this one sent, waits
+    /// for this one to commit (its commit is then due: the transaction commits once every watch
+    /// that sent in it has saved its checkpoint into it).
+    fn requested(&self) -> BoxFuture<'_, ()>;
+
     /// The least time between the starts of two commits of a watch that is not listing: its
     /// transactions commit on this cadence, each carrying the checkpoint, independently of the
     /// checkpoint interval.
@@ -297,9 +307,9 @@ pub enum Checkpoints<'a> {
     Directory,
     /// A key-value bucket (`checkpoint.natsBucket`) of this JetStream.
     NatsBucket(&'a async_nats::jetstream::Context),
-    /// A compacted topic (`checkpoint.kafkaTopic`), written in the transaction of each watch's
-    /// events: every watch gets its own transactional producer
-    /// ([`kafka::KafkaSink::for_watch`]).
+    /// A compacted topic (`checkpoint.kafkaTopic`), written in the transactions of the
+    /// watches' events: the watches share a transactional producer, or with sharding each has
+    /// its own ([`kafka::KafkaSink::for_watch`]).
     KafkaTopic(&'a kafka::KafkaSink),
     /// Nowhere: this sink cannot keep checkpoints, for the reason given.
     Unsupported(&'static str),

@@ -11,6 +11,7 @@ use crate::checkpoint::{
     self, Backend, Cluster, FileStore, KafkaStore, NatsStore, Store, WatchKey,
 };
 use crate::config::Config;
+use crate::sink::kafka::Sharing;
 use crate::sink::{self, AnySink, Checkpoints};
 
 /// Errors of preparing the checkpoint stores or a watch's store.
@@ -39,8 +40,13 @@ pub struct Stores {
 
 #[expect(clippy::large_enum_variant, reason = "one value per process")]
 enum StoresKind {
-    /// Per-watch transactional producers writing to this topic.
-    Kafka { topic: String },
+    /// Transactional producers writing to this topic: one shared by the watches, with this
+    /// transactional id, or one per watch (sharding).
+    Kafka {
+        topic: String,
+        sharing: Sharing,
+        shared_id: String,
+    },
     /// One KV bucket.
     Nats(async_nats::jetstream::kv::Store),
     /// Files in a directory.
@@ -77,6 +83,12 @@ impl Stores {
                 checkpoint::kafka::ensure_topic(k.consumer_config(), &c.kafka_topic).await?;
                 StoresKind::Kafka {
                     topic: c.kafka_topic.clone(),
+                    sharing: if config.sharding.enabled {
+                        Sharing::Watch
+                    } else {
+                        Sharing::Sink
+                    },
+                    shared_id: transactional_id(config),
                 }
             }
             Checkpoints::NatsBucket(js) => {
@@ -103,8 +115,9 @@ impl Stores {
         self.cluster_uid.clone()
     }
 
-    /// The sink and checkpoint store of one watch. A Kafka watch gets its own transactional
-    /// producer (its transactional id fences an older instance of the same watch).
+    /// The sink and checkpoint store of one watch. A Kafka watch gets its share of the sink's
+    /// transactional producer, or with sharding one of its own (a transactional id fences an
+    /// older instance with the same id).
     pub async fn for_watch(
         &self,
         shared: &Arc<AnySink>,
@@ -112,11 +125,15 @@ impl Stores {
     ) -> Result<(Arc<AnySink>, Store)> {
         let cluster = self.cluster.clone();
         let (sink, backend) = match &self.kind {
-            StoresKind::Kafka { topic } => {
+            StoresKind::Kafka {
+                topic,
+                sharing,
+                shared_id,
+            } => {
                 let Checkpoints::KafkaTopic(kafka) = shared.checkpoints() else {
                     unreachable!("kafka stores need a kafka sink")
                 };
-                let producer = Arc::new(kafka.for_watch(&key.id).await?);
+                let producer = Arc::new(kafka.for_watch(&key.id, *sharing, shared_id).await?);
                 let backend = Backend::Kafka(KafkaStore {
                     key: key.clone(),
                     sink: producer.clone(),
@@ -141,4 +158,42 @@ impl Stores {
         };
         Ok((sink, Store::new(backend)))
     }
+}
+
+/// The transactional id the watches of this configuration share without sharding:
+/// `kube-event-bridge.{cluster}.{16 hex digits}`, the digits a hash of the checkpoint topic and
+/// of what the resources select. Replicas electing a leader share it (the new leader fences the
+/// old one); bridges watching other resources of the same cluster get another.
+fn transactional_id(config: &Config) -> String {
+    let mut selected = format!("{}\n", config.checkpoint.kafka_topic);
+    for r in &config.resources {
+        let excluded: Vec<String> = r
+            .exclude
+            .iter()
+            .map(|e| format!("{:?}/{:?}/{}", e.group, e.version, e.resource))
+            .collect();
+        selected.push_str(&format!(
+            "{}|{}|{:?}|{:?}|{:?}|{:?}|{:?}\n",
+            r.api_version(),
+            r.resource,
+            r.namespaces,
+            r.namespace_selector,
+            r.label_selector,
+            r.field_selector,
+            excluded,
+        ));
+    }
+    let safe: String = config
+        .cluster
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let hash = crate::known::stable_hash(selected.as_bytes());
+    format!("kube-event-bridge.{safe}.{hash:016x}")
 }

@@ -139,6 +139,16 @@ fn process(encoder: &mut DescriptorEncoder, state: &State) -> fmt::Result {
         Some(&SECONDS),
         ConstCounter::new(api.waited().as_secs_f64()),
     )?;
+    single(
+        encoder,
+        "kafka_transactional_producers",
+        "Transactional Kafka producers alive: one shared by the watches, or one per watch with sharding.",
+        None,
+        ConstGauge::new(
+            i64::try_from(crate::sink::kafka::PRODUCERS.load(Ordering::Relaxed))
+                .unwrap_or(i64::MAX),
+        ),
+    )?;
     allocator(encoder)
 }
 
@@ -764,6 +774,7 @@ mod tests {
             ("api_requests", "counter"),
             ("api_requests_throttled", "counter"),
             ("api_throttle_wait_seconds", "counter"),
+            ("kafka_transactional_producers", "gauge"),
             ("allocator_bytes", "gauge"),
             ("events_observed", "counter"),
             ("events_published", "counter"),

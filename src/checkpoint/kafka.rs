@@ -104,6 +104,9 @@ impl KafkaStore {
                 CommitError::Fenced => Error::Fenced {
                     watch: self.key.description.clone(),
                 },
+                CommitError::Aborted => Error::Aborted {
+                    watch: self.key.description.clone(),
+                },
                 other => store_err(other),
             })?;
         match plan {
@@ -130,7 +133,7 @@ impl KafkaStore {
         );
         records.push((format!("{}/meta", self.key.id), None));
         self.sink
-            .commit_tombstones(&self.topic, records)
+            .commit_with(&self.topic, records)
             .await
             .map_err(store_err)
     }

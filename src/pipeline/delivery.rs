@@ -211,6 +211,15 @@ impl Pipeline {
         Ok(true)
     }
 
+    /// Resolves while another watch sharing the open transaction waits for this one to commit;
+    /// never otherwise.
+    pub(super) async fn requested(&self) {
+        match self.sink.transactions() {
+            Some(transactions) => transactions.requested().await,
+            None => std::future::pending().await,
+        }
+    }
+
     /// Resolves once a delivery failed inside the open transaction; never otherwise.
     pub(super) async fn voided(&self) {
         match self.sink.transactions() {
@@ -293,7 +302,7 @@ impl Pipeline {
                 if largest.is_some() {
                     "a record too large for the broker"
                 } else {
-                    "failed in librdkafka (see its TXNERR line)"
+                    "voided by a failed delivery of this watch or of another sharing the transaction (see librdkafka's TXNERR line)"
                 },
                 |(_, error, _)| error.as_str()
             ),
@@ -307,17 +316,24 @@ impl Pipeline {
         Ok(())
     }
 
-    /// A commit failed: the transaction is aborted and what it held is sent again.
+    /// A commit failed: the transaction is aborted and what it held is sent again, after a
+    /// pause if the broker failed (`broken`); at once if another watch sharing the transaction
+    /// aborted it.
     pub(super) async fn resend_after_abort(
         &self,
         st: &mut State,
         error: &(dyn std::fmt::Display + Sync),
+        broken: bool,
     ) -> Result<()> {
         self.status
             .aborted_transactions
             .fetch_add(1, Ordering::Relaxed);
-        let failure = Failure::Lasting("broker_unavailable");
-        let delay = self.pause(st, failure, &error.to_string(), "-");
+        let delay = if broken {
+            let failure = Failure::Lasting("broker_unavailable");
+            self.pause(st, failure, &error.to_string(), "-")
+        } else {
+            Duration::ZERO
+        };
         warn!(error = %error, events = st.flight.held.len(), retry_in_ms = delay.as_millis() as u64, "kafka transaction did not commit: aborting it and sending its events again");
         tokio::time::sleep(delay).await;
         self.recover_transaction(st).await?;
@@ -357,8 +373,9 @@ impl Pipeline {
         match transactions.commit().await {
             Ok(()) => st.flight.committed(),
             Err(e) => {
+                let broken = !matches!(e, sink::Error::TransactionAborted);
                 let e = self.transaction_failed(e)?;
-                self.resend_after_abort(st, &e).await?;
+                self.resend_after_abort(st, &e, broken).await?;
             }
         }
         st.last_commit = started;

@@ -269,6 +269,10 @@ impl Transactions for ScriptedSink {
         Box::pin(std::future::ready(Ok(())))
     }
 
+    fn requested(&self) -> BoxFuture<'_, ()> {
+        Box::pin(std::future::pending())
+    }
+
     fn commit_interval(&self) -> Duration {
         COMMIT_INTERVAL
     }

@@ -23,3 +23,4 @@ mod sharding;
 mod stalls;
 mod store_check;
 mod support;
+mod transactions;

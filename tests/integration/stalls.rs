@@ -57,7 +57,7 @@ async fn create_topic_with(name: &str, configs: &[(&str, &str)]) {
 }
 
 /// Runs Kafka's own ACL tool against the test broker.
-fn kafka_acl(args: &[&str]) {
+pub(crate) fn kafka_acl(args: &[&str]) {
     let libs = std::env::var("KEB_KAFKA_LIBS").expect(
         "KEB_KAFKA_LIBS is not set: run the tests through scripts/test (scripts/testenv env)",
     );

@@ -1,9 +1,11 @@
 //! Kafka: one idempotent producer (`acks=all`), record key = partition key (the object's uid), so
 //! every change of an object lands in one partition, in order. Checkpoints live in a compacted
-//! topic, written in the transaction of each watch's events.
+//! topic, written in the transactions of the watches' events.
 
 mod config;
+mod group;
 mod sink;
 
 pub use config::{check_brokers, consumer_config, producer_config};
-pub use sink::{CommitError, KafkaSink, classify};
+pub use group::PRODUCERS;
+pub use sink::{CommitError, KafkaSink, Sharing, classify};

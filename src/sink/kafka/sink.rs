@@ -1,20 +1,21 @@
 //! The Kafka sink: one idempotent producer (`acks=all`), record key = partition key (the object's
-//! uid), so every change of an object lands in one partition, in order. With checkpoints, every
-//! watch gets its own transactional producer, whose transactions carry its events and its
-//! checkpoint records together.
+//! uid), so every change of an object lands in one partition, in order. With checkpoints, the
+//! watches share one transactional producer ([`super::group`]), whose transactions carry their
+//! events and their checkpoint records together; with sharding, each watch has its own.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
-use tokio::sync::watch;
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use tracing::warn;
 
 use super::config::{consumer_settings, producer_config};
+use super::group::{Group, Member, Records};
 use crate::change::ChangeKind;
 use crate::config::{ContentMode, KafkaConfig};
 use crate::encode::{DATA_CONTENT_TYPE, Event, STRUCTURED_CONTENT_TYPE};
@@ -24,7 +25,7 @@ use crate::sink::{
 use crate::template::Template;
 
 /// Errors of committing, aborting or starting a transaction.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum CommitError {
     /// A newer producer with the same transactional id exists: this instance must stop.
     #[error("producer fenced by a newer instance with the same transactional id")]
@@ -33,236 +34,163 @@ pub enum CommitError {
     /// again after [`KafkaSink::recover`].
     #[error("kafka transaction failed")]
     Kafka(#[source] KafkaError),
+    /// Another watch sharing the transaction voided it (a failed delivery, or it stopped with
+    /// events in it): its records must be sent again after [`KafkaSink::recover`].
+    #[error("kafka transaction aborted by another watch sharing it")]
+    Aborted,
 }
 
-/// How long transactional calls may block.
-const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// What a transactional producer needs to be made again after a fatal error, and the signal
-/// that a delivery failed inside the open transaction.
-#[derive(Debug, Clone)]
-struct Transactional {
-    id: String,
-    timeout: Duration,
-    /// The least time between the starts of two commits (`sink.kafka.commitIntervalMs`).
-    commit_interval: Duration,
-    /// Raised (`true`) by a failed delivery inside the open transaction: the transaction is
-    /// void, and librdkafka keeps what it had not sent yet (or must send again) queued until it
-    /// is aborted, neither sending nor timing it out (`message.timeout.ms` is 0). Whoever waits
-    /// for those deliveries in order must abort instead of waiting.
-    voided: Arc<watch::Sender<bool>>,
+/// How watches share transactional producers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sharing {
+    /// One producer for every watch of this sink, with this transactional id.
+    Sink,
+    /// One producer per watch, its transactional id made from the watch's (with sharding, where
+    /// each watch is fenced on its own).
+    Watch,
 }
 
 /// The Kafka sink.
 pub struct KafkaSink {
-    /// Replaced as a whole when a fatal error makes it unusable (transactional producers only).
-    producer: std::sync::RwLock<FutureProducer>,
+    /// The plain producer (without transactions), made at first use.
+    plain: Mutex<Option<FutureProducer>>,
     /// The producer's settings, secrets from files included (for consumers and admin clients).
     settings: ClientConfig,
-    transactional: Option<Transactional>,
+    /// A watch's share of a transactional producer.
+    member: Option<Member>,
     topic: Template,
     mode: ContentMode,
     /// The validated settings, for the transactional producers of the watches.
     config: KafkaConfig,
+    /// The shared transactional producers, by transactional id.
+    groups: tokio::sync::Mutex<HashMap<String, Weak<Group>>>,
 }
 
 impl std::fmt::Debug for KafkaSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KafkaSink")
             .field("topic", &self.topic.to_string())
+            .field("member", &self.member)
             .finish_non_exhaustive()
     }
 }
 
 impl KafkaSink {
-    /// Creates the producer (connections are made lazily by librdkafka).
+    /// Checks the settings; the producer is made at first use (a sink whose watches all use
+    /// transactions never makes it).
     pub fn new(config: &KafkaConfig, topic: Template) -> Result<Self> {
         let settings = producer_config(config)?;
-        let producer = settings.create().map_err(Error::KafkaClient)?;
-        Ok(Self {
-            producer: std::sync::RwLock::new(producer),
-            settings,
-            transactional: None,
-            topic,
-            mode: config.content_mode,
-            config: config.clone(),
-        })
+        settings
+            .create_native_config()
+            .map_err(Error::KafkaClient)?;
+        Ok(Self::with(settings, None, config, topic))
     }
 
-    /// The current producer (a cheap handle).
-    fn producer(&self) -> FutureProducer {
-        self.producer
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    /// Whether events are sent in transactions (with the checkpoint records).
-    pub fn is_transactional(&self) -> bool {
-        self.transactional.is_some()
-    }
-
-    /// The transactional producer of one watch, with the settings of this sink: its
-    /// transactional id (from `watch_id`) fences an older instance of the same watch.
-    pub async fn for_watch(&self, watch_id: &str) -> Result<Self> {
-        let id = format!("kube-event-bridge.{watch_id}");
-        Self::new_transactional(&self.config, self.topic.clone(), &id).await
-    }
-
-    /// Resolves once a delivery failed inside the open transaction (never for a sink without
-    /// transactions). The signal stays raised until [`KafkaSink::recover`] has aborted the
-    /// transaction and [`KafkaSink::settled_voided`] clears it.
-    async fn voided(&self) {
-        let Some(t) = &self.transactional else {
-            return std::future::pending().await;
-        };
-        // The sender lives as long as this sink: waiting cannot fail.
-        let _ = t.voided.subscribe().wait_for(|raised| *raised).await;
-    }
-
-    /// Every delivery of the aborted transaction has settled: the signal is lowered.
-    fn settled_voided(&self) {
-        if let Some(t) = &self.transactional {
-            t.voided.send_replace(false);
-        }
-    }
-
-    /// Creates a transactional producer for one watch: `init_transactions` fences any older
-    /// producer with the same id (a previous instance or a deposed leader), then a transaction
-    /// is opened for the first events. The broker aborts a transaction left open longer than
-    /// `transaction_timeout` (`sink.kafka.transactionTimeoutSecs`).
-    pub async fn new_transactional(
+    fn with(
+        settings: ClientConfig,
+        member: Option<Member>,
         config: &KafkaConfig,
         topic: Template,
-        transactional_id: &str,
-    ) -> Result<Self> {
-        let settings = producer_config(config)?;
-        let transactional = Transactional {
-            id: transactional_id.into(),
-            timeout: Duration::from_secs(config.transaction_timeout_secs),
-            commit_interval: Duration::from_millis(config.commit_interval_ms),
-            voided: Arc::new(watch::channel(false).0),
-        };
-        let producer = start_transactional(&settings, &transactional)
-            .await
-            .map_err(Error::KafkaClient)?;
-        Ok(Self {
-            producer: std::sync::RwLock::new(producer),
+    ) -> Self {
+        Self {
+            plain: Mutex::new(None),
             settings,
-            transactional: Some(transactional),
+            member,
             topic,
             mode: config.content_mode,
             config: config.clone(),
-        })
+            groups: tokio::sync::Mutex::new(HashMap::new()),
+        }
     }
 
-    /// Brings a transactional producer back to an open, empty transaction after a failed
-    /// delivery or commit: the open transaction is aborted (everything sent in it since the last
-    /// commit is discarded and must be sent again), and a producer that hit a fatal error is
-    /// replaced by a new one with the same transactional id. Fails with
-    /// [`CommitError::Fenced`] when another instance owns the id, and with
-    /// [`CommitError::Kafka`] while the broker cannot be reached (call again later).
-    async fn recover(&self) -> Result<(), CommitError> {
-        let Some(transactional) = &self.transactional else {
-            return Ok(());
+    /// The plain producer, made at first use.
+    fn plain(&self) -> Result<FutureProducer, KafkaError> {
+        let mut plain = self.plain.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = &*plain {
+            return Ok(p.clone());
+        }
+        let producer: FutureProducer = self.settings.create()?;
+        *plain = Some(producer.clone());
+        Ok(producer)
+    }
+
+    /// The sink of one watch, with the settings of this sink: its share of the sink's
+    /// transactional producer with id `shared_id` ([`Sharing::Sink`], made by the first
+    /// watch), or a transactional producer of its own ([`Sharing::Watch`]). A producer's
+    /// `init_transactions` fences an older instance with the same transactional id.
+    pub async fn for_watch(
+        &self,
+        watch_id: &str,
+        sharing: Sharing,
+        shared_id: &str,
+    ) -> Result<Self> {
+        let group = match sharing {
+            Sharing::Sink => self.shared_group(shared_id).await?,
+            Sharing::Watch => {
+                self.start_group(&format!("kube-event-bridge.{watch_id}"))
+                    .await?
+            }
         };
-        let producer = self.producer();
-        if let Some((code, reason)) = producer.client().fatal_error() {
-            if is_fenced(code) {
-                return Err(CommitError::Fenced);
-            }
-            warn!(code = ?code, reason = %reason, "kafka producer failed fatally: creating a new one");
-            return self.replace_producer(transactional).await;
-        }
-        let aborted = tokio::task::spawn_blocking(move || {
-            producer.abort_transaction(TRANSACTION_TIMEOUT)?;
-            producer.begin_transaction()
-        })
-        .await
-        .expect("abort task");
-        match aborted.map_err(classify_commit) {
-            Ok(()) => Ok(()),
-            Err(CommitError::Fenced) => Err(CommitError::Fenced),
-            Err(CommitError::Kafka(e)) if needs_new_producer(&e) => {
-                warn!(error = %e, "kafka transaction cannot be aborted: creating a new producer");
-                self.replace_producer(transactional).await
-            }
-            Err(e) => Err(e),
-        }
+        let member = group.join();
+        Ok(Self::with(
+            self.settings.clone(),
+            Some(member),
+            &self.config,
+            self.topic.clone(),
+        ))
     }
 
-    async fn replace_producer(&self, transactional: &Transactional) -> Result<(), CommitError> {
-        let producer = start_transactional(&self.settings, transactional)
+    /// The group with transactional id `id`, made if no watch holds it.
+    async fn shared_group(&self, id: &str) -> Result<Arc<Group>> {
+        let mut groups = self.groups.lock().await;
+        if let Some(group) = groups.get(id).and_then(Weak::upgrade) {
+            return Ok(group);
+        }
+        let group = self.start_group(id).await?;
+        groups.insert(id.to_string(), Arc::downgrade(&group));
+        Ok(group)
+    }
+
+    async fn start_group(&self, id: &str) -> Result<Arc<Group>> {
+        let timeout = Duration::from_secs(self.config.transaction_timeout_secs);
+        Group::start(&self.settings, id, timeout)
             .await
-            .map_err(classify_commit)?;
-        *self.producer.write().unwrap_or_else(|e| e.into_inner()) = producer;
-        Ok(())
+            .map_err(Error::KafkaClient)
     }
 
-    /// Commits the open transaction as it is (events only, no checkpoint record) and opens the
-    /// next: used during a long list, so that no transaction outlives the broker's timeout and
-    /// memory holds only what the open transaction holds.
-    async fn commit(&self) -> Result<(), CommitError> {
-        self.write_and_commit("", Vec::new(), true).await
+    /// The transactional id of this watch's producer.
+    pub fn transactional_id(&self) -> Option<&str> {
+        self.member.as_ref().map(Member::transactional_id)
+    }
+
+    /// Brings the shared transactional producer back to an open, empty transaction after a
+    /// failed delivery or commit (see [`Member::recover`]). Fails with [`CommitError::Fenced`]
+    /// when another instance owns the id, and with [`CommitError::Kafka`] while the broker
+    /// cannot be reached (call again later).
+    async fn recover(&self) -> Result<(), CommitError> {
+        match &self.member {
+            Some(m) => m.recover().await,
+            None => Ok(()),
+        }
     }
 
     /// Writes `records` (key, value; `None` is a tombstone) to `topic` in the open transaction,
-    /// commits it (events and checkpoint become visible to `read_committed` consumers together)
-    /// and opens the next.
-    pub async fn commit_with(
-        &self,
-        topic: &str,
-        records: Vec<(String, Option<Vec<u8>>)>,
-    ) -> Result<(), CommitError> {
-        assert!(
-            self.transactional.is_some(),
-            "commit_with needs a transactional producer"
-        );
-        self.write_and_commit(topic, records, true).await
+    /// and commits it together with the events and records of every watch that sent in it (so
+    /// events and checkpoints become visible to `read_committed` consumers together). Committing
+    /// flushes everything the transaction holds, and fails if any record of it was not stored.
+    pub async fn commit_with(&self, topic: &str, records: Records) -> Result<(), CommitError> {
+        let member = self
+            .member
+            .as_ref()
+            .expect("commit_with needs a transactional producer");
+        member.commit(topic, records).await
     }
 
-    /// Writes tombstones (`None` values delete a key in a compacted topic) and commits.
-    pub async fn commit_tombstones(
-        &self,
-        topic: &str,
-        records: Vec<(String, Option<Vec<u8>>)>,
-    ) -> Result<(), CommitError> {
-        self.write_and_commit(topic, records, false).await
-    }
-
-    /// Sends `records` in the open transaction, commits, and opens the next transaction if
-    /// `reopen`. The records' acknowledgements are not awaited one by one: committing flushes
-    /// everything the transaction holds (without waiting for `linger.ms`), and fails if any
-    /// record of it was not stored, so a commit costs one flush and one `EndTxn` round trip.
-    async fn write_and_commit(
-        &self,
-        topic: &str,
-        records: Vec<(String, Option<Vec<u8>>)>,
-        reopen: bool,
-    ) -> Result<(), CommitError> {
-        let producer = self.producer();
-        for (key, value) in &records {
-            let mut record: FutureRecord<'_, String, Vec<u8>> = FutureRecord::to(topic).key(key);
-            if let Some(v) = value {
-                record = record.payload(v);
-            }
-            // The delivery future is dropped: the commit reports a failed record.
-            producer
-                .send_result(record)
-                .map_err(|(e, _)| classify_commit(e))?;
-        }
-        tokio::task::spawn_blocking(move || {
-            wait_until_queue_empty(&producer, TRANSACTION_TIMEOUT);
-            producer.commit_transaction(TRANSACTION_TIMEOUT)?;
-            if reopen {
-                producer.begin_transaction()
-            } else {
-                Ok(())
-            }
-        })
-        .await
-        .expect("commit task")
-        .map_err(classify_commit)
+    /// Commits the open transaction as it is (events only, no checkpoint record): used during
+    /// a long list, so that no transaction outlives the broker's timeout and memory holds only
+    /// what the open transaction holds.
+    async fn commit(&self) -> Result<(), CommitError> {
+        self.commit_with("", Vec::new()).await
     }
 
     /// Client settings for consumers and admin clients (the checkpoint topic): the producer's
@@ -312,8 +240,9 @@ impl KafkaSink {
             .key(event.key())
             .payload(payload)
             .headers(headers);
-        let delivery = match self.enqueue(record).await {
-            Ok(d) => d,
+        let (txn, delivery) = match self.enqueue(record).await {
+            Ok(Some(sent)) => sent,
+            Ok(None) => return ready(event, Outcome::Aborted),
             Err(error) => return ready(event, classify(&error)),
         };
         // A tombstone right behind the delete (same key, so same partition and order): a
@@ -321,38 +250,56 @@ impl KafkaSink {
         let tombstone = if event.kind == ChangeKind::Deleted && event.info.tombstones {
             let record: FutureRecord<'_, str, [u8]> = FutureRecord::to(&topic).key(event.key());
             match self.enqueue(record).await {
-                Ok(d) => Some(d),
+                Ok(Some((_, d))) => Some(d),
+                Ok(None) => return ready(event, Outcome::Aborted),
                 Err(error) => return ready(event, classify(&error)),
             }
         } else {
             None
         };
-        let voided = self.transactional.as_ref().map(|t| t.voided.clone());
+        let voids = self.member.as_ref().map(Member::voider);
         Box::pin(async move {
             let mut outcome = settle(delivery).await;
             if let (Outcome::Acked, Some(t)) = (&outcome, tombstone) {
                 outcome = settle(t).await;
             }
-            if let (false, Some(voided)) = (matches!(outcome, Outcome::Acked), voided) {
-                voided.send_replace(true);
+            if let (false, Some(void), Some(txn)) = (matches!(outcome, Outcome::Acked), voids, txn)
+            {
+                void(txn);
             }
             Delivered { event, outcome }
         })
     }
 
-    /// Hands one record to librdkafka, waiting while its queue is full.
+    /// Hands one record to librdkafka, waiting while its queue is full; a watch's record goes
+    /// into the open transaction (whose number it returns). `None`: the watch must not send
+    /// now (a transaction it sent in is doomed; see [`Member::send`]).
     async fn enqueue<K, P>(
         &self,
         mut record: FutureRecord<'_, K, P>,
-    ) -> Result<rdkafka::producer::DeliveryFuture, KafkaError>
+    ) -> Result<Option<(Option<u64>, DeliveryFuture)>, KafkaError>
     where
         K: rdkafka::message::ToBytes + ?Sized,
         P: rdkafka::message::ToBytes + ?Sized,
     {
-        let producer = self.producer();
         loop {
-            match producer.send_result(record) {
-                Ok(delivery) => return Ok(delivery),
+            let (txn, sent) = match &self.member {
+                Some(m) => {
+                    let Some(sending) = m.sending().await else {
+                        return Ok(None);
+                    };
+                    let sent = sending.producer().send_result(record);
+                    match &sent {
+                        Ok(_) => sending.sent(),
+                        Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {}
+                        Err(_) => sending.refused(),
+                    }
+                    (Some(sending.txn()), sent)
+                }
+                None => (None, self.plain()?.send_result(record)),
+            };
+            match sent {
+                Ok(delivery) => return Ok(Some((txn, delivery))),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                     record = back;
                     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -362,7 +309,8 @@ impl KafkaSink {
         }
     }
 
-    /// Sends one structured CloudEvent to `topic` and waits for its acknowledgement.
+    /// Sends one structured CloudEvent to `topic` and waits for its acknowledgement (a watch's
+    /// goes into the open transaction, visible once it commits).
     async fn publish_raw(&self, topic: &str, key: &str, payload: &[u8]) -> Result<()> {
         let headers = OwnedHeaders::new_with_capacity(1).insert(Header {
             key: "content-type",
@@ -376,20 +324,31 @@ impl KafkaSink {
             destination: topic.to_string(),
             source: Box::new(error),
         };
-        let delivery = self
-            .producer()
-            .send_result(record)
-            .map_err(|(e, _)| failed(e))?;
-        match delivery.await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err((e, _))) => Err(failed(e)),
-            Err(_) => Err(failed(KafkaError::Canceled)),
+        let (txn, delivery) = match self.enqueue(record).await {
+            Ok(Some(sent)) => sent,
+            Ok(None) => return Err(Error::TransactionAborted),
+            Err(e) => return Err(failed(e)),
+        };
+        let error = match delivery.await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err((e, _))) => e,
+            Err(_) => KafkaError::Canceled,
+        };
+        if let (Some(m), Some(txn)) = (&self.member, txn) {
+            m.voider()(txn);
         }
+        Err(failed(error))
     }
 
     /// Flushes the producer's queue.
     async fn flush_queue(&self, timeout: Duration) {
-        let producer = self.producer();
+        let producer = match &self.member {
+            Some(m) => m.producer(),
+            None => match self.plain.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+                Some(p) => p,
+                None => return,
+            },
+        };
         let flushed = tokio::task::spawn_blocking(move || producer.flush(timeout)).await;
         if let Ok(Err(error)) = flushed {
             warn!(error = %error, "kafka flush incomplete");
@@ -425,9 +384,7 @@ impl Sink for KafkaSink {
     }
 
     fn transactions(&self) -> Option<&dyn Transactions> {
-        self.transactional
-            .as_ref()
-            .map(|_| self as &dyn Transactions)
+        self.member.as_ref().map(|_| self as &dyn Transactions)
     }
 
     fn checkpoints(&self) -> Checkpoints<'_> {
@@ -437,11 +394,23 @@ impl Sink for KafkaSink {
 
 impl Transactions for KafkaSink {
     fn voided(&self) -> BoxFuture<'_, ()> {
-        Box::pin(KafkaSink::voided(self))
+        match &self.member {
+            Some(m) => Box::pin(m.voided()),
+            None => Box::pin(std::future::pending()),
+        }
     }
 
     fn settled_voided(&self) {
-        KafkaSink::settled_voided(self);
+        if let Some(m) = &self.member {
+            m.settled_voided();
+        }
+    }
+
+    fn requested(&self) -> BoxFuture<'_, ()> {
+        match &self.member {
+            Some(m) => Box::pin(m.requested()),
+            None => Box::pin(std::future::pending()),
+        }
     }
 
     fn recover(&self) -> BoxFuture<'_, Result<()>> {
@@ -453,9 +422,7 @@ impl Transactions for KafkaSink {
     }
 
     fn commit_interval(&self) -> Duration {
-        self.transactional
-            .as_ref()
-            .map_or(Duration::ZERO, |t| t.commit_interval)
+        Duration::from_millis(self.config.commit_interval_ms)
     }
 }
 
@@ -463,6 +430,7 @@ impl From<CommitError> for Error {
     fn from(e: CommitError) -> Self {
         match e {
             CommitError::Fenced => Error::Fenced,
+            CommitError::Aborted => Error::TransactionAborted,
             CommitError::Kafka(source) => Error::Transaction {
                 sink: "kafka",
                 source: Box::new(source),
@@ -471,32 +439,8 @@ impl From<CommitError> for Error {
     }
 }
 
-/// Makes a transactional producer: `init_transactions` (fencing an older producer with the same
-/// id, and completing or aborting what it left open), then `begin_transaction`.
-async fn start_transactional(
-    settings: &ClientConfig,
-    transactional: &Transactional,
-) -> Result<FutureProducer, KafkaError> {
-    let producer: FutureProducer = settings
-        .clone()
-        .set("transactional.id", &transactional.id)
-        .set(
-            "transaction.timeout.ms",
-            transactional.timeout.as_millis().to_string(),
-        )
-        .create()?;
-    let p = producer.clone();
-    tokio::task::spawn_blocking(move || {
-        p.init_transactions(TRANSACTION_TIMEOUT)?;
-        p.begin_transaction()
-    })
-    .await
-    .expect("init_transactions task")?;
-    Ok(producer)
-}
-
 /// Codes that mean another producer with the same transactional id took over.
-fn is_fenced(code: RDKafkaErrorCode) -> bool {
+pub(super) fn is_fenced(code: RDKafkaErrorCode) -> bool {
     matches!(
         code,
         RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::Fenced
@@ -506,7 +450,7 @@ fn is_fenced(code: RDKafkaErrorCode) -> bool {
 /// Whether only a new producer gets out of this error: librdkafka's fatal errors, and "wrong
 /// state" (the producer is not where a transaction call expects it, for example after a commit
 /// whose outcome was lost), which a new producer's `init_transactions` resolves.
-fn needs_new_producer(e: &KafkaError) -> bool {
+pub(super) fn needs_new_producer(e: &KafkaError) -> bool {
     match e {
         KafkaError::Transaction(t) => t.is_fatal() || t.code() == RDKafkaErrorCode::State,
         other => matches!(
@@ -516,19 +460,7 @@ fn needs_new_producer(e: &KafkaError) -> bool {
     }
 }
 
-/// Waits, in steps of 100 µs, until nothing is queued in the producer (records in flight and
-/// delivery reports its polling thread has not served yet), or `limit` has passed.
-/// rust-rdkafka's `commit_transaction` flushes first, and its flush polls for up to 100 ms
-/// whenever anything is still queued: after the last acknowledgement the report is often still
-/// being served, so without this wait a commit took 100 ms instead of its round trip (7 ms here).
-fn wait_until_queue_empty(producer: &FutureProducer, limit: Duration) {
-    let deadline = std::time::Instant::now() + limit;
-    while producer.in_flight_count() > 0 && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_micros(100));
-    }
-}
-
-fn classify_commit(e: KafkaError) -> CommitError {
+pub(super) fn classify_commit(e: KafkaError) -> CommitError {
     let fenced = match &e {
         KafkaError::Transaction(t) => is_fenced(t.code()),
         other => other.rdkafka_error_code().is_some_and(is_fenced),
