@@ -1078,6 +1078,16 @@ mod tests {
         proptest::collection::vec(object, 0..24)
     }
 
+    /// The index after observing `objects` in order (a repeated uid is replaced).
+    fn index_of(objects: &[Object]) -> KnownObjects {
+        let mut k = KnownObjects::default();
+        for (uid, rv, ns, name, digest) in objects {
+            k.remove(uid);
+            k.observe(uid, rv, ns.as_deref(), name, *digest);
+        }
+        k
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
 
@@ -1085,11 +1095,7 @@ mod tests {
         fn every_field_round_trips(
             objects in objects()
         ) {
-            let mut k = KnownObjects::default();
-            for (uid, rv, ns, name, digest) in &objects {
-                k.remove(uid);
-                k.observe(uid, rv, ns.as_deref(), name, *digest);
-            }
+            let k = index_of(&objects);
             let mut back = KnownObjects::default();
             for b in 0..BUCKETS {
                 back.decode_bucket(b, &k.encode_bucket(b, true), Encoding::Json).unwrap();
@@ -1129,11 +1135,7 @@ mod tests {
             objects in objects(),
             bound in 0usize..600,
         ) {
-            let mut k = KnownObjects::default();
-            for (uid, rv, ns, name, digest) in &objects {
-                k.remove(uid);
-                k.observe(uid, rv, ns.as_deref(), name, *digest);
-            }
+            let k = index_of(&objects);
             let mut back = KnownObjects::default();
             for b in 0..BUCKETS {
                 let whole = k.encode_bucket(b, true);

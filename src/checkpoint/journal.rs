@@ -14,7 +14,8 @@
 //! - or it would exceed [`MAX_RECORDS`] records.
 //!
 //! One checkpoint's changes are split into records of at most [`RECORD_BYTES`], far below the
-//! 1 MB that Kafka (`max.message.bytes`) and NATS (`max_payload`) accept by default.
+//! 1 MB that Kafka (`max.message.bytes`) and NATS (`max_payload`) accept by default; a base
+//! bucket past that size is stored in parts of at most as much (the meta record names their number).
 //!
 //! Records are named by a writer id (16 random hex digits, one per store instance) and a
 //! sequence number; the meta record lists them as segments `[writer, first, last]`. A fenced
@@ -26,7 +27,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::known::{BUCKETS, KnownObjects, StoredEntry};
 
-/// The largest journal record written (an entry is never split; one entry is far smaller).
+/// The largest record a checkpoint writes: journal records, and the parts of a bucket that
+/// grows past it ([`KnownObjects::encode_bucket_parts`]). An entry is never split; one entry is
+/// far smaller.
 pub const RECORD_BYTES: usize = 256 * 1024;
 
 /// The most journal records kept before a compaction.
@@ -264,7 +267,7 @@ impl Journal {
     }
 
     /// The buckets stored in more than one part, with their number of parts, once a compaction
-    /// has stored `written` (as a meta record names them, [`super::Meta`]'s `parts`).
+    /// has stored `written` (as the meta record names them).
     pub fn parts_after(&self, written: &[(usize, Stored)]) -> BTreeMap<usize, usize> {
         let mut parts: BTreeMap<usize, usize> = (0..BUCKETS)
             .map(|b| (b, self.parts(b)))

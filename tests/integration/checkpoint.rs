@@ -12,6 +12,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, Role};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube_event_bridge::checkpoint::{Backend, NatsStore, Store, WatchKey};
 use kube_event_bridge::known::{KnownObjects, bucket_of};
+use kube_event_bridge::sink::kafka::KafkaSink;
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
 use serde_json::json;
 
@@ -765,36 +766,7 @@ async fn load_checkpoint(
     dir: &std::path::Path,
 ) -> Option<(Option<String>, KnownObjects, u64)> {
     let key = WatchKey::new(cluster, "v1", "configmaps", Some(ns), None, None);
-    let backend = match sink {
-        SinkKind::Kafka => {
-            let config: kube_event_bridge::config::KafkaConfig = serde_yaml_ng::from_str(&format!(
-                "bootstrapServers: \"{}\"",
-                crate::support::env().kafka_bootstrap
-            ))
-            .unwrap();
-            let topic = kube_event_bridge::template::Template::parse("unused").unwrap();
-            // Not transactional: it only reads, and never fences the running bridge.
-            let sink = kube_event_bridge::sink::kafka::KafkaSink::new(&config, topic).unwrap();
-            Backend::Kafka(kube_event_bridge::checkpoint::KafkaStore {
-                key,
-                sink: std::sync::Arc::new(sink),
-                topic: "kube-event-bridge.checkpoints".into(),
-                cluster: None,
-            })
-        }
-        SinkKind::Nats => {
-            let js = async_nats::jetstream::new(crate::support::nats_client().await);
-            let kv = js.get_key_value("kube-event-bridge").await.ok()?;
-            Backend::Nats(NatsStore::new(key, kv, None))
-        }
-        SinkKind::Stdout | SinkKind::Http => {
-            Backend::File(kube_event_bridge::checkpoint::FileStore {
-                path: dir.join(format!("{}.checkpoint", key.id)),
-                key,
-                cluster: None,
-            })
-        }
-    };
+    let backend = backend(sink, key, dir, false).await?;
     let mut store = Store::new(backend);
     let corrupt = std::sync::atomic::AtomicU64::new(0);
     let loaded = store.load(&corrupt).await.expect("the checkpoint loads")?;
@@ -808,6 +780,65 @@ async fn load_checkpoint(
         loaded.known,
         store.journal_records(),
     ))
+}
+
+/// The checkpoint backend of `key` for `sink`, as the bridge builds it. A `writer` on Kafka has
+/// a transactional producer of its own; a reader's producer is not transactional, so it never
+/// fences the running bridge. A NATS reader finds no backend if the KV bucket does not exist.
+async fn backend(
+    sink: SinkKind,
+    key: WatchKey,
+    dir: &std::path::Path,
+    writer: bool,
+) -> Option<Backend> {
+    let backend = match sink {
+        SinkKind::Kafka => {
+            let topic = "kube-event-bridge.checkpoints";
+            let config: kube_event_bridge::config::KafkaConfig = serde_yaml_ng::from_str(&format!(
+                "bootstrapServers: \"{}\"",
+                crate::support::env().kafka_bootstrap
+            ))
+            .unwrap();
+            let events = kube_event_bridge::template::Template::parse("unused").unwrap();
+            let sink = if writer {
+                kube_event_bridge::checkpoint::kafka::ensure_topic(
+                    crate::support::kafka_config(),
+                    topic,
+                )
+                .await
+                .unwrap();
+                let id = format!("kube-event-bridge.{}", key.id);
+                KafkaSink::new_transactional(&config, events, &id).await
+            } else {
+                KafkaSink::new(&config, events)
+            };
+            Backend::Kafka(kube_event_bridge::checkpoint::KafkaStore {
+                key,
+                sink: std::sync::Arc::new(sink.unwrap()),
+                topic: topic.into(),
+                cluster: None,
+            })
+        }
+        SinkKind::Nats => {
+            let js = async_nats::jetstream::new(crate::support::nats_client().await);
+            let kv = if writer {
+                kube_event_bridge::checkpoint::nats_bucket(&js, "kube-event-bridge")
+                    .await
+                    .unwrap()
+            } else {
+                js.get_key_value("kube-event-bridge").await.ok()?
+            };
+            Backend::Nats(NatsStore::new(key, kv, None))
+        }
+        SinkKind::Stdout | SinkKind::Http => {
+            Backend::File(kube_event_bridge::checkpoint::FileStore {
+                path: dir.join(format!("{}.checkpoint", key.id)),
+                key,
+                cluster: None,
+            })
+        }
+    };
+    Some(backend)
 }
 
 /// The configmaps of `ns`: uid → (resourceVersion, name).
@@ -1283,54 +1314,10 @@ async fn file_version_three_checkpoint_is_read_and_migrated() {
 }
 
 /// A store writing the checkpoint of the configmaps watch of `ns` in `cluster`, as the bridge
-/// does (Kafka: a transactional producer of its own).
+/// does.
 async fn writer_store(sink: SinkKind, cluster: &str, ns: &str, dir: &std::path::Path) -> Store {
     let key = WatchKey::new(cluster, "v1", "configmaps", Some(ns), None, None);
-    let backend = match sink {
-        SinkKind::Kafka => {
-            let topic = "kube-event-bridge.checkpoints";
-            kube_event_bridge::checkpoint::kafka::ensure_topic(
-                crate::support::kafka_config(),
-                topic,
-            )
-            .await
-            .unwrap();
-            let config: kube_event_bridge::config::KafkaConfig = serde_yaml_ng::from_str(&format!(
-                "bootstrapServers: \"{}\"",
-                crate::support::env().kafka_bootstrap
-            ))
-            .unwrap();
-            let events = kube_event_bridge::template::Template::parse("unused").unwrap();
-            let sink = kube_event_bridge::sink::kafka::KafkaSink::new_transactional(
-                &config,
-                events,
-                &format!("kube-event-bridge.{}", key.id),
-            )
-            .await
-            .unwrap();
-            Backend::Kafka(kube_event_bridge::checkpoint::KafkaStore {
-                key,
-                sink: std::sync::Arc::new(sink),
-                topic: topic.into(),
-                cluster: None,
-            })
-        }
-        SinkKind::Nats => {
-            let js = async_nats::jetstream::new(crate::support::nats_client().await);
-            let kv = kube_event_bridge::checkpoint::nats_bucket(&js, "kube-event-bridge")
-                .await
-                .unwrap();
-            Backend::Nats(NatsStore::new(key, kv, None))
-        }
-        SinkKind::Stdout | SinkKind::Http => {
-            Backend::File(kube_event_bridge::checkpoint::FileStore {
-                path: dir.join(format!("{}.checkpoint", key.id)),
-                key,
-                cluster: None,
-            })
-        }
-    };
-    Store::new(backend)
+    Store::new(backend(sink, key, dir, true).await.unwrap())
 }
 
 /// `n` objects of namespace `ns` with names of 250 characters, all in bucket 7: about 320 bytes
