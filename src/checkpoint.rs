@@ -1064,6 +1064,40 @@ mod tests {
         }
     }
 
+    /// A compaction whose transaction failed with an unknown outcome may have stored its
+    /// parts: the next compaction of the bucket tombstones them too.
+    #[test]
+    fn kafka_parts_of_a_commit_of_unknown_outcome_are_deleted_later() {
+        let k = key();
+        let (mut known, uids) = crowded(7, 3000);
+        let mut state = Journal::default();
+        state.compacted(
+            [(
+                7,
+                journal::Stored {
+                    bytes: 10,
+                    parts: 1,
+                },
+            )],
+            None,
+        );
+        known.mark_all_dirty();
+        let (_, written) = kafka::compaction(&k, &mut known, true, &state);
+        let parts = written.iter().find(|(b, _)| *b == 7).unwrap().1.parts;
+        state.maybe_stored(&written);
+        for uid in &uids[..2900] {
+            known.remove(uid);
+        }
+        let (records, _) = kafka::compaction(&k, &mut known, true, &state);
+        let tombstones: Vec<&str> = records
+            .iter()
+            .filter(|(_, v)| v.is_none())
+            .map(|(k, _)| k.as_str())
+            .collect();
+        let want: Vec<String> = (1..parts).map(|p| format!("{}/b/7.{p}", k.id)).collect();
+        assert_eq!(tombstones, want);
+    }
+
     /// A file's bucket past the record bound is one line per part; a missing or an extra part
     /// line makes the checkpoint damaged, and the repair's save stores it whole again. A crash
     /// before the new base is renamed into place loads the previous one.

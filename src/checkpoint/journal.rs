@@ -282,6 +282,15 @@ impl Journal {
         parts
     }
 
+    /// Records that a compaction writing `written` may or may not have been stored: each
+    /// bucket may now have as many parts as either state has, all of which the next compaction
+    /// that rewrites it deletes beyond what it writes.
+    pub fn maybe_stored(&mut self, written: &[(usize, Stored)]) {
+        for (b, stored) in written {
+            self.stored[*b].parts = self.stored[*b].parts.max(stored.parts);
+        }
+    }
+
     /// Records that a compaction stored `written` (an emptied bucket as 0 bytes) and dropped
     /// the journal; `base`: a file's new base id.
     pub fn compacted(

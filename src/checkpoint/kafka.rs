@@ -84,15 +84,18 @@ impl KafkaStore {
             }
         }
         records.push((format!("{}/meta", self.key.id), Some(meta.to_bytes())));
-        self.sink
-            .commit_with(&self.topic, records)
-            .await
-            .map_err(|e| match e {
-                CommitError::Fenced => Error::Fenced {
-                    watch: self.key.description.clone(),
-                },
-                other => store_err(other),
-            })?;
+        let committed = self.sink.commit_with(&self.topic, records).await;
+        if committed.is_err() {
+            // The transaction may have committed all the same (its outcome unknown): the next
+            // compaction deletes the parts either outcome left.
+            journal.maybe_stored(&written);
+        }
+        committed.map_err(|e| match e {
+            CommitError::Fenced => Error::Fenced {
+                watch: self.key.description.clone(),
+            },
+            other => store_err(other),
+        })?;
         match plan {
             Plan::Compact => journal.compacted(written, None),
             Plan::Append(appended) => journal.appended(reserved.as_ref(), &appended),
