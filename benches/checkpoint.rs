@@ -1,8 +1,9 @@
 //! Checkpoint cost after `k` changes of an index of `N` objects: a journal record (this
-//! build's checkpoint between compactions) against a rewrite of the dirty buckets (what every
-//! checkpoint wrote before the journal, and what a compaction writes). Measures the encoding,
-//! which is the part that grows with the index; the broker or disk write comes on top and
-//! grows with the same bytes. Prints the bytes each writes and the largest record.
+//! build's checkpoint between compactions) against a rewrite of the dirty buckets in parts of at
+//! most `RECORD_BYTES` (what every checkpoint wrote before the journal, and what a compaction
+//! writes). Measures the encoding, which is the part that grows with the index; the broker or
+//! disk write comes on top and grows with the same bytes. Prints the bytes each writes, the
+//! largest record and the number of records.
 //!
 //! `cargo bench --bench checkpoint` (`-- journal` or `-- base` for one side).
 
@@ -10,7 +11,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_main};
-use kube_event_bridge::checkpoint::journal::{Journal, Plan};
+use kube_event_bridge::checkpoint::journal::{Journal, Plan, RECORD_BYTES, Stored};
 use kube_event_bridge::known::{BUCKETS, KnownObjects};
 
 fn uid(i: u64) -> String {
@@ -48,17 +49,18 @@ fn churn(known: &mut KnownObjects, n: u64, k: u64, round: u64) {
     }
 }
 
-/// The buckets a save without a journal rewrites, encoded: (bytes, largest record).
-fn base(known: &mut KnownObjects) -> (usize, usize) {
-    let mut total = 0;
-    let mut largest = 0;
+/// The buckets a compaction rewrites, encoded in parts: (bytes, largest record, records).
+fn base(known: &mut KnownObjects) -> (usize, usize, usize) {
+    let (mut total, mut largest, mut records) = (0, 0, 0);
     for b in known.take_dirty() {
-        let record = known.encode_bucket(b, true);
-        total += record.len();
-        largest = largest.max(record.len());
+        for part in known.encode_bucket_parts(b, true, RECORD_BYTES) {
+            total += part.len();
+            largest = largest.max(part.len());
+            records += 1;
+        }
     }
     known.take_changes();
-    (total, largest)
+    (total, largest, records)
 }
 
 /// A journal checkpoint, encoded: (bytes, largest record).
@@ -77,14 +79,32 @@ fn bench(c: &mut Criterion) {
     for n in [10_000u64, 100_000, 1_000_000] {
         let mut known = index(n);
         let mut stored = Journal::default();
-        let whole: Vec<(usize, usize)> = (0..BUCKETS)
-            .map(|b| (b, known.encode_bucket(b, true).len()))
+        let parts: Vec<Vec<Vec<u8>>> = (0..BUCKETS)
+            .map(|b| known.encode_bucket_parts(b, true, RECORD_BYTES))
             .collect();
-        let largest_bucket = whole.iter().map(|(_, s)| *s).max().unwrap_or(0);
+        let whole: Vec<(usize, Stored)> = parts
+            .iter()
+            .enumerate()
+            .map(|(b, p)| {
+                let bytes = p.iter().map(Vec::len).sum();
+                (
+                    b,
+                    Stored {
+                        bytes,
+                        parts: p.len(),
+                    },
+                )
+            })
+            .collect();
+        let largest_bucket = whole.iter().map(|(_, s)| s.bytes).max().unwrap_or(0);
+        let largest_record = parts.iter().flatten().map(Vec::len).max().unwrap_or(0);
         eprintln!(
-            "N={n}: whole index {} bytes, largest bucket record {largest_bucket} bytes",
-            whole.iter().map(|(_, s)| s).sum::<usize>()
+            "N={n}: whole index {} bytes in {} records, largest bucket {largest_bucket} bytes, \
+             largest record {largest_record} bytes",
+            whole.iter().map(|(_, s)| s.bytes).sum::<usize>(),
+            whole.iter().map(|(_, s)| s.parts).sum::<usize>(),
         );
+        drop(parts);
         stored.compacted(whole, None);
         let mut round = 0;
         for k in [10u64, 100, 1_000, 10_000] {
@@ -93,12 +113,13 @@ fn bench(c: &mut Criterion) {
             }
             round += 1;
             churn(&mut known, n, k, round);
-            let (base_bytes, base_largest) = base(&mut known);
+            let (base_bytes, base_largest, base_records) = base(&mut known);
             round += 1;
             churn(&mut known, n, k, round);
             let (journal_bytes, journal_largest) = journal(&mut known, &stored);
             eprintln!(
-                "N={n} k={k}: base {base_bytes} bytes (largest record {base_largest}), \
+                "N={n} k={k}: base {base_bytes} bytes in {base_records} records (largest \
+                 {base_largest}), \
                  journal {journal_bytes} bytes (largest record {journal_largest})"
             );
             for (side, with_journal) in [("base", false), ("journal", true)] {
@@ -112,7 +133,8 @@ fn bench(c: &mut Criterion) {
                             let written = if with_journal {
                                 journal(&mut known, &stored)
                             } else {
-                                base(&mut known)
+                                let (bytes, largest, _) = base(&mut known);
+                                (bytes, largest)
                             };
                             spent += start.elapsed();
                             black_box(written);

@@ -21,8 +21,9 @@ use std::sync::Arc;
 use compact_str::CompactString;
 use uuid::Uuid;
 
-/// Number of buckets; a checkpoint stores each bucket as one record, so 100,000 objects make
-/// records of about 30 KB.
+/// Number of buckets; a checkpoint stores each bucket as one record (100,000 objects make
+/// records of about 30 KB), or in parts of bounded size once it grows past the bound
+/// ([`KnownObjects::encode_bucket_parts`]).
 pub const BUCKETS: usize = 256;
 
 /// What the index knows of one object, as [`KnownObjects::get`] gives it back (it is kept in
@@ -91,16 +92,38 @@ pub enum DecodeError {
         /// 1-based line number.
         line: usize,
     },
-    /// A JSON bucket is not a list of `[uid, resourceVersion, namespace|null, name, digest]`.
+    /// A JSON bucket (or one part of it) is not a list of
+    /// `[uid, resourceVersion, namespace|null, name, digest]`.
     #[error(
-        "bucket {bucket} is not a JSON list of [uid, resourceVersion, namespace|null, name, digest]"
+        "bucket {bucket}{} is not a JSON list of [uid, resourceVersion, namespace|null, name, digest]",
+        part_of(*.part)
     )]
     Json {
         /// The bucket number.
         bucket: usize,
+        /// The part, when the bucket is stored in several.
+        part: Option<usize>,
         /// The cause.
         #[source]
         source: serde_json::Error,
+    },
+    /// A part of a bucket stored in several is empty (a bucket is only split when its entries
+    /// fill more than one part).
+    #[error("bucket {bucket} part {part} is empty")]
+    EmptyPart {
+        /// The bucket number.
+        bucket: usize,
+        /// The part.
+        part: usize,
+    },
+    /// The entries of a bucket stored in several parts are not in uid order across the parts:
+    /// the parts were not split from one bucket record.
+    #[error("bucket {bucket} part {part} does not continue the uid order of the parts before it")]
+    Unordered {
+        /// The bucket number.
+        bucket: usize,
+        /// The first part out of order.
+        part: usize,
     },
     /// An object's uid belongs in another bucket (it could never be found there).
     #[error("bucket {bucket} holds an object of bucket {belongs}")]
@@ -564,26 +587,45 @@ impl KnownObjects {
     /// are written only if `digests` (see [`crate::checkpoint::Store::set_redacted`]): else 0,
     /// unknown.
     pub fn encode_bucket(&self, b: usize, digests: bool) -> Vec<u8> {
+        let mut whole = self.encode_bucket_parts(b, digests, usize::MAX);
+        whole.pop().unwrap_or_default()
+    }
+
+    /// One bucket in the current [`Encoding::Json`], split into parts of at most `bound` bytes:
+    /// each part is a JSON list of whole entries, the parts in uid order, so that they hold,
+    /// concatenated in order, what [`KnownObjects::encode_bucket`] holds (a bucket that fits is
+    /// one part, byte for byte that record; an empty bucket is one empty part). A part holds one
+    /// entry at least: only an entry longer than `bound` by itself makes a longer part.
+    pub fn encode_bucket_parts(&self, b: usize, digests: bool, bound: usize) -> Vec<Vec<u8>> {
         let bucket = &self.buckets[b];
-        if bucket.is_empty() {
-            return Vec::new();
+        let mut parts = Vec::new();
+        let mut part: Vec<u8> = Vec::new();
+        let mut entry = Vec::new();
+        for (uid, slot) in bucket.sorted() {
+            let record: Record<'_> = (
+                uid.as_str(),
+                RvText(&slot.resource_version),
+                slot.namespace
+                    .map(|id| &*self.namespaces[id.get() as usize - 1]),
+                slot.name.as_str(),
+                if digests { slot.digest } else { 0 },
+            );
+            entry.clear();
+            // Serializing strings and integers into memory cannot fail.
+            serde_json::to_writer(&mut entry, &record).expect("entry serializes");
+            // The separator before the entry and the `]` after it.
+            if !part.is_empty() && part.len().saturating_add(entry.len() + 2) > bound {
+                part.push(b']');
+                parts.push(std::mem::take(&mut part));
+            }
+            part.push(if part.is_empty() { b'[' } else { b',' });
+            part.extend_from_slice(&entry);
         }
-        let sorted = bucket.sorted();
-        let records: Vec<Record<'_>> = sorted
-            .iter()
-            .map(|(uid, slot)| {
-                (
-                    uid.as_str(),
-                    RvText(&slot.resource_version),
-                    slot.namespace
-                        .map(|id| &*self.namespaces[id.get() as usize - 1]),
-                    slot.name.as_str(),
-                    if digests { slot.digest } else { 0 },
-                )
-            })
-            .collect();
-        // Serializing strings and integers into memory cannot fail.
-        serde_json::to_vec(&records).expect("bucket serializes")
+        if !part.is_empty() {
+            part.push(b']');
+        }
+        parts.push(part);
+        parts
     }
 
     /// Loads one stored bucket (replacing what the index held for that bucket). On error the
@@ -594,15 +636,47 @@ impl KnownObjects {
         stored: &[u8],
         encoding: Encoding,
     ) -> Result<(), DecodeError> {
+        self.decode_bucket_parts(b, &[stored], encoding)
+    }
+
+    /// Loads one bucket stored in `parts` (as [`KnownObjects::encode_bucket_parts`] writes them,
+    /// in order), replacing what the index held for that bucket. A bucket in several parts must
+    /// have no empty part and its entries in uid order across the parts. On error the index is
+    /// unchanged.
+    pub fn decode_bucket_parts(
+        &mut self,
+        b: usize,
+        parts: &[&[u8]],
+        encoding: Encoding,
+    ) -> Result<(), DecodeError> {
         if b >= BUCKETS {
             return Err(DecodeError::Range { bucket: b });
         }
-        let records = match encoding {
-            Encoding::Text => decode_text(b, stored)?,
-            Encoding::Json if stored.is_empty() => Vec::new(),
-            Encoding::Json => serde_json::from_slice::<Vec<OwnedRecord>>(stored)
-                .map_err(|source| DecodeError::Json { bucket: b, source })?,
-        };
+        let split = parts.len() > 1;
+        let mut records: Vec<OwnedRecord> = Vec::new();
+        for (p, stored) in parts.iter().enumerate() {
+            let first = records.len();
+            match encoding {
+                Encoding::Text => records.extend(decode_text(b, stored)?),
+                Encoding::Json if stored.is_empty() && split => {
+                    return Err(DecodeError::EmptyPart { bucket: b, part: p });
+                }
+                Encoding::Json if stored.is_empty() => {}
+                Encoding::Json => {
+                    records.extend(serde_json::from_slice::<Vec<OwnedRecord>>(stored).map_err(
+                        |source| DecodeError::Json {
+                            bucket: b,
+                            part: split.then_some(p),
+                            source,
+                        },
+                    )?)
+                }
+            }
+            let ordered = |r: &[OwnedRecord]| r.windows(2).all(|w| w[0].0 < w[1].0);
+            if split && !ordered(&records[first.saturating_sub(1)..]) {
+                return Err(DecodeError::Unordered { bucket: b, part: p });
+            }
+        }
         let mut bucket = Bucket::default();
         for (uid, rv, ns, name, digest) in records {
             let belongs = bucket_of(&uid);
@@ -652,6 +726,11 @@ impl KnownObjects {
             digest: slot.digest,
         }
     }
+}
+
+/// `" part {p}"` for a bucket stored in parts, else nothing.
+fn part_of(part: Option<usize>) -> String {
+    part.map(|p| format!(" part {p}")).unwrap_or_default()
 }
 
 /// The records of a version-1 text bucket.
@@ -892,6 +971,62 @@ mod tests {
         );
     }
 
+    /// Parts that are empty, out of uid order, repeated or swapped are refused, leaving the
+    /// index as it was.
+    #[test]
+    fn parts_out_of_order_or_empty_are_refused() {
+        let mut k = KnownObjects::default();
+        let mut i = 0;
+        while k.buckets[3].len() < 40 {
+            let uid = format!("uid-{i}");
+            if bucket_of(&uid) == 3 {
+                k.observe(&uid, "1", Some("ns"), &format!("name-{i}"), 7);
+            }
+            i += 1;
+        }
+        let parts = k.encode_bucket_parts(3, true, 400);
+        assert!(parts.len() > 3, "{} parts", parts.len());
+        let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+        let mut back = KnownObjects::default();
+        back.decode_bucket_parts(3, &refs, Encoding::Json).unwrap();
+        assert_eq!(back.len(), 40);
+
+        let mut swapped = refs.clone();
+        swapped.swap(1, 2);
+        let mut repeated = refs.clone();
+        repeated[2] = refs[1];
+        let mut emptied = refs.clone();
+        emptied[1] = b"";
+        let mut fresh = KnownObjects::default();
+        for (bad, want) in [
+            (swapped, "part 2 does not continue"),
+            (repeated, "part 2 does not continue"),
+            (emptied, "part 1 is empty"),
+        ] {
+            let error = fresh
+                .decode_bucket_parts(3, &bad, Encoding::Json)
+                .unwrap_err();
+            assert!(error.to_string().contains(want), "{error}");
+        }
+        let mut broken = refs.clone();
+        broken[1] = b"[[";
+        let error = fresh
+            .decode_bucket_parts(3, &broken, Encoding::Json)
+            .unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("bucket 3 part 1 is not a JSON list"),
+            "{error}"
+        );
+        assert_eq!(fresh.len(), 0, "unchanged");
+        let error = fresh.decode_bucket(3, b"[[", Encoding::Json).unwrap_err();
+        assert!(
+            error.to_string().starts_with("bucket 3 is not a JSON list"),
+            "{error}"
+        );
+    }
+
     #[test]
     fn a_hundred_thousand_objects_fit_in_broker_sized_records() {
         let mut k = KnownObjects::default();
@@ -943,6 +1078,16 @@ mod tests {
         proptest::collection::vec(object, 0..24)
     }
 
+    /// The index after observing `objects` in order (a repeated uid is replaced).
+    fn index_of(objects: &[Object]) -> KnownObjects {
+        let mut k = KnownObjects::default();
+        for (uid, rv, ns, name, digest) in objects {
+            k.remove(uid);
+            k.observe(uid, rv, ns.as_deref(), name, *digest);
+        }
+        k
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
 
@@ -950,11 +1095,7 @@ mod tests {
         fn every_field_round_trips(
             objects in objects()
         ) {
-            let mut k = KnownObjects::default();
-            for (uid, rv, ns, name, digest) in &objects {
-                k.remove(uid);
-                k.observe(uid, rv, ns.as_deref(), name, *digest);
-            }
+            let k = index_of(&objects);
             let mut back = KnownObjects::default();
             for b in 0..BUCKETS {
                 back.decode_bucket(b, &k.encode_bucket(b, true), Encoding::Json).unwrap();
@@ -983,6 +1124,42 @@ mod tests {
                     expected.iter().filter(|(uid, _)| bucket_of(uid) == b).map(|(_, r)| r).collect();
                 let want = if records.is_empty() { Vec::new() } else { serde_json::to_vec(&records).unwrap() };
                 proptest::prop_assert_eq!(k.encode_bucket(b, true), want);
+            }
+        }
+
+        /// Any index round-trips through parts of any bound: each part is a JSON list of whole
+        /// entries no longer than the bound (or a single entry), one part is exactly the
+        /// bucket's record, and the parts load back to the same bucket.
+        #[test]
+        fn any_index_round_trips_through_parts_of_any_bound(
+            objects in objects(),
+            bound in 0usize..600,
+        ) {
+            let k = index_of(&objects);
+            let mut back = KnownObjects::default();
+            for b in 0..BUCKETS {
+                let whole = k.encode_bucket(b, true);
+                let parts = k.encode_bucket_parts(b, true, bound);
+                let entries: usize = parts
+                    .iter()
+                    .map(|p| serde_json::from_slice::<Vec<OwnedRecord>>(p).map_or(0, |r| r.len()))
+                    .sum();
+                proptest::prop_assert_eq!(entries, k.buckets[b].len());
+                for part in &parts {
+                    let n = serde_json::from_slice::<Vec<OwnedRecord>>(part).map_or(0, |r| r.len());
+                    proptest::prop_assert!(part.len() <= bound || n <= 1, "{} bytes, {n} entries", part.len());
+                }
+                if parts.len() == 1 {
+                    proptest::prop_assert_eq!(&parts[0], &whole);
+                } else {
+                    proptest::prop_assert!(parts.iter().all(|p| !p.is_empty()));
+                }
+                let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+                back.decode_bucket_parts(b, &refs, Encoding::Json).unwrap();
+            }
+            proptest::prop_assert_eq!(back.len(), k.len());
+            for (uid, ..) in &objects {
+                proptest::prop_assert_eq!(back.get(uid), k.get(uid));
             }
         }
 

@@ -1,7 +1,9 @@
 //! Checkpoints of the stdout sink in local files, one base and one journal per watch.
 //!
 //! The base: the meta record on the first line, then one `{bucket}\t{record}` line per
-//! non-empty bucket (version 1 files: one line per object); replaced atomically at a compaction
+//! non-empty bucket, or for a bucket larger than [`RECORD_BYTES`] one line per part, the first
+//! `{bucket}\t{part}` and the others `{bucket}.{part number}\t{part}` (version 1 files: one
+//! line per object); replaced atomically at a compaction
 //! (write a temporary file, fsync, rename, fsync the directory), then the journal is deleted.
 //! The journal, `{base}.journal`: one [`Record`] per line, appended and fsynced by each
 //! checkpoint between compactions (see [`super::journal`]). Each line names the base it
@@ -13,8 +15,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::journal::{Journal, Plan, Record, Segment};
-use super::{Cluster, Found, Meta, Result, WatchKey};
+use super::journal::{Journal, Plan, RECORD_BYTES, Record, Segment, Stored};
+use super::{Cluster, Found, Meta, Parts, Result, WatchKey};
 use crate::known::{BUCKETS, Encoding, KnownObjects};
 
 /// A checkpoint file.
@@ -71,7 +73,7 @@ impl FileStore {
                 let mut meta = Meta::new(&self.key, self.cluster.as_ref(), resource_version, known);
                 let base = format!("{:016x}", super::random_u64());
                 meta.base = Some(base.clone());
-                let (out, sizes) = encode(&meta, known, digests);
+                let (out, sizes) = encode(meta, known, digests);
                 let (path, lines) = (self.path.clone(), self.journal_path());
                 tokio::task::spawn_blocking(move || replace(&path, &out, &lines))
                     .await
@@ -153,22 +155,36 @@ fn sync_dir(path: &Path) -> std::io::Result<()> {
     }
 }
 
-/// The file's content, and the size of each bucket's record.
-fn encode(meta: &Meta, known: &KnownObjects, digests: bool) -> (Vec<u8>, Vec<usize>) {
+/// The file's content (`meta` completed with the buckets' parts), and how each bucket is stored.
+fn encode(mut meta: Meta, known: &KnownObjects, digests: bool) -> (Vec<u8>, Vec<Stored>) {
+    let buckets: Vec<Vec<Vec<u8>>> = (0..BUCKETS)
+        .map(|b| known.encode_bucket_parts(b, digests, RECORD_BYTES))
+        .collect();
+    meta.parts = (0..BUCKETS)
+        .zip(&buckets)
+        .filter(|(_, parts)| parts.len() > 1)
+        .map(|(b, parts)| (b, parts.len()))
+        .collect();
     let mut out = meta.to_bytes();
     out.push(b'\n');
-    let mut sizes = vec![0; BUCKETS];
-    for (b, size) in sizes.iter_mut().enumerate() {
-        let record = known.encode_bucket(b, digests);
-        *size = record.len();
-        if !record.is_empty() {
+    let mut stored = vec![Stored::default(); BUCKETS];
+    for (b, parts) in buckets.into_iter().enumerate() {
+        stored[b].bytes = parts.iter().map(Vec::len).sum();
+        if stored[b].bytes == 0 {
+            continue;
+        }
+        stored[b].parts = parts.len();
+        for (p, part) in parts.into_iter().enumerate() {
             // A JSON record never holds a raw line break.
-            out.extend_from_slice(format!("{b}\t").as_bytes());
-            out.extend_from_slice(&record);
+            match p {
+                0 => out.extend_from_slice(format!("{b}\t").as_bytes()),
+                p => out.extend_from_slice(format!("{b}.{p}\t").as_bytes()),
+            }
+            out.extend_from_slice(&part);
             out.push(b'\n');
         }
     }
-    (out, sizes)
+    (out, stored)
 }
 
 /// Decodes a checkpoint file and its journal (`lines`) and records in `journal` what is stored.
@@ -206,7 +222,10 @@ pub(super) fn decode(
     let found = Found::assemble(
         key,
         meta,
-        records.iter().map(|(b, r)| (*b, Some(&r[..]))),
+        records
+            .iter()
+            .map(|(b, parts)| (*b, parts.iter().map(|(p, r)| (*p, &r[..])).collect()))
+            .collect::<Parts<'_>>(),
         replay
             .lines
             .iter()
@@ -220,22 +239,23 @@ pub(super) fn decode(
     Ok(found)
 }
 
-/// The records of the base's buckets, and what is wrong with its lines.
-fn base_records(meta: &Meta, body: &[u8]) -> (BTreeMap<usize, Vec<u8>>, Vec<String>) {
-    let mut records: BTreeMap<usize, Vec<u8>> = BTreeMap::new();
+/// The records of a base's buckets: bucket → part → record.
+type BaseRecords = BTreeMap<usize, BTreeMap<usize, Vec<u8>>>;
+
+/// The records of the base's buckets (bucket → part → record), and what is wrong with its
+/// lines.
+fn base_records(meta: &Meta, body: &[u8]) -> (BaseRecords, Vec<String>) {
+    let mut records = BaseRecords::new();
     let mut problems = Vec::new();
     for (i, line) in body.split(|&c| c == b'\n').enumerate() {
         if line.is_empty() {
             continue;
         }
         let parsed = line.iter().position(|&c| c == b'\t').and_then(|tab| {
-            let b = std::str::from_utf8(&line[..tab])
-                .ok()?
-                .parse::<usize>()
-                .ok()?;
-            Some((b, &line[tab + 1..]))
+            let name = std::str::from_utf8(&line[..tab]).ok()?;
+            Some((super::parse_part(name)?, &line[tab + 1..]))
         });
-        let Some((b, record)) = parsed else {
+        let Some(((b, p), record)) = parsed else {
             problems.push(format!(
                 "line {} does not start with a bucket number",
                 i + 2
@@ -244,13 +264,18 @@ fn base_records(meta: &Meta, body: &[u8]) -> (BTreeMap<usize, Vec<u8>>, Vec<Stri
         };
         match meta.encoding() {
             Encoding::Text => {
-                let text = records.entry(b).or_default();
+                let text = records.entry(b).or_default().entry(p).or_default();
                 text.extend_from_slice(record);
                 text.push(b'\n');
             }
             Encoding::Json => {
-                if records.insert(b, record.to_vec()).is_some() {
-                    problems.push(format!("bucket {b} appears twice"));
+                if records
+                    .entry(b)
+                    .or_default()
+                    .insert(p, record.to_vec())
+                    .is_some()
+                {
+                    problems.push(format!("bucket {b} part {p} appears twice"));
                 }
             }
         }

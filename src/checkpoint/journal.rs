@@ -14,17 +14,22 @@
 //! - or it would exceed [`MAX_RECORDS`] records.
 //!
 //! One checkpoint's changes are split into records of at most [`RECORD_BYTES`], far below the
-//! 1 MB that Kafka (`max.message.bytes`) and NATS (`max_payload`) accept by default.
+//! 1 MB that Kafka (`max.message.bytes`) and NATS (`max_payload`) accept by default; a base
+//! bucket past that size is stored in parts of at most as much (the meta record names their number).
 //!
 //! Records are named by a writer id (16 random hex digits, one per store instance) and a
 //! sequence number; the meta record lists them as segments `[writer, first, last]`. A fenced
 //! instance writing at the same time as its successor therefore never overwrites its records.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::known::{BUCKETS, KnownObjects, StoredEntry};
 
-/// The largest journal record written (an entry is never split; one entry is far smaller).
+/// The largest record a checkpoint writes: journal records, and the parts of a bucket that
+/// grows past it ([`KnownObjects::encode_bucket_parts`]). An entry is never split; one entry is
+/// far smaller.
 pub const RECORD_BYTES: usize = 256 * 1024;
 
 /// The most journal records kept before a compaction.
@@ -32,6 +37,15 @@ pub const MAX_RECORDS: u64 = 1024;
 
 /// The journal may always grow to this many bytes, however small the base.
 pub const MIN_JOURNAL_BYTES: usize = 64 * 1024;
+
+/// How one base bucket is stored.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stored {
+    /// Its bytes, over all parts.
+    pub bytes: usize,
+    /// The number of its records (see [`KnownObjects::encode_bucket_parts`]); 0 if none is.
+    pub parts: usize,
+}
 
 /// A run of records of one writer, numbered `first..=last`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -140,8 +154,8 @@ pub struct Journal {
     segments: Vec<Segment>,
     /// Their total bytes.
     bytes: usize,
-    /// The stored size of each base bucket.
-    bucket_bytes: Vec<usize>,
+    /// How each base bucket is stored.
+    stored: Vec<Stored>,
     /// Whether a base is stored that the journal may extend.
     based: bool,
     /// File: the id of the stored base.
@@ -158,7 +172,7 @@ impl Default for Journal {
             next: 1,
             segments: Vec::new(),
             bytes: 0,
-            bucket_bytes: vec![0; BUCKETS],
+            stored: vec![Stored::default(); BUCKETS],
             based: false,
             base: None,
             strays: Vec::new(),
@@ -223,7 +237,7 @@ impl Journal {
         let records = encode(known, changed, digests, stamp);
         let bytes: usize = records.iter().map(Vec::len).sum();
         let records_after = self.stored_records() + records.len() as u64;
-        let base_bytes: usize = self.bucket_bytes.iter().sum();
+        let base_bytes: usize = self.stored.iter().map(|s| s.bytes).sum();
         if records_after > MAX_RECORDS
             || self.bytes + bytes > (base_bytes / 2).max(MIN_JOURNAL_BYTES)
         {
@@ -247,15 +261,45 @@ impl Journal {
         self.bytes += records.iter().map(Vec::len).sum::<usize>();
     }
 
-    /// Records that a compaction stored `written` (bucket, bytes; 0 for an emptied bucket) and
-    /// dropped the journal; `base`: a file's new base id.
+    /// The number of records bucket `b` is stored in (0: none).
+    pub fn parts(&self, b: usize) -> usize {
+        self.stored.get(b).map_or(0, |s| s.parts)
+    }
+
+    /// The buckets stored in more than one part, with their number of parts, once a compaction
+    /// has stored `written` (as the meta record names them).
+    pub fn parts_after(&self, written: &[(usize, Stored)]) -> BTreeMap<usize, usize> {
+        let mut parts: BTreeMap<usize, usize> = (0..BUCKETS)
+            .map(|b| (b, self.parts(b)))
+            .filter(|(_, n)| *n > 1)
+            .collect();
+        for (b, stored) in written {
+            parts.remove(b);
+            if stored.parts > 1 {
+                parts.insert(*b, stored.parts);
+            }
+        }
+        parts
+    }
+
+    /// Records that a compaction writing `written` may or may not have been stored: each
+    /// bucket may now have as many parts as either state has, all of which the next compaction
+    /// that rewrites it deletes beyond what it writes.
+    pub fn maybe_stored(&mut self, written: &[(usize, Stored)]) {
+        for (b, stored) in written {
+            self.stored[*b].parts = self.stored[*b].parts.max(stored.parts);
+        }
+    }
+
+    /// Records that a compaction stored `written` (an emptied bucket as 0 bytes) and dropped
+    /// the journal; `base`: a file's new base id.
     pub fn compacted(
         &mut self,
-        written: impl IntoIterator<Item = (usize, usize)>,
+        written: impl IntoIterator<Item = (usize, Stored)>,
         base: Option<String>,
     ) {
-        for (b, bytes) in written {
-            self.bucket_bytes[b] = bytes;
+        for (b, stored) in written {
+            self.stored[b] = stored;
         }
         self.segments.clear();
         self.strays.clear();
@@ -264,18 +308,19 @@ impl Journal {
         self.base = base;
     }
 
-    /// Records what a load found: the base's bucket sizes, the journal's segments and bytes.
+    /// Records what a load found: how the base's buckets are stored, the journal's segments
+    /// and bytes.
     pub fn loaded(
         &mut self,
-        bucket_bytes: impl IntoIterator<Item = (usize, usize)>,
+        buckets: impl IntoIterator<Item = (usize, Stored)>,
         segments: Vec<Segment>,
         journal_bytes: usize,
         base: Option<String>,
     ) {
-        self.bucket_bytes = vec![0; BUCKETS];
-        for (b, bytes) in bucket_bytes {
+        self.stored = vec![Stored::default(); BUCKETS];
+        for (b, stored) in buckets {
             if b < BUCKETS {
-                self.bucket_bytes[b] = bytes;
+                self.stored[b] = stored;
             }
         }
         self.segments = segments;
@@ -389,6 +434,17 @@ mod tests {
         known
     }
 
+    /// How the buckets of `known` are stored in one record each.
+    fn stored(known: &KnownObjects) -> Vec<(usize, Stored)> {
+        (0..BUCKETS)
+            .map(|b| (b, sized(known.encode_bucket(b, true).len())))
+            .collect()
+    }
+
+    fn sized(bytes: usize) -> Stored {
+        Stored { bytes, parts: 1 }
+    }
+
     /// Every bucket as stored, hashed: equal for equal indexes.
     fn contents(known: &KnownObjects) -> (usize, u64) {
         let all: Vec<u8> = (0..BUCKETS)
@@ -481,10 +537,7 @@ mod tests {
     fn large_deltas_are_split_into_records_well_under_broker_limits() {
         let mut known = index(100_000);
         let mut journal = Journal::default();
-        journal.compacted(
-            (0..BUCKETS).map(|b| (b, known.encode_bucket(b, true).len())),
-            None,
-        );
+        journal.compacted(stored(&known), None);
         known.take_changes();
         for i in 0..12_000 {
             known.observe(&uid(i), "2", Some("team"), &format!("cm-{i}"), 3_000_000);
@@ -518,10 +571,7 @@ mod tests {
         let base: usize = (0..BUCKETS)
             .map(|b| known.encode_bucket(b, true).len())
             .sum();
-        journal.compacted(
-            (0..BUCKETS).map(|b| (b, known.encode_bucket(b, true).len())),
-            None,
-        );
+        journal.compacted(stored(&known), None);
         // Rounds of 500 changes (about 1/20 of the base each) until the journal is full.
         let mut journaled = 0;
         for round in 0..20u32 {
@@ -552,7 +602,7 @@ mod tests {
 
         // The record bound: one change per checkpoint.
         let mut journal = Journal::default();
-        journal.compacted((0..BUCKETS).map(|b| (b, 1 << 20)), None);
+        journal.compacted((0..BUCKETS).map(|b| (b, sized(1 << 20))), None);
         let mut saves = 0;
         loop {
             known.observe(
@@ -572,7 +622,7 @@ mod tests {
         assert_eq!(saves, MAX_RECORDS);
         // A relist's worth of changes is not tracked one by one: a compaction.
         let mut journal = Journal::default();
-        journal.compacted((0..BUCKETS).map(|b| (b, 1 << 30)), None);
+        journal.compacted((0..BUCKETS).map(|b| (b, sized(1 << 30))), None);
         known.begin_relist();
         for i in 0..10_000 {
             known.observe(&uid(i), "relisted", Some("team"), &format!("cm-{i}"), 1);
@@ -737,7 +787,7 @@ mod tests {
         loaded.observe(&uid(3), "41", Some("team"), "cm-3", 1);
         store.save("41", &mut loaded).await.unwrap();
         let text = std::fs::read_to_string(dir.path().join("w.checkpoint")).unwrap();
-        assert!(text.starts_with(r#"{"version":3,"#), "{text}");
+        assert!(text.starts_with(r#"{"version":4,"#), "{text}");
         assert!(
             !journal_path(&dir).exists(),
             "the migration rewrites the base"

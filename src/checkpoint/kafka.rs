@@ -1,7 +1,8 @@
-//! Kafka checkpoints: records `{id}/meta`, `{id}/b/{bucket}` and journal records
+//! Kafka checkpoints: records `{id}/meta`, `{id}/b/{bucket}` (and `{id}/b/{bucket}.{part}` for
+//! the further parts of a bucket larger than [`RECORD_BYTES`]) and journal records
 //! `{id}/j/{writer}/{sequence}` (see [`super::journal`]) in a compacted topic with one
 //! partition, written in the transaction of the events they cover. A compaction tombstones the
-//! journal records in the same transaction.
+//! journal records, and the parts a shrunk bucket no longer needs, in the same transaction.
 //!
 //! The topic must keep the last record of every key for ever (`cleanup.policy=compact`; with
 //! `delete` retention would silently drop the checkpoints of quiet watches) and keep one watch's
@@ -17,8 +18,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
-use super::journal::{Journal, Plan};
-use super::{Cluster, Error, Found, Meta, Result, WatchKey};
+use super::journal::{Journal, Plan, RECORD_BYTES, Stored};
+use super::{Cluster, Error, Found, Meta, Parts, Result, WatchKey};
 use crate::known::{BUCKETS, KnownObjects};
 use crate::sink::kafka::{CommitError, KafkaSink};
 
@@ -54,10 +55,6 @@ impl KafkaStore {
         decode(&self.key, self.cluster.as_ref(), &records, journal)
     }
 
-    fn journal_key(&self, writer: &str, seq: u64) -> String {
-        format!("{}/j/{writer}/{seq}", self.key.id)
-    }
-
     pub(super) async fn save(
         &self,
         resource_version: &str,
@@ -72,43 +69,36 @@ impl KafkaStore {
         let mut reserved = None;
         match &plan {
             Plan::Compact => {
-                for b in known.take_dirty() {
-                    let record = known.encode_bucket(b, digests);
-                    written.push((b, record.len()));
-                    records.push((format!("{}/b/{b}", self.key.id), Some(record)));
-                }
-                for segment in journal.segments() {
-                    for (writer, seq) in segment.names() {
-                        records.push((self.journal_key(writer, seq), None));
-                    }
-                }
-                for stray in journal.strays() {
-                    records.push((stray.clone(), None));
-                }
+                (records, written) = compaction(&self.key, known, digests, journal);
+                meta.parts = journal.parts_after(&written);
             }
             Plan::Append(appended) => {
+                meta.parts = journal.parts_after(&[]);
                 reserved = journal.reserve(appended.len());
                 let names = reserved.iter().flat_map(|s| s.names());
                 for ((writer, seq), record) in names.zip(appended) {
-                    records.push((self.journal_key(writer, seq), Some(record.clone())));
+                    records.push((journal_key(&self.key, writer, seq), Some(record.clone())));
                 }
                 // The journal as it is once this transaction commits.
                 meta.journal = journal.segments_after(reserved.as_ref());
             }
         }
         records.push((format!("{}/meta", self.key.id), Some(meta.to_bytes())));
-        self.sink
-            .commit_with(&self.topic, records)
-            .await
-            .map_err(|e| match e {
-                CommitError::Fenced => Error::Fenced {
-                    watch: self.key.description.clone(),
-                },
-                CommitError::Aborted => Error::Aborted {
-                    watch: self.key.description.clone(),
-                },
-                other => store_err(other),
-            })?;
+        let committed = self.sink.commit_with(&self.topic, records).await;
+        if committed.is_err() {
+            // The transaction may have committed all the same (its outcome unknown): the next
+            // compaction deletes the parts either outcome left.
+            journal.maybe_stored(&written);
+        }
+        committed.map_err(|e| match e {
+            CommitError::Fenced => Error::Fenced {
+                watch: self.key.description.clone(),
+            },
+            CommitError::Aborted => Error::Aborted {
+                watch: self.key.description.clone(),
+            },
+            other => store_err(other),
+        })?;
         match plan {
             Plan::Compact => journal.compacted(written, None),
             Plan::Append(appended) => journal.appended(reserved.as_ref(), &appended),
@@ -123,12 +113,18 @@ impl KafkaStore {
             .await
             .map_err(store_err)?;
         let mut records: Vec<(String, Option<Vec<u8>>)> = (0..BUCKETS)
-            .map(|b| (format!("{}/b/{b}", self.key.id), None))
+            .map(|b| (part_key(&self.key, b, 0), None))
             .collect();
+        // Journal records and further parts of buckets.
+        let (journal, parts) = (format!("{prefix}j/"), format!("{prefix}b/"));
         records.extend(
             stored
                 .into_keys()
-                .filter(|k| k.starts_with(&format!("{prefix}j/")))
+                .filter(|k| {
+                    k.starts_with(&journal)
+                        || k.strip_prefix(&parts)
+                            .is_some_and(|name| name.contains('.'))
+                })
                 .map(|k| (k, None)),
         );
         records.push((format!("{}/meta", self.key.id), None));
@@ -137,6 +133,60 @@ impl KafkaStore {
             .await
             .map_err(store_err)
     }
+}
+
+/// Records of one transaction: key and value (`None`: a tombstone).
+type Records = Vec<(String, Option<Vec<u8>>)>;
+
+fn journal_key(key: &WatchKey, writer: &str, seq: u64) -> String {
+    format!("{}/j/{writer}/{seq}", key.id)
+}
+
+/// The record of part `part` of bucket `b`.
+fn part_key(key: &WatchKey, b: usize, part: usize) -> String {
+    match part {
+        0 => format!("{}/b/{b}", key.id),
+        p => format!("{}/b/{b}.{p}", key.id),
+    }
+}
+
+/// The records of a compaction: the dirty buckets in parts, tombstones for the parts they no
+/// longer need, for the journal and for stray records; and how the buckets are stored once
+/// they are written.
+pub(super) fn compaction(
+    key: &WatchKey,
+    known: &mut KnownObjects,
+    digests: bool,
+    journal: &Journal,
+) -> (Records, Vec<(usize, Stored)>) {
+    let mut records = Vec::new();
+    let mut written = Vec::new();
+    for b in known.take_dirty() {
+        let parts = known.encode_bucket_parts(b, digests, RECORD_BYTES);
+        let stored = Stored {
+            bytes: parts.iter().map(Vec::len).sum(),
+            parts: parts.len(),
+        };
+        written.push((b, stored));
+        for (p, part) in parts.into_iter().enumerate() {
+            records.push((part_key(key, b, p), Some(part)));
+        }
+        for p in stored.parts..journal.parts(b) {
+            records.push((part_key(key, b, p), None));
+        }
+    }
+    for segment in journal.segments() {
+        for (writer, seq) in segment.names() {
+            records.push((journal_key(key, writer, seq), None));
+        }
+    }
+    // A stray may be a part this compaction writes again: it must stay.
+    let writes: std::collections::HashSet<String> =
+        records.iter().map(|(k, _)| k.clone()).collect();
+    for stray in journal.strays().iter().filter(|k| !writes.contains(*k)) {
+        records.push((stray.clone(), None));
+    }
+    (records, written)
 }
 
 /// Decodes the records of one watch (key → last value, keys starting with `{id}/`). Never
@@ -154,15 +204,20 @@ pub(super) fn decode(
     let meta = match Meta::decode(key, meta) {
         Ok(meta) => meta,
         Err(e) => {
-            // Which journal records it named is unknown: the compaction deletes them all.
-            let journal_prefix = format!("{prefix}j/");
-            let strays = records.keys().filter(|k| k.starts_with(&journal_prefix));
+            // Which journal records and parts it named is unknown: the compaction deletes them
+            // all (and writes the parts it needs again).
+            let (journal_prefix, parts) = (format!("{prefix}j/"), format!("{prefix}b/"));
+            let strays = records.keys().filter(|k| {
+                k.starts_with(&journal_prefix)
+                    || k.strip_prefix(&parts)
+                        .is_some_and(|name| name.contains('.'))
+            });
             journal.set_strays(strays.cloned().collect());
             return Ok(Some(Found::unreadable(e)));
         }
     };
     meta.check_cluster(key, cluster)?;
-    let mut buckets = Vec::new();
+    let mut buckets = Parts::new();
     let mut problems = Vec::new();
     let named: Vec<String> = meta
         .journal
@@ -186,11 +241,10 @@ pub(super) fn decode(
             }
             continue;
         }
-        match rest
-            .strip_prefix("b/")
-            .and_then(|b| b.parse::<usize>().ok())
-        {
-            Some(b) => buckets.push((b, Some(&v[..]))),
+        match rest.strip_prefix("b/").and_then(super::parse_part) {
+            Some((b, p)) => {
+                buckets.entry(b).or_default().insert(p, &v[..]);
+            }
             None => problems.push(format!("record {k:?} is neither meta nor a bucket")),
         }
     }

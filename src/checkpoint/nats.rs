@@ -1,17 +1,21 @@
-//! NATS checkpoints in a KV bucket: `{id}.meta`, `{id}.b{bucket}.{generation}` and journal
-//! records `{id}.j.{writer}.{sequence}` (see [`super::journal`]). A save writes its journal
-//! records, or at a compaction the changed buckets under a fresh generation, then swaps the meta
-//! record with compare-and-swap on the revision this instance last wrote or read, which fences
-//! a stale writer (whose records have names of their own); buckets and journal records the new
-//! meta record no longer names are purged afterwards.
+//! NATS checkpoints in a KV bucket: `{id}.meta`, `{id}.b{bucket}.{generation}` (and
+//! `{id}.b{bucket}.{generation}.{part}` for the further parts of a bucket larger than
+//! [`RECORD_BYTES`]) and journal records `{id}.j.{writer}.{sequence}` (see
+//! [`super::journal`]). A save writes its journal records, or at a compaction the changed
+//! buckets (all their parts) under a fresh generation, then swaps the meta record with
+//! compare-and-swap on the revision this instance last wrote or read, which fences a stale
+//! writer (whose records have names of their own); buckets, parts and journal records the new
+//! meta record no longer names are purged afterwards. Until the swap the previous meta record
+//! names only records that are still there, so a crash or a failed write at any point leaves the
+//! previous checkpoint whole.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use async_nats::jetstream::kv;
 use bytes::Bytes;
 
-use super::journal::{Journal, Plan, Segment};
-use super::{Cluster, Error, Found, Meta, Result, WatchKey};
+use super::journal::{Journal, Plan, RECORD_BYTES, Segment, Stored};
+use super::{Cluster, Error, Found, Meta, Parts, Result, WatchKey};
 use crate::known::KnownObjects;
 
 /// One watch's NATS checkpoints.
@@ -22,8 +26,9 @@ pub struct NatsStore {
     cluster: Option<Cluster>,
     /// The meta record's revision this instance last wrote or read.
     revision: Option<u64>,
-    /// The generation of each non-empty bucket, as the meta record at `revision` names them.
-    buckets: BTreeMap<usize, String>,
+    /// The generation and number of parts of each non-empty bucket, as the meta record at
+    /// `revision` names them.
+    buckets: Named,
     /// A meta record whose write failed with an unknown outcome (its reply was lost), and the
     /// buckets and journal records it names: the store may hold it.
     unconfirmed: Option<Unconfirmed>,
@@ -33,9 +38,12 @@ pub struct NatsStore {
 #[derive(Debug)]
 struct Unconfirmed {
     value: Bytes,
-    buckets: BTreeMap<usize, String>,
+    buckets: Named,
     journal: Vec<Segment>,
 }
+
+/// Bucket → (generation, number of parts).
+type Named = BTreeMap<usize, (String, usize)>;
 
 /// How a compare-and-swap of the meta record ended.
 enum Swap {
@@ -70,8 +78,12 @@ impl NatsStore {
         format!("{}.meta", self.key.id)
     }
 
-    fn bucket_key(&self, b: usize, generation: &str) -> String {
-        format!("{}.b{b}.{generation}", self.key.id)
+    /// The key of part `part` of bucket `b` in `generation`.
+    fn bucket_key(&self, b: usize, generation: &str, part: usize) -> String {
+        match part {
+            0 => format!("{}.b{b}.{generation}", self.key.id),
+            p => format!("{}.b{b}.{generation}.{p}", self.key.id),
+        }
     }
 
     fn journal_key(&self, writer: &str, seq: u64) -> String {
@@ -91,14 +103,17 @@ impl NatsStore {
             Err(e) => return Ok(Some(Found::unreadable(e))),
         };
         meta.check_cluster(&self.key, self.cluster.as_ref())?;
-        let mut stored = Vec::with_capacity(meta.buckets.len());
+        let mut stored: BTreeMap<usize, Vec<(usize, Bytes)>> = BTreeMap::new();
         for (b, generation) in &meta.buckets {
-            let record = self
-                .kv
-                .get(self.bucket_key(*b, generation))
-                .await
-                .map_err(store_err)?;
-            stored.push((*b, record));
+            let parts = stored.entry(*b).or_default();
+            for p in 0..meta.parts_of(*b) {
+                let record = self
+                    .kv
+                    .get(self.bucket_key(*b, generation, p))
+                    .await
+                    .map_err(store_err)?;
+                parts.extend(record.map(|r| (p, r)));
+            }
         }
         let mut records = Vec::new();
         for (writer, seq) in meta.journal.iter().flat_map(Segment::names) {
@@ -109,11 +124,19 @@ impl NatsStore {
                 .map_err(store_err)?;
             records.push((format!("{writer}.{seq}"), record));
         }
-        self.buckets = meta.buckets.clone();
+        self.buckets = meta
+            .buckets
+            .iter()
+            .map(|(b, g)| (*b, (g.clone(), meta.parts_of(*b))))
+            .collect();
+        let found: Parts<'_> = stored
+            .iter()
+            .map(|(b, parts)| (*b, parts.iter().map(|(p, r)| (*p, &r[..])).collect()))
+            .collect();
         Ok(Some(Found::assemble(
             &self.key,
             meta,
-            stored.iter().map(|(b, r)| (*b, r.as_deref())),
+            found,
             records.iter().map(|(name, r)| (name.clone(), r.as_deref())),
             Vec::new(),
             journal,
@@ -136,16 +159,22 @@ impl NatsStore {
             Plan::Compact => {
                 let generation = format!("{:016x}", super::random_u64());
                 for b in known.take_dirty() {
-                    let record = known.encode_bucket(b, digests);
-                    written.push((b, record.len()));
+                    let parts = known.encode_bucket_parts(b, digests, RECORD_BYTES);
                     buckets.remove(&b);
-                    if !record.is_empty() {
+                    let bytes = parts.iter().map(Vec::len).sum();
+                    if bytes == 0 {
+                        written.push((b, Stored::default()));
+                        continue;
+                    }
+                    let n = parts.len();
+                    written.push((b, Stored { bytes, parts: n }));
+                    for (p, part) in parts.into_iter().enumerate() {
                         self.kv
-                            .put(self.bucket_key(b, &generation), Bytes::from(record))
+                            .put(self.bucket_key(b, &generation, p), Bytes::from(part))
                             .await
                             .map_err(store_err)?;
-                        buckets.insert(b, generation.clone());
                     }
+                    buckets.insert(b, (generation.clone(), n));
                 }
             }
             Plan::Append(records) => {
@@ -160,7 +189,12 @@ impl NatsStore {
                 meta.journal = journal.segments_after(reserved.as_ref());
             }
         }
-        meta.buckets = buckets.clone();
+        meta.buckets = buckets.iter().map(|(b, (g, _))| (*b, g.clone())).collect();
+        meta.parts = buckets
+            .iter()
+            .filter(|(_, (_, n))| *n > 1)
+            .map(|(b, (_, n))| (*b, *n))
+            .collect();
         let value = Bytes::from(meta.to_bytes());
         let revision = self.swap_meta(value, &buckets, &meta.journal).await?;
         let stale = self.stale_after(&buckets, &meta.journal, journal);
@@ -182,11 +216,11 @@ impl NatsStore {
     /// compaction), and those of an unconfirmed write (whether or not it happened).
     fn stale_after(
         &mut self,
-        buckets: &BTreeMap<usize, String>,
+        buckets: &Named,
         segments: &[Segment],
         journal: &Journal,
     ) -> BTreeSet<String> {
-        let mut stale: BTreeSet<(usize, String)> =
+        let mut stale: BTreeSet<(usize, (String, usize))> =
             std::mem::take(&mut self.buckets).into_iter().collect();
         let mut old_journal: Vec<Segment> = journal.segments().to_vec();
         if let Some(unconfirmed) = self.unconfirmed.take() {
@@ -199,7 +233,8 @@ impl NatsStore {
         let keep: BTreeSet<(&str, u64)> = segments.iter().flat_map(Segment::names).collect();
         let mut keys: BTreeSet<String> = stale
             .into_iter()
-            .map(|(b, g)| self.bucket_key(b, &g))
+            .flat_map(|(b, (g, n))| (0..n).map(move |p| (b, g.clone(), p)))
+            .map(|(b, g, p)| self.bucket_key(b, &g, p))
             .collect();
         for (writer, seq) in old_journal.iter().flat_map(Segment::names) {
             if !keep.contains(&(writer, seq)) {
@@ -216,7 +251,7 @@ impl NatsStore {
     async fn swap_meta(
         &mut self,
         value: Bytes,
-        buckets: &BTreeMap<usize, String>,
+        buckets: &Named,
         journal: &[Segment],
     ) -> Result<u64> {
         let mut adopted = false;
