@@ -42,11 +42,7 @@ pub struct Stores {
 enum StoresKind {
     /// Transactional producers writing to this topic: one shared by the watches, with this
     /// transactional id, or one per watch (sharding).
-    Kafka {
-        topic: String,
-        sharing: Sharing,
-        shared_id: String,
-    },
+    Kafka { topic: String, sharing: Sharing },
     /// One KV bucket.
     Nats(async_nats::jetstream::kv::Store),
     /// Files in a directory.
@@ -86,9 +82,8 @@ impl Stores {
                     sharing: if config.sharding.enabled {
                         Sharing::Watch
                     } else {
-                        Sharing::Sink
+                        Sharing::Sink(transactional_id(config))
                     },
-                    shared_id: transactional_id(config),
                 }
             }
             Checkpoints::NatsBucket(js) => {
@@ -125,15 +120,11 @@ impl Stores {
     ) -> Result<(Arc<AnySink>, Store)> {
         let cluster = self.cluster.clone();
         let (sink, backend) = match &self.kind {
-            StoresKind::Kafka {
-                topic,
-                sharing,
-                shared_id,
-            } => {
+            StoresKind::Kafka { topic, sharing } => {
                 let Checkpoints::KafkaTopic(kafka) = shared.checkpoints() else {
                     unreachable!("kafka stores need a kafka sink")
                 };
-                let producer = Arc::new(kafka.for_watch(&key.id, *sharing, shared_id).await?);
+                let producer = Arc::new(kafka.for_watch(&key.id, sharing).await?);
                 let backend = Backend::Kafka(KafkaStore {
                     key: key.clone(),
                     sink: producer.clone(),

@@ -807,8 +807,9 @@ async fn backend(
                 )
                 .await
                 .unwrap();
-                let id = format!("kube-event-bridge.{}", key.id);
-                KafkaSink::new_transactional(&config, events, &id).await
+                let sharing = kube_event_bridge::sink::kafka::Sharing::Watch;
+                let base = KafkaSink::new(&config, events).unwrap();
+                base.for_watch(&key.id, &sharing).await
             } else {
                 KafkaSink::new(&config, events)
             };

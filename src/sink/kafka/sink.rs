@@ -41,10 +41,10 @@ pub enum CommitError {
 }
 
 /// How watches share transactional producers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Sharing {
     /// One producer for every watch of this sink, with this transactional id.
-    Sink,
+    Sink(String),
     /// One producer per watch, its transactional id made from the watch's (with sharding, where
     /// each watch is fenced on its own).
     Watch,
@@ -115,17 +115,12 @@ impl KafkaSink {
     }
 
     /// The sink of one watch, with the settings of this sink: its share of the sink's
-    /// transactional producer with id `shared_id` ([`Sharing::Sink`], made by the first
-    /// watch), or a transactional producer of its own ([`Sharing::Watch`]). A producer's
-    /// `init_transactions` fences an older instance with the same transactional id.
-    pub async fn for_watch(
-        &self,
-        watch_id: &str,
-        sharing: Sharing,
-        shared_id: &str,
-    ) -> Result<Self> {
+    /// transactional producer ([`Sharing::Sink`], made by the first watch), or a transactional
+    /// producer of its own ([`Sharing::Watch`]). A producer's `init_transactions` fences an
+    /// older instance with the same transactional id.
+    pub async fn for_watch(&self, watch_id: &str, sharing: &Sharing) -> Result<Self> {
         let group = match sharing {
-            Sharing::Sink => self.shared_group(shared_id).await?,
+            Sharing::Sink(id) => self.shared_group(id).await?,
             Sharing::Watch => {
                 self.start_group(&format!("kube-event-bridge.{watch_id}"))
                     .await?
