@@ -242,11 +242,15 @@ impl Group {
         true
     }
 
+    /// Writes the members' records and commits. The records' acknowledgements are awaited
+    /// here, without a thread (the members' events are acknowledged already): librdkafka's
+    /// commit then finds nothing to flush.
     async fn write_and_commit(
         &self,
         batch: Vec<(u64, (String, Records))>,
     ) -> Result<(), CommitError> {
         let producer = self.producer();
+        let mut deliveries = Vec::new();
         for (_, (topic, records)) in &batch {
             for (key, value) in records {
                 let mut record: FutureRecord<'_, String, Vec<u8>> =
@@ -254,10 +258,20 @@ impl Group {
                 if let Some(v) = value {
                     record = record.payload(v);
                 }
-                // The delivery future is dropped: the commit reports a failed record.
-                producer
+                let delivery = producer
                     .send_result(record)
                     .map_err(|(e, _)| classify_commit(e))?;
+                deliveries.push(delivery);
+            }
+        }
+        // A record that failed fails the commit too; an unreachable broker is left to the
+        // commit's own timeout.
+        let acknowledged = futures::future::join_all(deliveries);
+        if let Ok(settled) = tokio::time::timeout(TRANSACTION_TIMEOUT, acknowledged).await {
+            for delivery in settled {
+                if let Ok(Err((e, _))) = delivery {
+                    return Err(classify_commit(e));
+                }
             }
         }
         tokio::task::spawn_blocking(move || {
