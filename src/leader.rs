@@ -72,7 +72,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Whether a failed Lease request may succeed when repeated: server errors, throttling,
 /// timeouts and connection errors heal; refusals of this request or identity do not.
-fn is_transient(error: &kube::Error) -> bool {
+pub(crate) fn is_transient(error: &kube::Error) -> bool {
     match error {
         kube::Error::Api(s) => matches!(s.code, 408 | 429 | 500..=599),
         kube::Error::HyperError(_)

@@ -17,29 +17,32 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
-use futures::stream::BoxStream;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
-use kube::runtime::watcher::{self, Event as WatcherEvent};
+use kube::runtime::watcher;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
+use crate::backoff::Backoff;
 use crate::config::{Config, ShardingConfig};
 use crate::kubernetes;
-use crate::leader::Leadership;
+use crate::leader::{self, Leadership};
 
 mod assign;
+mod coordinator;
 mod lease;
 mod membership;
+mod stale;
 mod status;
 
 pub use status::{LeaseRow, report};
 
-use lease::{Names, Seen};
+use coordinator::Coordinator;
+use lease::{Names, holder};
 
 /// Errors of sharding that waiting will not heal (transient API errors are retried).
 #[derive(Debug, thiserror::Error)]
@@ -101,6 +104,27 @@ pub enum Error {
     /// Sharding's own Kubernetes client could not be built.
     #[error(transparent)]
     Kubernetes(#[from] kubernetes::Error),
+}
+
+impl Error {
+    /// Whether retrying may heal it: an API server unavailable, overloaded or restarting, or
+    /// the Lease watch ended; not missing RBAC, a missing namespace or a bad configuration.
+    fn is_transient(&self) -> bool {
+        match self {
+            Error::Api { source, .. } => leader::is_transient(source),
+            Error::List { error, .. } => match error {
+                watcher::Error::InitialListFailed(e)
+                | watcher::Error::WatchStartFailed(e)
+                | watcher::Error::WatchFailed(e) => leader::is_transient(e),
+                watcher::Error::WatchError(status) => {
+                    matches!(status.code, 408 | 410 | 429 | 500..=599)
+                }
+                watcher::Error::NoResourceVersion => false,
+            },
+            Error::Stopped { .. } => true,
+            _ => false,
+        }
+    }
 }
 
 /// A `Result` with this module's [`Error`].
@@ -264,62 +288,76 @@ impl Shard {
     /// replica's member Lease and lists the group's Leases, then keeps coordinating in the
     /// background until the process ends. When `stop` is cancelled it leaves: deletes its member
     /// Lease, claims nothing more, and keeps renewing what it holds until each is released.
+    /// Transient API errors are retried with backoff (logged, and `/readyz` says starting);
+    /// missing RBAC, a missing namespace or a bad client configuration end the start.
     pub async fn join(config: &Config, stop: CancellationToken) -> Result<Self> {
         let client = kubernetes::client(&config.kubernetes).await?;
         let settings = Settings::new(&config.sharding, &config.cluster, |name| {
             std::env::var(name).ok()
         });
         let api: Api<Lease> = Api::namespaced(client, &settings.namespace);
+        let mut backoff = Backoff::default();
+        loop {
+            match Self::try_join(&api, &settings, stop.clone()).await {
+                Ok(shard) => return Ok(shard),
+                Err(e) if e.is_transient() => {
+                    let delay = backoff.next_delay();
+                    warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "cannot join the replicas sharing the watches; retrying");
+                    tokio::time::sleep(delay).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn try_join(
+        api: &Api<Lease>,
+        settings: &Settings,
+        stop: CancellationToken,
+    ) -> Result<Self> {
         let names = Names::new(&settings.prefix);
-        let selector = names.selector();
-        let leases =
-            watcher::watcher(api.clone(), watcher::Config::default().labels(&selector)).boxed();
+        let config = watcher::Config::default().labels(&names.selector());
+        let leases = watcher::watcher(api.clone(), config).boxed();
         let (owned_tx, owned) = watch::channel(Owned::new());
         let (commands, commands_rx) = mpsc::unbounded_channel();
         let metrics = Arc::new(Metrics::default());
-        let mut coordinator = Coordinator {
-            api,
+        let mut coordinator = Coordinator::new(
+            api.clone(),
             names,
-            s: settings.clone(),
-            view: BTreeMap::new(),
-            listing: None,
-            held: BTreeMap::new(),
-            desired: BTreeMap::new(),
-            absent_since: BTreeMap::new(),
-            owned: owned_tx,
-            commands: commands.clone(),
-            metrics: metrics.clone(),
-            leaving: false,
-            epoch: 0,
-            member: None,
-        };
+            settings.clone(),
+            owned_tx,
+            commands.clone(),
+            metrics.clone(),
+        );
         coordinator
             .renew_member()
             .await
-            .map_err(|e| fatal(&settings, e))?;
-        info!(identity = %settings.identity, namespace = %settings.namespace, prefix = %settings.prefix, "joined the replicas sharing the watches");
+            .map_err(|e| fatal(settings, e))?;
         let (first_tx, first_rx) = oneshot::channel();
         tokio::spawn(coordinator.run(leases, commands_rx, stop, first_tx));
+        let namespace = settings.namespace.clone();
         match first_rx.await {
             Ok(Ok(())) => {}
-            Ok(Err(error)) => {
-                return Err(Error::List {
-                    namespace: settings.namespace,
-                    error,
-                });
-            }
-            Err(_) => {
-                return Err(Error::Stopped {
-                    namespace: settings.namespace,
-                });
-            }
+            Ok(Err(error)) => return Err(Error::List { namespace, error }),
+            Err(_) => return Err(Error::Stopped { namespace }),
         }
+        info!(identity = %settings.identity, namespace = %settings.namespace, prefix = %settings.prefix, "joined the replicas sharing the watches");
         Ok(Self {
             owned,
             commands,
             metrics,
-            settings,
+            settings: settings.clone(),
         })
+    }
+
+    /// Resolves once the coordinator has taken the desired watches told so far into account:
+    /// claimed those assigned here that were free (a start waits for it, so that `/readyz`
+    /// does not say ready before the first claims).
+    pub async fn settled(&self) {
+        let (done, settled) = oneshot::channel();
+        if self.commands.send(Command::Settled(done)).is_ok() {
+            let _ = settled.await;
+        }
     }
 
     /// Tells the watches every replica should run now (id and description): the assignment
@@ -364,460 +402,8 @@ enum Command {
     },
     /// A watch stopped without draining: forget it.
     Abandon { id: String, epoch: u64 },
-}
-
-/// A watch Lease this replica holds.
-#[derive(Debug)]
-struct Held {
-    epoch: u64,
-    validity: Leadership,
-    /// The Lease as last written.
-    lease: Lease,
-    /// Set once the watch is being given up (its pipeline drains).
-    giving_up: Option<Reason>,
-    /// Not given up for a rebalance before then (a watch taken as an orphan is kept a while).
-    keep_until: Instant,
-}
-
-/// How a renewal went.
-enum Renewal {
-    Renewed(Box<Lease>, Instant),
-    Lost,
-    Failed(kube::Error),
-}
-
-/// The task that holds the Leases: one loop, so its state needs no lock.
-struct Coordinator {
-    api: Api<Lease>,
-    names: Names,
-    s: Settings,
-    /// Every Lease of the group, by name.
-    view: BTreeMap<String, Seen>,
-    /// A relist in progress.
-    listing: Option<BTreeMap<String, Lease>>,
-    held: BTreeMap<String, Held>,
-    desired: BTreeMap<String, String>,
-    /// Desired watches without a Lease, since when (as seen here).
-    absent_since: BTreeMap<String, Instant>,
-    owned: watch::Sender<Owned>,
-    commands: mpsc::UnboundedSender<Command>,
-    metrics: Arc<Metrics>,
-    leaving: bool,
-    epoch: u64,
-    /// This replica's member Lease as last written.
-    member: Option<Lease>,
-}
-
-impl Coordinator {
-    async fn run(
-        mut self,
-        mut leases: BoxStream<'static, watcher::Result<WatcherEvent<Lease>>>,
-        mut commands: mpsc::UnboundedReceiver<Command>,
-        stop: CancellationToken,
-        first: oneshot::Sender<Result<(), watcher::Error>>,
-    ) {
-        let mut first = Some(first);
-        let mut next_renew = tokio::time::Instant::now() + self.s.renew;
-        loop {
-            tokio::select! {
-                biased;
-                () = stop.cancelled(), if !self.leaving => self.leave().await,
-                Some(command) = commands.recv() => self.command(command).await,
-                () = tokio::time::sleep_until(next_renew) => {
-                    next_renew = tokio::time::Instant::now() + self.s.renew;
-                    self.renew_all().await;
-                }
-                event = leases.next() => match event {
-                    Some(Ok(event)) => {
-                        if self.observe(event) && let Some(tx) = first.take() {
-                            let _ = tx.send(Ok(()));
-                        }
-                    }
-                    Some(Err(error)) => {
-                        if let Some(tx) = first.take() {
-                            let _ = tx.send(Err(error));
-                            return;
-                        }
-                        warn!(error = %error, "lease watch failed; retrying");
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
-                    None => return,
-                },
-            }
-            if first.is_none() {
-                self.reconcile().await;
-            }
-        }
-    }
-
-    /// Takes one event of the Lease watch; true when a complete listing was just taken.
-    fn observe(&mut self, event: WatcherEvent<Lease>) -> bool {
-        let now = Instant::now();
-        match event {
-            WatcherEvent::Init => self.listing = Some(BTreeMap::new()),
-            WatcherEvent::InitApply(lease) => {
-                let name = lease.metadata.name.clone().unwrap_or_default();
-                self.listing.get_or_insert_default().insert(name, lease);
-            }
-            WatcherEvent::InitDone => {
-                let listed = self.listing.take().unwrap_or_default();
-                self.view.retain(|name, _| listed.contains_key(name));
-                for (name, lease) in listed {
-                    self.seen(name, lease, now);
-                }
-                return true;
-            }
-            WatcherEvent::Apply(lease) => {
-                let name = lease.metadata.name.clone().unwrap_or_default();
-                self.seen(name, lease, now);
-            }
-            WatcherEvent::Delete(lease) => {
-                let name = lease.metadata.name.clone().unwrap_or_default();
-                self.view.remove(&name);
-            }
-        }
-        false
-    }
-
-    /// Records a Lease as read or written; an older copy than the one seen is ignored.
-    fn seen(&mut self, name: String, lease: Lease, now: Instant) {
-        match self.view.get_mut(&name) {
-            Some(seen) if !older(&lease, &seen.lease) => seen.update(lease, now),
-            Some(_) => {}
-            None => {
-                self.view.insert(name, Seen::first(lease, now));
-            }
-        }
-    }
-
-    async fn command(&mut self, command: Command) {
-        match command {
-            Command::Desired(desired) => self.desired = desired,
-            Command::Release { id, epoch, done } => {
-                if self.held.get(&id).is_some_and(|h| h.epoch == epoch) {
-                    self.release(&id).await;
-                }
-                let _ = done.send(());
-            }
-            Command::Abandon { id, epoch } => {
-                if self.held.get(&id).is_some_and(|h| h.epoch == epoch) {
-                    warn!(watch = %id, "watch stopped without draining: its lease is given up");
-                    self.forget(&id, Reason::Lost);
-                }
-            }
-        }
-    }
-
-    /// Gives up what the assignment no longer gives this replica, then claims what it does.
-    async fn reconcile(&mut self) {
-        let members = membership::live(&self.view, &self.s.identity, self.leaving);
-        let ids: Vec<String> = self.desired.keys().cloned().collect();
-        let owners = assign::assign(&members, &ids);
-        let me = self.s.identity.clone();
-        let now = Instant::now();
-        let mut given_up = Vec::new();
-        for (id, held) in &mut self.held {
-            if held.giving_up.is_some() {
-                continue;
-            }
-            let reason = if self.leaving {
-                Some(Reason::Shutdown)
-            } else if !self.desired.contains_key(id) {
-                Some(Reason::Unselected)
-            } else if owners.get(id).is_some_and(|o| *o != me.as_str()) && now >= held.keep_until {
-                Some(Reason::Rebalance)
-            } else {
-                None
-            };
-            if let Some(reason) = reason {
-                held.giving_up = Some(reason);
-                given_up.push((id.clone(), reason));
-            }
-        }
-        for (id, reason) in given_up {
-            info!(watch = %id, reason = REASONS[reason as usize], "giving the watch up: draining it, then releasing its lease");
-            self.owned.send_modify(|o| {
-                if let Some(o) = o.get_mut(&id) {
-                    o.giving_up = true;
-                }
-            });
-        }
-        if self.leaving {
-            return;
-        }
-        self.absent_since
-            .retain(|id, _| self.desired.contains_key(id));
-        for id in ids {
-            if self.held.contains_key(&id) {
-                continue;
-            }
-            let assigned = owners.get(&id).is_some_and(|o| *o == me.as_str());
-            if let Some(orphan) = self.claimable(&id, assigned, now) {
-                self.claim(&id, orphan).await;
-            }
-        }
-    }
-
-    /// Whether this replica should claim the watch `id` now: `Some(false)` when it is assigned
-    /// here and free (or already this replica's), `Some(true)` when it is assigned elsewhere but
-    /// has had no owner for two lease durations (its assignee does not run it: the replicas'
-    /// views of the desired watches differ for a while).
-    fn claimable(&mut self, id: &str, assigned: bool, now: Instant) -> Option<bool> {
-        let name = self.names.watch(id);
-        let free_since = match self.view.get(&name) {
-            Some(seen) => {
-                self.absent_since.remove(id);
-                match seen.holder() {
-                    Some(h) if h == self.s.identity => return Some(false),
-                    Some(_) => return None,
-                    None => seen.free_since().unwrap_or(now),
-                }
-            }
-            None => *self.absent_since.entry(id.to_string()).or_insert(now),
-        };
-        if assigned {
-            return Some(false);
-        }
-        (free_since.elapsed() >= self.s.lease_duration * 2).then_some(true)
-    }
-
-    /// Takes the Lease of watch `id` (creating it if need be).
-    async fn claim(&mut self, id: &str, orphan: bool) {
-        let name = self.names.watch(id);
-        let (me, d) = (self.s.identity.clone(), self.s.lease_duration);
-        let description = self.desired.get(id).cloned().unwrap_or_default();
-        let (lease, unowned) = match self.view.get(&name) {
-            Some(seen) => (
-                lease::held_by(&seen.lease, &me, d),
-                seen.free_since().map(|t| t.elapsed()),
-            ),
-            None => (
-                self.names.lease(&name, &me, d, Some((id, &description))),
-                None,
-            ),
-        };
-        let at = Instant::now();
-        match lease::write(&self.api, &lease).await {
-            Ok(Some(written)) => self.claimed(id, written, at, unowned, orphan),
-            Ok(None) => debug!(watch = %id, "another replica took the watch first"),
-            Err(e) => {
-                warn!(watch = %id, lease = %name, error = %e, "cannot claim the watch's lease; retrying")
-            }
-        }
-    }
-
-    fn claimed(
-        &mut self,
-        id: &str,
-        written: Lease,
-        at: Instant,
-        unowned: Option<Duration>,
-        orphan: bool,
-    ) {
-        let validity = Leadership::unrenewed();
-        validity.renewed(self.s.lease_duration, at);
-        self.epoch += 1;
-        let name = self.names.watch(id);
-        self.seen(name.clone(), written.clone(), at);
-        let keep = if orphan {
-            self.s.lease_duration * 10
-        } else {
-            Duration::ZERO
-        };
-        self.held.insert(
-            id.to_string(),
-            Held {
-                epoch: self.epoch,
-                validity: validity.clone(),
-                lease: written,
-                giving_up: None,
-                keep_until: at + keep,
-            },
-        );
-        if let Some(gap) = unowned {
-            self.metrics.unowned(gap);
-        }
-        self.metrics
-            .owned
-            .store(self.held.len() as u64, Ordering::Relaxed);
-        info!(watch = %id, lease = %name, orphan, unowned_ms = unowned.map(|d| d.as_millis() as u64), "watch claimed");
-        let ownership = Ownership {
-            id: id.to_string(),
-            epoch: self.epoch,
-            validity,
-            unowned,
-            giving_up: false,
-            commands: self.commands.clone(),
-        };
-        self.owned.send_modify(|o| {
-            o.insert(id.to_string(), ownership);
-        });
-    }
-
-    /// Drops a held watch without releasing its Lease.
-    fn forget(&mut self, id: &str, reason: Reason) {
-        if let Some(held) = self.held.remove(id) {
-            held.validity.lose();
-            self.metrics.handoff(reason);
-        }
-        self.metrics
-            .owned
-            .store(self.held.len() as u64, Ordering::Relaxed);
-        self.owned.send_modify(|o| {
-            o.remove(id);
-        });
-    }
-
-    /// Releases the Lease of a drained watch: no holder, so the next owner takes it at once.
-    async fn release(&mut self, id: &str) {
-        let Some(held) = self.held.get(id) else {
-            return;
-        };
-        let reason = held.giving_up.unwrap_or(Reason::Rebalance);
-        let mut current = held.lease.clone();
-        self.forget(id, reason);
-        for _ in 0..3 {
-            match lease::write(&self.api, &lease::released(&current)).await {
-                Ok(Some(written)) => {
-                    let name = self.names.watch(id);
-                    self.seen(name, written, Instant::now());
-                    info!(watch = %id, reason = REASONS[reason as usize], "watch lease released");
-                    return;
-                }
-                Ok(None) => match self.api.get_opt(&self.names.watch(id)).await {
-                    Ok(Some(lease)) if holder(&lease) == Some(&self.s.identity) => current = lease,
-                    Ok(_) => return,
-                    Err(e) => {
-                        warn!(watch = %id, error = %e, "cannot release the watch's lease; it expires instead");
-                        return;
-                    }
-                },
-                Err(e) => {
-                    warn!(watch = %id, error = %e, "cannot release the watch's lease; it expires instead");
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Renews the member Lease and every watch Lease held; a watch whose Lease was taken over or
-    /// not renewed in time is lost.
-    async fn renew_all(&mut self) {
-        if !self.leaving
-            && let Err(e) = self.renew_member().await
-        {
-            warn!(error = %e, "cannot renew the member lease; retrying");
-        }
-        let ids: Vec<String> = self.held.keys().cloned().collect();
-        let renewals = ids.iter().map(|id| {
-            let current = self.held[id].lease.clone();
-            renew(&self.api, current, &self.s)
-        });
-        let results = futures::future::join_all(renewals).await;
-        for (id, result) in ids.into_iter().zip(results) {
-            match result {
-                Renewal::Renewed(lease, at) => {
-                    let lease = *lease;
-                    if let Some(held) = self.held.get_mut(&id) {
-                        held.validity.renewed(self.s.lease_duration, at);
-                        held.lease = lease.clone();
-                    }
-                    self.seen(self.names.watch(&id), lease, at);
-                }
-                Renewal::Lost => {
-                    warn!(watch = %id, "watch lease taken over: stopping the watch");
-                    self.forget(&id, Reason::Lost);
-                }
-                Renewal::Failed(e) => {
-                    warn!(watch = %id, error = %e, "cannot renew the watch's lease; retrying");
-                    if self.held.get(&id).is_some_and(|h| !h.validity.is_valid()) {
-                        warn!(watch = %id, "watch lease not renewed in time: stopping the watch");
-                        self.forget(&id, Reason::Lost);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Creates or renews this replica's member Lease.
-    async fn renew_member(&mut self) -> kube::Result<()> {
-        let name = self.names.member(&self.s.identity);
-        let (me, d) = (self.s.identity.clone(), self.s.lease_duration);
-        let current = match self.member.take() {
-            Some(lease) => Some(lease),
-            None => self.api.get_opt(&name).await?,
-        };
-        let lease = match current {
-            Some(current) => lease::held_by(&current, &me, d),
-            None => self.names.lease(&name, &me, d, None),
-        };
-        let at = Instant::now();
-        // A lost race leaves `member` empty: the next renewal reads the Lease again.
-        if let Some(written) = lease::write(&self.api, &lease).await? {
-            self.member = Some(written.clone());
-            self.seen(name, written, at);
-        }
-        Ok(())
-    }
-
-    /// Leaves the replicas: the member Lease goes first, so the others count this replica out
-    /// at once; every held watch is given up (the supervisor drains them all).
-    async fn leave(&mut self) {
-        self.leaving = true;
-        let name = self.names.member(&self.s.identity);
-        let rv = self
-            .member
-            .as_ref()
-            .and_then(|l| l.metadata.resource_version.clone());
-        lease::delete(&self.api, &name, rv).await;
-        info!(identity = %self.s.identity, watches = self.held.len(), "left the replicas: handing the watches over");
-    }
-}
-
-/// One renewal of a watch Lease held: a compare-and-swap on the copy last written; after a
-/// conflict, read it again and renew it if it is still ours.
-async fn renew(api: &Api<Lease>, current: Lease, s: &Settings) -> Renewal {
-    let at = Instant::now();
-    let name = current.metadata.name.clone().unwrap_or_default();
-    let mut current = current;
-    for _ in 0..2 {
-        match lease::write(
-            api,
-            &lease::held_by(&current, &s.identity, s.lease_duration),
-        )
-        .await
-        {
-            Ok(Some(lease)) => return Renewal::Renewed(Box::new(lease), at),
-            Ok(None) => match api.get_opt(&name).await {
-                Ok(Some(lease)) if holder(&lease) == Some(&s.identity) => current = lease,
-                Ok(_) => return Renewal::Lost,
-                Err(e) => return Renewal::Failed(e),
-            },
-            Err(e) => return Renewal::Failed(e),
-        }
-    }
-    Renewal::Lost
-}
-
-/// The holder written in `lease`, if any.
-fn holder(lease: &Lease) -> Option<&str> {
-    lease
-        .spec
-        .as_ref()
-        .and_then(|s| s.holder_identity.as_deref())
-        .filter(|h| !h.is_empty())
-}
-
-/// Whether `a` is an older copy than `b` (resourceVersions compared as numbers, as the API
-/// server issues them; when either is not a number, `a` is taken as newer).
-fn older(a: &Lease, b: &Lease) -> bool {
-    let rv = |l: &Lease| {
-        l.metadata
-            .resource_version
-            .as_deref()
-            .and_then(|v| v.parse::<u64>().ok())
-    };
-    matches!((rv(a), rv(b)), (Some(a), Some(b)) if a < b)
+    /// Answer once the desired watches told so far have been reconciled.
+    Settled(oneshot::Sender<()>),
 }
 
 /// The error for a Lease request that retrying will not fix, or a transient one as it is.
@@ -869,6 +455,45 @@ mod tests {
     }
 
     #[test]
+    fn joining_is_retried_after_server_errors_not_after_refusals() {
+        let api = |code: u16| {
+            kube::Error::Api(Box::new(
+                serde_json::from_value(serde_json::json!({"code": code, "message": "m"})).unwrap(),
+            ))
+        };
+        let namespace = || "ns".to_string();
+        for code in [429, 500, 503] {
+            let e = Error::Api {
+                namespace: namespace(),
+                source: api(code),
+            };
+            assert!(e.is_transient(), "{code}");
+            let e = Error::List {
+                namespace: namespace(),
+                error: watcher::Error::InitialListFailed(api(code)),
+            };
+            assert!(e.is_transient(), "list {code}");
+        }
+        assert!(
+            Error::Stopped {
+                namespace: namespace()
+            }
+            .is_transient()
+        );
+        for code in [401, 403, 404, 422] {
+            let e = Error::List {
+                namespace: namespace(),
+                error: watcher::Error::InitialListFailed(api(code)),
+            };
+            assert!(!e.is_transient(), "list {code}");
+        }
+        let s = Settings::new(&ShardingConfig::default(), "dev", |_| None);
+        assert!(!fatal(&s, api(403)).is_transient());
+        assert!(!fatal(&s, api(404)).is_transient());
+        assert!(fatal(&s, api(503)).is_transient());
+    }
+
+    #[test]
     fn the_time_without_owner_is_counted_in_its_bucket() {
         let m = Metrics::default();
         m.unowned(Duration::from_millis(300));
@@ -882,19 +507,5 @@ mod tests {
         assert_eq!(m.unowned_count.load(Ordering::Relaxed), 2);
         m.handoff(Reason::Shutdown);
         assert_eq!(m.handoffs[2].load(Ordering::Relaxed), 1);
-    }
-
-    #[test]
-    fn an_older_copy_of_a_lease_is_recognised() {
-        let with_rv = |rv: &str| Lease {
-            metadata: kube::api::ObjectMeta {
-                resource_version: Some(rv.into()),
-                ..Default::default()
-            },
-            spec: None,
-        };
-        assert!(older(&with_rv("9"), &with_rv("10")));
-        assert!(!older(&with_rv("10"), &with_rv("10")));
-        assert!(!older(&with_rv("x"), &with_rv("10")));
     }
 }

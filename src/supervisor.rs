@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::budget::{self, Budget};
-use crate::checkpoint::{self, WatchKey};
+use crate::checkpoint::{self, Checkpoint, Store, WatchKey};
 use crate::config::Config;
 use crate::discovery::{self, ResolvedResource};
 use crate::encode::ResourceInfo;
@@ -209,6 +209,12 @@ impl Supervisor {
             self.spawn_follower(follow_crds(self.client.clone(), self.refresh.clone()));
         }
         self.reconcile(resources).await?;
+        // With sharding, the first claims land before the watches are reported, so that
+        // `/readyz` waits for the watches this replica will own.
+        if let Some(shard) = &self.shard {
+            shard.settled().await;
+            self.reconcile(self.resolved.clone()).await?;
+        }
         (self.on_change)(self.handles());
         Ok(())
     }
@@ -347,13 +353,22 @@ impl Supervisor {
             let fresh: Vec<ResolvedResource> = new.iter().map(|((_, r, _), _)| r.clone()).collect();
             self.sink.prepare(&self.config.cluster, &fresh).await?;
         }
-        for ((key, r, ns), ownership) in new {
-            self.start_watch(key, &r, ns, ownership).await?;
+        let opened: Vec<Result<Opened>> = futures::stream::iter(new)
+            .map(|((key, r, ns), ownership)| self.open(key, r, ns, ownership))
+            .buffered(OPEN_AT_ONCE)
+            .collect()
+            .await;
+        let mut failure = None;
+        for opened in opened {
+            match opened {
+                Ok(opened) => self.launch(opened),
+                Err(e) => failure = failure.or(Some(e)),
+            }
         }
         if let Some(owned) = owned {
             self.release_unstarted(&owned);
         }
-        Ok(())
+        failure.map_or(Ok(()), Err)
     }
 
     /// Runs `pipeline` as a task; with sharding, records the claim it runs under (returned) so
@@ -429,27 +444,27 @@ impl Supervisor {
         self.running.values().map(|r| r.handle.clone()).collect()
     }
 
-    async fn start_watch(
-        &mut self,
+    /// Opens what a new watch needs before it runs: its sink and checkpoint store, and the
+    /// checkpoint to resume from. Only reads `self`, so several watches open at once.
+    async fn open(
+        &self,
         key: WatchKey,
-        r: &ResolvedResource,
+        r: ResolvedResource,
         namespace: Option<String>,
         ownership: Option<Ownership>,
-    ) -> Result<()> {
-        let config = self.config.clone();
+    ) -> Result<Opened> {
         let span = info_span!("watch", resource = %r.label(), namespace = namespace.as_deref().unwrap_or("*"));
         let (sink, mut store) = self
             .stores
             .for_watch(&self.sink, &key)
             .instrument(span.clone())
             .await?;
-        let mut info = ResourceInfo::new(&config.cluster, r, &self.api_server);
-        if config.audit_extensions
+        let mut info = ResourceInfo::new(&self.config.cluster, &r, &self.api_server);
+        if self.config.audit_extensions
             && let Some(uid) = self.stores.cluster_uid()
         {
             info = info.with_audit(uid);
         }
-        let info = Arc::new(info);
         store.set_redacted(info.redacts());
         let status = new_status(ownership.as_ref());
         // A checkpoint that cannot be decoded comes back as a repair (no resourceVersion: list).
@@ -457,8 +472,36 @@ impl Supervisor {
             .load(&status.checkpoints_corrupt)
             .instrument(span.clone())
             .await?;
-        // The watch hands each item over one at a time; it waits in the queue only once its
-        // bytes fit the watch's budget (`delivery.maxQueueBytes`).
+        Ok(Opened {
+            key,
+            r,
+            namespace,
+            ownership,
+            span,
+            info: Arc::new(info),
+            sink,
+            store,
+            status,
+            resume,
+        })
+    }
+
+    /// Starts an opened watch: its watch task and its pipeline.
+    fn launch(&mut self, opened: Opened) {
+        let Opened {
+            key,
+            r,
+            namespace,
+            ownership,
+            span,
+            info,
+            sink,
+            store,
+            status,
+            resume,
+        } = opened;
+        let config = self.config.clone();
+        let r = &r;
         let (tx, unmetered) = mpsc::channel(1);
         let rx = budget::metered(
             unmetered,
@@ -519,9 +562,26 @@ impl Supervisor {
                 epoch,
             },
         );
-        Ok(())
     }
 }
+
+/// A watch ready to start ([`Supervisor::open`]).
+struct Opened {
+    key: WatchKey,
+    r: ResolvedResource,
+    namespace: Option<String>,
+    ownership: Option<Ownership>,
+    span: tracing::Span,
+    info: Arc<ResourceInfo>,
+    sink: Arc<AnySink>,
+    store: Store,
+    status: Arc<Status>,
+    resume: Option<Checkpoint>,
+}
+
+/// Watches opened at once when many start together (a takeover, a selector matching many
+/// namespaces): their checkpoints load and their Kafka producers start side by side.
+const OPEN_AT_ONCE: usize = 8;
 
 /// A new watch's status; with sharding it records how long the watch had no owner.
 fn new_status(ownership: Option<&Ownership>) -> Arc<Status> {

@@ -199,6 +199,15 @@ pub(crate) fn held_by(current: &Lease, holder: &str, duration: Duration) -> Leas
     lease
 }
 
+/// The holder written in `lease`, if any.
+pub(crate) fn holder(lease: &Lease) -> Option<&str> {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref())
+        .filter(|h| !h.is_empty())
+}
+
 /// `current` released: no holder, so any replica may take it at once.
 pub(crate) fn released(current: &Lease) -> Lease {
     let mut lease = current.clone();

@@ -18,7 +18,7 @@ use crate::support::{create_crd, kube_client, unique_name, unique_namespace};
 const WAIT: Duration = Duration::from_secs(60);
 
 /// The watches `bridge` runs now, as its `/metrics` lists them: (resource, namespace).
-async fn watches(bridge: &Bridge) -> BTreeSet<(String, String)> {
+pub(crate) async fn watches(bridge: &Bridge) -> BTreeSet<(String, String)> {
     let address = bridge.admin_address().await;
     let (_, body) = crate::admin::get(&address, "/metrics").await;
     body.lines()
@@ -50,7 +50,7 @@ async fn wait_watches(bridge: &Bridge, expected: &[(&str, &str)]) {
     .await;
 }
 
-async fn create_object(
+pub(crate) async fn create_object(
     client: &kube::Client,
     group: &str,
     kind: &str,
@@ -136,7 +136,11 @@ async fn wildcard_follows_crds_created_and_deleted_at_run_time() {
         .unwrap();
 }
 
-async fn labelled_namespace(client: &kube::Client, label: &str, value: Option<&str>) -> String {
+pub(crate) async fn labelled_namespace(
+    client: &kube::Client,
+    label: &str,
+    value: Option<&str>,
+) -> String {
     let name = unique_name("sel");
     let ns: Namespace = serde_json::from_value(json!({
         "metadata": {"name": name, "labels": value.map(|v| json!({label: v})).unwrap_or(json!({}))}
@@ -149,7 +153,7 @@ async fn labelled_namespace(client: &kube::Client, label: &str, value: Option<&s
     name
 }
 
-async fn create_cm(client: &kube::Client, ns: &str, name: &str) {
+pub(crate) async fn create_cm(client: &kube::Client, ns: &str, name: &str) {
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
     cms.create(&PostParams::default(), &cm).await.unwrap();

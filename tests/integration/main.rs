@@ -19,6 +19,7 @@ mod memory;
 mod receiver;
 mod resilience;
 mod shaping;
+mod sharded_dynamic;
 mod sharding;
 mod stalls;
 mod store_check;

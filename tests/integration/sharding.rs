@@ -133,7 +133,7 @@ impl Scene {
 
 /// The holder of `lease` while it is valid (renewed within its duration), named by the replica's
 /// `POD_NAME` (the identity without its `-pid`).
-fn valid_holder(lease: &Lease) -> Option<String> {
+pub(crate) fn valid_holder(lease: &Lease) -> Option<String> {
     let spec = lease.spec.as_ref()?;
     let holder = spec.holder_identity.as_deref().filter(|h| !h.is_empty())?;
     let renewed = spec.renew_time.as_ref()?.0;
@@ -301,8 +301,11 @@ async fn sample_leases(
 ) -> (usize, usize) {
     let (mut samples, mut unowned) = (0, 0);
     while !stop.is_cancelled() {
+        // A replica allowed when the listing was asked for may still show in it.
+        let before = allowed.lock().unwrap().clone();
         if let Some(holders) = scene.holders().await {
-            let allowed = allowed.lock().unwrap().clone();
+            let mut allowed = allowed.lock().unwrap().clone();
+            allowed.extend(before);
             for (lease, holder) in &holders {
                 match holder {
                     Some(h) => assert!(

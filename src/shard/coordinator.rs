@@ -1,0 +1,535 @@
+//! The coordinator: the one task that holds this replica's Leases. It follows every Lease of the
+//! group, renews what it holds, claims what the assignment gives it and gives up the rest in
+//! order (see the parent module), and deletes Leases nobody needs any more.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+use kube::runtime::watcher::{self, Event as WatcherEvent};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::lease::{self, Names, Seen, holder};
+use super::{
+    Command, Metrics, Owned, Ownership, REASONS, Reason, Settings, assign, membership, stale,
+};
+use crate::leader::Leadership;
+
+/// A watch Lease this replica holds.
+#[derive(Debug)]
+struct Held {
+    epoch: u64,
+    validity: Leadership,
+    /// The Lease as last written.
+    lease: Lease,
+    /// Set once the watch is being given up (its pipeline drains).
+    giving_up: Option<Reason>,
+    /// Not given up for a rebalance before then (a watch taken as an orphan is kept a while).
+    keep_until: Instant,
+}
+
+/// How a renewal went.
+enum Renewal {
+    Renewed(Box<Lease>, Instant),
+    Lost,
+    Failed(kube::Error),
+}
+
+/// The task that holds the Leases: one loop, so its state needs no lock.
+pub(super) struct Coordinator {
+    api: Api<Lease>,
+    names: Names,
+    s: Settings,
+    /// Every Lease of the group, by name.
+    view: BTreeMap<String, Seen>,
+    /// A relist in progress.
+    listing: Option<BTreeMap<String, Lease>>,
+    held: BTreeMap<String, Held>,
+    desired: BTreeMap<String, String>,
+    /// Desired watches without a Lease, since when (as seen here).
+    absent_since: BTreeMap<String, Instant>,
+    owned: watch::Sender<Owned>,
+    commands: mpsc::UnboundedSender<Command>,
+    metrics: Arc<Metrics>,
+    leaving: bool,
+    epoch: u64,
+    /// This replica's member Lease as last written.
+    member: Option<Lease>,
+    /// Waiting for the next reconciliation ([`Command::Settled`]).
+    settled: Vec<oneshot::Sender<()>>,
+}
+
+impl Coordinator {
+    pub(super) fn new(
+        api: Api<Lease>,
+        names: Names,
+        s: Settings,
+        owned: watch::Sender<Owned>,
+        commands: mpsc::UnboundedSender<Command>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            api,
+            names,
+            s,
+            view: BTreeMap::new(),
+            listing: None,
+            held: BTreeMap::new(),
+            desired: BTreeMap::new(),
+            absent_since: BTreeMap::new(),
+            owned,
+            commands,
+            metrics,
+            leaving: false,
+            epoch: 0,
+            member: None,
+            settled: Vec::new(),
+        }
+    }
+
+    pub(super) async fn run(
+        mut self,
+        mut leases: BoxStream<'static, watcher::Result<WatcherEvent<Lease>>>,
+        mut commands: mpsc::UnboundedReceiver<Command>,
+        stop: CancellationToken,
+        first: oneshot::Sender<Result<(), watcher::Error>>,
+    ) {
+        let mut first = Some(first);
+        let mut next_renew = tokio::time::Instant::now() + self.s.renew;
+        loop {
+            tokio::select! {
+                biased;
+                () = stop.cancelled(), if !self.leaving => self.leave().await,
+                Some(command) = commands.recv() => self.command(command).await,
+                () = tokio::time::sleep_until(next_renew) => {
+                    next_renew = tokio::time::Instant::now() + self.s.renew;
+                    self.renew_all().await;
+                }
+                event = leases.next() => match event {
+                    Some(Ok(event)) => {
+                        if self.observe(event) && let Some(tx) = first.take() {
+                            let _ = tx.send(Ok(()));
+                        }
+                    }
+                    Some(Err(error)) => {
+                        if let Some(tx) = first.take() {
+                            let _ = tx.send(Err(error));
+                            return;
+                        }
+                        warn!(error = %error, "lease watch failed; retrying");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    None => return,
+                },
+            }
+            if first.is_none() {
+                self.reconcile().await;
+                for done in self.settled.drain(..) {
+                    let _ = done.send(());
+                }
+            }
+        }
+    }
+
+    /// Takes one event of the Lease watch; true when a complete listing was just taken.
+    fn observe(&mut self, event: WatcherEvent<Lease>) -> bool {
+        let now = Instant::now();
+        match event {
+            WatcherEvent::Init => self.listing = Some(BTreeMap::new()),
+            WatcherEvent::InitApply(lease) => {
+                let name = lease.metadata.name.clone().unwrap_or_default();
+                self.listing.get_or_insert_default().insert(name, lease);
+            }
+            WatcherEvent::InitDone => {
+                let listed = self.listing.take().unwrap_or_default();
+                self.view.retain(|name, _| listed.contains_key(name));
+                for (name, lease) in listed {
+                    self.seen(name, lease, now);
+                }
+                return true;
+            }
+            WatcherEvent::Apply(lease) => {
+                let name = lease.metadata.name.clone().unwrap_or_default();
+                self.seen(name, lease, now);
+            }
+            WatcherEvent::Delete(lease) => {
+                let name = lease.metadata.name.clone().unwrap_or_default();
+                self.view.remove(&name);
+            }
+        }
+        false
+    }
+
+    /// Records a Lease as read or written; an older copy than the one seen is ignored.
+    fn seen(&mut self, name: String, lease: Lease, now: Instant) {
+        match self.view.get_mut(&name) {
+            Some(seen) if !older(&lease, &seen.lease) => seen.update(lease, now),
+            Some(_) => {}
+            None => {
+                self.view.insert(name, Seen::first(lease, now));
+            }
+        }
+    }
+
+    async fn command(&mut self, command: Command) {
+        match command {
+            Command::Desired(desired) => self.desired = desired,
+            Command::Release { id, epoch, done } => {
+                if self.held.get(&id).is_some_and(|h| h.epoch == epoch) {
+                    self.release(&id).await;
+                }
+                let _ = done.send(());
+            }
+            Command::Abandon { id, epoch } => {
+                if self.held.get(&id).is_some_and(|h| h.epoch == epoch) {
+                    warn!(watch = %id, "watch stopped without draining: its lease is given up");
+                    self.forget(&id, Reason::Lost);
+                }
+            }
+            Command::Settled(done) => self.settled.push(done),
+        }
+    }
+
+    /// Gives up what the assignment no longer gives this replica, then claims what it does.
+    async fn reconcile(&mut self) {
+        let members = membership::live(&self.view, &self.s.identity, self.leaving);
+        let ids: Vec<String> = self.desired.keys().cloned().collect();
+        let owners = assign::assign(&members, &ids);
+        let me = self.s.identity.clone();
+        let now = Instant::now();
+        let mut given_up = Vec::new();
+        for (id, held) in &mut self.held {
+            if held.giving_up.is_some() {
+                continue;
+            }
+            let reason = if self.leaving {
+                Some(Reason::Shutdown)
+            } else if !self.desired.contains_key(id) {
+                Some(Reason::Unselected)
+            } else if owners.get(id).is_some_and(|o| *o != me.as_str()) && now >= held.keep_until {
+                Some(Reason::Rebalance)
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                held.giving_up = Some(reason);
+                given_up.push((id.clone(), reason));
+            }
+        }
+        for (id, reason) in given_up {
+            info!(watch = %id, reason = REASONS[reason as usize], "giving the watch up: draining it, then releasing its lease");
+            self.owned.send_modify(|o| {
+                if let Some(o) = o.get_mut(&id) {
+                    o.giving_up = true;
+                }
+            });
+        }
+        if self.leaving {
+            return;
+        }
+        self.absent_since
+            .retain(|id, _| self.desired.contains_key(id));
+        for id in ids {
+            if self.held.contains_key(&id) {
+                continue;
+            }
+            let assigned = owners.get(&id).is_some_and(|o| *o == me.as_str());
+            if let Some(orphan) = self.claimable(&id, assigned, now) {
+                self.claim(&id, orphan).await;
+            }
+        }
+    }
+
+    /// Whether this replica should claim the watch `id` now: `Some(false)` when it is assigned
+    /// here and free (or already this replica's), `Some(true)` when it is assigned elsewhere but
+    /// has had no owner for two lease durations (its assignee does not run it: the replicas'
+    /// views of the desired watches differ for a while).
+    fn claimable(&mut self, id: &str, assigned: bool, now: Instant) -> Option<bool> {
+        let name = self.names.watch(id);
+        let free_since = match self.view.get(&name) {
+            Some(seen) => {
+                self.absent_since.remove(id);
+                match seen.holder() {
+                    Some(h) if h == self.s.identity => return Some(false),
+                    Some(_) => return None,
+                    None => seen.free_since().unwrap_or(now),
+                }
+            }
+            None => *self.absent_since.entry(id.to_string()).or_insert(now),
+        };
+        if assigned {
+            return Some(false);
+        }
+        (free_since.elapsed() >= self.s.lease_duration * 2).then_some(true)
+    }
+
+    /// Takes the Lease of watch `id` (creating it if need be).
+    async fn claim(&mut self, id: &str, orphan: bool) {
+        let name = self.names.watch(id);
+        let (me, d) = (self.s.identity.clone(), self.s.lease_duration);
+        let description = self.desired.get(id).cloned().unwrap_or_default();
+        let (lease, unowned) = match self.view.get(&name) {
+            Some(seen) => (
+                lease::held_by(&seen.lease, &me, d),
+                seen.free_since().map(|t| t.elapsed()),
+            ),
+            None => (
+                self.names.lease(&name, &me, d, Some((id, &description))),
+                None,
+            ),
+        };
+        let at = Instant::now();
+        match lease::write(&self.api, &lease).await {
+            Ok(Some(written)) => self.claimed(id, written, at, unowned, orphan),
+            Ok(None) => debug!(watch = %id, "another replica took the watch first"),
+            Err(e) => {
+                warn!(watch = %id, lease = %name, error = %e, "cannot claim the watch's lease; retrying")
+            }
+        }
+    }
+
+    fn claimed(
+        &mut self,
+        id: &str,
+        written: Lease,
+        at: Instant,
+        unowned: Option<Duration>,
+        orphan: bool,
+    ) {
+        let validity = Leadership::unrenewed();
+        validity.renewed(self.s.lease_duration, at);
+        self.epoch += 1;
+        let name = self.names.watch(id);
+        self.seen(name.clone(), written.clone(), at);
+        let keep = if orphan {
+            self.s.lease_duration * 10
+        } else {
+            Duration::ZERO
+        };
+        self.held.insert(
+            id.to_string(),
+            Held {
+                epoch: self.epoch,
+                validity: validity.clone(),
+                lease: written,
+                giving_up: None,
+                keep_until: at + keep,
+            },
+        );
+        if let Some(gap) = unowned {
+            self.metrics.unowned(gap);
+        }
+        self.metrics
+            .owned
+            .store(self.held.len() as u64, Ordering::Relaxed);
+        info!(watch = %id, lease = %name, orphan, unowned_ms = unowned.map(|d| d.as_millis() as u64), "watch claimed");
+        let ownership = Ownership {
+            id: id.to_string(),
+            epoch: self.epoch,
+            validity,
+            unowned,
+            giving_up: false,
+            commands: self.commands.clone(),
+        };
+        self.owned.send_modify(|o| {
+            o.insert(id.to_string(), ownership);
+        });
+    }
+
+    /// Drops a held watch without releasing its Lease.
+    fn forget(&mut self, id: &str, reason: Reason) {
+        if let Some(held) = self.held.remove(id) {
+            held.validity.lose();
+            self.metrics.handoff(reason);
+        }
+        self.metrics
+            .owned
+            .store(self.held.len() as u64, Ordering::Relaxed);
+        self.owned.send_modify(|o| {
+            o.remove(id);
+        });
+    }
+
+    /// Releases the Lease of a drained watch: no holder, so the next owner takes it at once.
+    async fn release(&mut self, id: &str) {
+        let Some(held) = self.held.get(id) else {
+            return;
+        };
+        let reason = held.giving_up.unwrap_or(Reason::Rebalance);
+        let mut current = held.lease.clone();
+        self.forget(id, reason);
+        for _ in 0..3 {
+            match lease::write(&self.api, &lease::released(&current)).await {
+                Ok(Some(written)) => {
+                    let name = self.names.watch(id);
+                    self.seen(name, written, Instant::now());
+                    info!(watch = %id, reason = REASONS[reason as usize], "watch lease released");
+                    return;
+                }
+                Ok(None) => match self.api.get_opt(&self.names.watch(id)).await {
+                    Ok(Some(lease)) if holder(&lease) == Some(&self.s.identity) => current = lease,
+                    Ok(_) => return,
+                    Err(e) => {
+                        warn!(watch = %id, error = %e, "cannot release the watch's lease; it expires instead");
+                        return;
+                    }
+                },
+                Err(e) => {
+                    warn!(watch = %id, error = %e, "cannot release the watch's lease; it expires instead");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Renews the member Lease and every watch Lease held; a watch whose Lease was taken over or
+    /// not renewed in time is lost.
+    async fn renew_all(&mut self) {
+        if !self.leaving
+            && let Err(e) = self.renew_member().await
+        {
+            warn!(error = %e, "cannot renew the member lease; retrying");
+        }
+        self.delete_stale().await;
+        let ids: Vec<String> = self.held.keys().cloned().collect();
+        let renewals = ids.iter().map(|id| {
+            let current = self.held[id].lease.clone();
+            renew(&self.api, current, &self.s)
+        });
+        let results = futures::future::join_all(renewals).await;
+        for (id, result) in ids.into_iter().zip(results) {
+            match result {
+                Renewal::Renewed(lease, at) => {
+                    let lease = *lease;
+                    if let Some(held) = self.held.get_mut(&id) {
+                        held.validity.renewed(self.s.lease_duration, at);
+                        held.lease = lease.clone();
+                    }
+                    self.seen(self.names.watch(&id), lease, at);
+                }
+                Renewal::Lost => {
+                    warn!(watch = %id, "watch lease taken over: stopping the watch");
+                    self.forget(&id, Reason::Lost);
+                }
+                Renewal::Failed(e) => {
+                    warn!(watch = %id, error = %e, "cannot renew the watch's lease; retrying");
+                    if self.held.get(&id).is_some_and(|h| !h.validity.is_valid()) {
+                        warn!(watch = %id, "watch lease not renewed in time: stopping the watch");
+                        self.forget(&id, Reason::Lost);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Deletes the Leases nobody needs: members of replicas gone (killed, so they could not
+    /// delete theirs) and free watch Leases of watches no longer desired. Each delete is
+    /// conditional on the copy seen, so a Lease renewed or taken meanwhile stays.
+    async fn delete_stale(&mut self) {
+        let desired: BTreeSet<String> =
+            self.desired.keys().map(|id| self.names.watch(id)).collect();
+        let stale = stale::leases(&self.view, &desired, self.s.lease_duration);
+        for (name, rv) in stale {
+            debug!(lease = %name, "deleting a lease nobody holds or needs");
+            lease::delete(&self.api, &name, rv).await;
+            self.view.remove(&name);
+        }
+    }
+
+    /// Creates or renews this replica's member Lease.
+    pub(super) async fn renew_member(&mut self) -> kube::Result<()> {
+        let name = self.names.member(&self.s.identity);
+        let (me, d) = (self.s.identity.clone(), self.s.lease_duration);
+        let current = match self.member.take() {
+            Some(lease) => Some(lease),
+            None => self.api.get_opt(&name).await?,
+        };
+        let lease = match current {
+            Some(current) => lease::held_by(&current, &me, d),
+            None => self.names.lease(&name, &me, d, None),
+        };
+        let at = Instant::now();
+        // A lost race leaves `member` empty: the next renewal reads the Lease again.
+        if let Some(written) = lease::write(&self.api, &lease).await? {
+            self.member = Some(written.clone());
+            self.seen(name, written, at);
+        }
+        Ok(())
+    }
+
+    /// Leaves the replicas: the member Lease goes first, so the others count this replica out
+    /// at once; every held watch is given up (the supervisor drains them all).
+    async fn leave(&mut self) {
+        self.leaving = true;
+        let name = self.names.member(&self.s.identity);
+        let rv = self
+            .member
+            .as_ref()
+            .and_then(|l| l.metadata.resource_version.clone());
+        lease::delete(&self.api, &name, rv).await;
+        info!(identity = %self.s.identity, watches = self.held.len(), "left the replicas: handing the watches over");
+    }
+}
+
+/// One renewal of a watch Lease held: a compare-and-swap on the copy last written; after a
+/// conflict, read it again and renew it if it is still ours.
+async fn renew(api: &Api<Lease>, current: Lease, s: &Settings) -> Renewal {
+    let at = Instant::now();
+    let name = current.metadata.name.clone().unwrap_or_default();
+    let mut current = current;
+    for _ in 0..2 {
+        match lease::write(
+            api,
+            &lease::held_by(&current, &s.identity, s.lease_duration),
+        )
+        .await
+        {
+            Ok(Some(lease)) => return Renewal::Renewed(Box::new(lease), at),
+            Ok(None) => match api.get_opt(&name).await {
+                Ok(Some(lease)) if holder(&lease) == Some(&s.identity) => current = lease,
+                Ok(_) => return Renewal::Lost,
+                Err(e) => return Renewal::Failed(e),
+            },
+            Err(e) => return Renewal::Failed(e),
+        }
+    }
+    Renewal::Lost
+}
+
+/// Whether `a` is an older copy than `b` (resourceVersions compared as numbers, as the API
+/// server issues them; when either is not a number, `a` is taken as newer).
+fn older(a: &Lease, b: &Lease) -> bool {
+    let rv = |l: &Lease| {
+        l.metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    matches!((rv(a), rv(b)), (Some(a), Some(b)) if a < b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_older_copy_of_a_lease_is_recognised() {
+        let with_rv = |rv: &str| Lease {
+            metadata: kube::api::ObjectMeta {
+                resource_version: Some(rv.into()),
+                ..Default::default()
+            },
+            spec: None,
+        };
+        assert!(older(&with_rv("9"), &with_rv("10")));
+        assert!(!older(&with_rv("10"), &with_rv("10")));
+        assert!(!older(&with_rv("x"), &with_rv("10")));
+    }
+}
