@@ -8,15 +8,14 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use cloudevents::AttributesReader;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
 use crate::dynamic::{create_cm, create_object, labelled_namespace, watches};
 use crate::harness::{Bridge, Reader, Received, SinkKind, sink_yaml, summary};
-use crate::sharding::valid_holder;
+use crate::sharding::{group_leases, valid_holder};
 use crate::support::{create_crd, kube_client, unique_name, unique_namespace, wait_until};
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -63,21 +62,18 @@ impl Replicas {
 
     /// How many watch Leases of this group have a valid holder.
     async fn held_leases(&self) -> Option<usize> {
-        let api: Api<Lease> = Api::namespaced(self.client.clone(), &self.lease_ns);
-        let params = ListParams::default().labels("kube-event-bridge/shard-role=watch");
-        let leases = api.list(&params).await.ok()?;
-        let held = leases
-            .items
-            .iter()
-            .filter(|l| {
-                l.metadata
-                    .name
-                    .as_deref()
-                    .is_some_and(|n| n.starts_with(&self.prefix))
-            })
-            .filter(|l| valid_holder(l).is_some())
-            .count();
-        Some(held)
+        let leases = group_leases(&self.client, &self.lease_ns, &self.prefix, "watch").await?;
+        Some(leases.iter().filter(|l| valid_holder(l).is_some()).count())
+    }
+
+    /// The descriptions of this group's watch Leases (annotation `kube-event-bridge/watch`).
+    async fn watch_leases(&self) -> Option<Vec<String>> {
+        let leases = group_leases(&self.client, &self.lease_ns, &self.prefix, "watch").await?;
+        let described = leases.iter().filter_map(|l| {
+            let annotations = l.metadata.annotations.as_ref()?;
+            annotations.get("kube-event-bridge/watch").cloned()
+        });
+        Some(described.collect())
     }
 }
 
@@ -157,6 +153,19 @@ async fn sharded_replicas_follow_crds_and_labelled_namespaces() {
     replicas.wait_spread(&[(cm, &b), (cm, &c)]).await;
     events.extend(reader.drain(Duration::from_secs(2)).await);
 
+    // The Leases of the watches gone (namespace a's, the Things') are deleted five lease
+    // durations after their release; the others stay.
+    let leases = wait_until(
+        "the Leases of the watches gone are deleted",
+        WAIT,
+        || async {
+            let leases = replicas.watch_leases().await?;
+            let gone = |ns: &str| !leases.iter().any(|w| w.contains(&format!("/{ns}?")));
+            (leases.len() == 2 && gone(&a) && gone(&wild)).then_some(leases)
+        },
+    )
+    .await;
+    eprintln!("watch leases left: {leases:?}");
     assert!(
         events.iter().all(|r| r.ext("name") != "a-after"),
         "a namespace that lost the label still flows: {}",

@@ -74,25 +74,19 @@ impl Scene {
         Bridge::start_with_env(&self.config, &[("POD_NAME", name)])
     }
 
+    /// The Leases of this group with `role` (`member` or `watch`); `None` when the API server
+    /// did not answer.
+    async fn leases(&self, role: &str) -> Option<Vec<Lease>> {
+        group_leases(&self.client, &self.lease_ns, &self.prefix, role).await
+    }
+
     /// The valid holder of every watch Lease (by its name), judged by its renew time; `None`
     /// for a watch Lease without one. Replicas are named by the `POD_NAME` they were given.
     /// `None` when the API server did not answer (the caller reads again).
     async fn holders(&self) -> Option<BTreeMap<String, Option<String>>> {
-        let api: Api<Lease> = Api::namespaced(self.client.clone(), &self.lease_ns);
-        let leases = api
-            .list(&ListParams::default().labels("kube-event-bridge/shard-role=watch"))
-            .await
-            .inspect_err(|e| eprintln!("cannot list the leases, reading again: {e}"))
-            .ok()?;
+        let leases = self.leases("watch").await?;
         let holders = leases
-            .items
             .into_iter()
-            .filter(|l| {
-                l.metadata
-                    .name
-                    .as_deref()
-                    .is_some_and(|n| n.starts_with(&self.prefix))
-            })
             .map(|l| {
                 let name = l.metadata.name.clone().unwrap_or_default();
                 (name, valid_holder(&l))
@@ -129,6 +123,30 @@ impl Scene {
         )
         .await
     }
+}
+
+/// The Leases with `role` (`member` or `watch`) in `namespace` whose names begin with
+/// `prefix`; `None` when the API server did not answer (the caller reads again).
+pub(crate) async fn group_leases(
+    client: &kube::Client,
+    namespace: &str,
+    prefix: &str,
+    role: &str,
+) -> Option<Vec<Lease>> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let params = ListParams::default().labels(&format!("kube-event-bridge/shard-role={role}"));
+    let leases = api
+        .list(&params)
+        .await
+        .inspect_err(|e| eprintln!("cannot list the leases, reading again: {e}"))
+        .ok()?;
+    let ours = |l: &Lease| {
+        l.metadata
+            .name
+            .as_deref()
+            .is_some_and(|n| n.starts_with(prefix))
+    };
+    Some(leases.items.into_iter().filter(ours).collect())
 }
 
 /// The holder of `lease` while it is valid (renewed within its duration), named by the replica's
@@ -412,6 +430,21 @@ async fn share_and_hand_off(sink: SinkKind) {
     allowed.lock().unwrap().retain(|r| r == "r3");
     scene.wait_fair(&["r3"]).await;
     let after_term = claims(&r3, before_r3);
+    // The killed replica could not delete its member Lease: a live one does, three lease
+    // durations after its last renewal.
+    wait_until(
+        "the killed replica's member lease is deleted",
+        WAIT,
+        || async {
+            let members = scene.leases("member").await?;
+            let left = members.iter().any(|l| {
+                let holder = l.spec.as_ref().and_then(|s| s.holder_identity.as_deref());
+                holder.is_some_and(|h| h.starts_with("r0-"))
+            });
+            (!left).then_some(())
+        },
+    )
+    .await;
 
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop.cancel();
