@@ -16,6 +16,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, Top
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::BorrowedMessage;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 use super::journal::{Journal, Plan, RECORD_BYTES, Stored};
@@ -49,9 +50,11 @@ fn store_err(e: impl std::fmt::Display) -> Error {
 impl KafkaStore {
     pub(super) async fn load(&self, journal: &mut Journal) -> Result<Option<Found>> {
         let prefix = format!("{}/", self.key.id);
+        let started = std::time::Instant::now();
         let records = read_compacted(self.sink.consumer_config(), &self.topic, &prefix)
             .await
             .map_err(store_err)?;
+        tracing::debug!(topic = %self.topic, records = records.len(), elapsed_ms = started.elapsed().as_millis() as u64, "checkpoint topic read");
         decode(&self.key, self.cluster.as_ref(), &records, journal)
     }
 
@@ -265,10 +268,14 @@ async fn read_compacted(
     prefix: &str,
 ) -> Result<HashMap<String, Vec<u8>>, KafkaError> {
     let mut config = config;
-    config.set(
-        "group.id",
-        format!("kube-event-bridge-checkpoint-{}", std::process::id()),
-    );
+    config
+        .set(
+            "group.id",
+            format!("kube-event-bridge-checkpoint-{}", std::process::id()),
+        )
+        // The end of the partition is reported, so the read needs no position request per
+        // record (those cost about 50 µs each: a second for 20,000 records).
+        .set("enable.partition.eof", "true");
     let (topic, prefix) = (topic.to_string(), prefix.to_string());
     tokio::task::spawn_blocking(move || {
         let consumer: BaseConsumer = config.create()?;
@@ -282,28 +289,21 @@ async fn read_compacted(
         consumer.assign(&tpl)?;
         let deadline = std::time::Instant::now() + TIMEOUT;
         loop {
-            if let Some(m) = consumer.poll(Duration::from_millis(200)) {
-                let m = m?;
-                if let Some(key) = m
-                    .key()
-                    .map(String::from_utf8_lossy)
-                    .filter(|k| k.starts_with(&prefix))
-                {
-                    match m.payload() {
-                        Some(v) => out.insert(key.into_owned(), v.to_vec()),
-                        None => out.remove(key.as_ref()),
-                    };
+            match consumer.poll(Duration::from_millis(200)) {
+                Some(Ok(m)) => {
+                    keep_latest(&mut out, &m, &prefix);
+                    if m.offset() + 1 >= high {
+                        return Ok(out);
+                    }
                 }
-            }
-            let position = consumer.position()?;
-            let at = position
-                .find_partition(&topic, 0)
-                .and_then(|p| match p.offset() {
-                    Offset::Offset(o) => Some(o),
-                    _ => None,
-                });
-            if at.is_some_and(|o| o >= high) {
-                return Ok(out);
+                // At the end, or nothing for a while: the end may be a transaction marker,
+                // which is never delivered, so the position tells.
+                Some(Err(KafkaError::PartitionEOF(_))) | None => {
+                    if read_to(&consumer, &topic) >= high {
+                        return Ok(out);
+                    }
+                }
+                Some(Err(e)) => return Err(e),
             }
             if std::time::Instant::now() > deadline {
                 return Err(KafkaError::MessageConsumption(
@@ -314,6 +314,35 @@ async fn read_compacted(
     })
     .await
     .expect("read task")
+}
+
+/// Records the value of `m` under its key when the key starts with `prefix` (a tombstone
+/// removes the key).
+fn keep_latest(out: &mut HashMap<String, Vec<u8>>, m: &BorrowedMessage<'_>, prefix: &str) {
+    let Some(key) = m
+        .key()
+        .map(String::from_utf8_lossy)
+        .filter(|k| k.starts_with(prefix))
+    else {
+        return;
+    };
+    match m.payload() {
+        Some(v) => out.insert(key.into_owned(), v.to_vec()),
+        None => out.remove(key.as_ref()),
+    };
+}
+
+/// The consumer's position in partition 0 of `topic` (0 when unknown).
+fn read_to(consumer: &BaseConsumer, topic: &str) -> i64 {
+    let position = consumer.position().ok();
+    position
+        .as_ref()
+        .and_then(|p| p.find_partition(topic, 0))
+        .and_then(|p| match p.offset() {
+            Offset::Offset(o) => Some(o),
+            _ => None,
+        })
+        .unwrap_or(0)
 }
 
 /// Creates `topic` as a compacted single-partition topic, or checks that the existing one is

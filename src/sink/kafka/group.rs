@@ -135,8 +135,14 @@ impl Group {
         settings
             .set("transactional.id", id)
             .set("transaction.timeout.ms", timeout.as_millis().to_string());
+        let started = std::time::Instant::now();
         let producer = start_producer(&settings).await?;
         PRODUCERS.fetch_add(1, Ordering::Relaxed);
+        debug!(
+            transactional_id = id,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "transactional producer started"
+        );
         Ok(Arc::new(Self {
             id: id.to_string(),
             settings,
