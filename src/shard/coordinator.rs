@@ -35,6 +35,9 @@ struct Held {
     keep_until: Instant,
 }
 
+/// Stale Leases deleted per renewal period at most.
+const STALE_PER_RENEWAL: usize = 16;
+
 /// How a renewal went.
 enum Renewal {
     Renewed(Box<Lease>, Instant),
@@ -397,7 +400,6 @@ impl Coordinator {
         {
             warn!(error = %e, "cannot renew the member lease; retrying");
         }
-        self.delete_stale().await;
         let ids: Vec<String> = self.held.keys().cloned().collect();
         let renewals = ids.iter().map(|id| {
             let current = self.held[id].lease.clone();
@@ -427,6 +429,8 @@ impl Coordinator {
                 }
             }
         }
+        // After the renewals, so that many stale Leases never delay them.
+        self.delete_stale().await;
     }
 
     /// Deletes the Leases nobody needs: members of replicas gone (killed, so they could not
@@ -436,10 +440,13 @@ impl Coordinator {
         let desired: BTreeSet<String> =
             self.desired.keys().map(|id| self.names.watch(id)).collect();
         let stale = stale::leases(&self.view, &desired, self.s.lease_duration);
-        for (name, rv) in stale {
+        // A few per renewal period: a selector dropping hundreds of namespaces at once does
+        // not hold the coordinator up.
+        for (name, rv) in stale.into_iter().take(STALE_PER_RENEWAL) {
             debug!(lease = %name, "deleting a lease nobody holds or needs");
+            // The Lease watch reports the deletion; until then the Lease stays in the view, so
+            // a delete that failed never hides a Lease that still exists.
             lease::delete(&self.api, &name, rv).await;
-            self.view.remove(&name);
         }
     }
 
