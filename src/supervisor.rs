@@ -258,6 +258,7 @@ impl Supervisor {
         while let Some(done) = self.tasks.join_next().await {
             self.finished(done);
         }
+        self.release_left_over().await;
         Ok(())
     }
 
@@ -413,6 +414,25 @@ impl Supervisor {
         }
         self.started
             .retain(|(id, epoch)| owned.get(id).is_some_and(|o| o.epoch == *epoch));
+    }
+
+    /// At shutdown, once every pipeline has drained and released its Lease: releases the
+    /// claims that landed while shutting down and never started here (the shard claims nothing
+    /// more once it has settled), so that no Lease stays held until it expires.
+    async fn release_left_over(&self) {
+        let Some(shard) = &self.shard else {
+            return;
+        };
+        shard.settled().await;
+        let within = Duration::from_secs(self.config.sharding.lease_duration_secs);
+        let left: Vec<Ownership> = shard.owned().into_values().collect();
+        if !left.is_empty() {
+            info!(
+                watches = left.len(),
+                "releasing the leases of watches claimed while shutting down"
+            );
+        }
+        futures::future::join_all(left.iter().map(|o| o.release(within))).await;
     }
 
     /// With sharding: tells the shard the desired watches and returns the ones held here.
