@@ -417,22 +417,20 @@ impl Supervisor {
     }
 
     /// At shutdown, once every pipeline has drained and released its Lease: releases the
-    /// claims that landed while shutting down and never started here (the shard claims nothing
-    /// more once it has settled), so that no Lease stays held until it expires.
-    async fn release_left_over(&self) {
+    /// claims that landed while shutting down and never started here, as
+    /// [`Supervisor::release_unstarted`] does for any claim given up before it started (once the
+    /// shard has settled it claims nothing more and every claim is given up), so that no Lease
+    /// stays held until it expires.
+    async fn release_left_over(&mut self) {
         let Some(shard) = &self.shard else {
             return;
         };
         shard.settled().await;
-        let within = Duration::from_secs(self.config.sharding.lease_duration_secs);
-        let left: Vec<Ownership> = shard.owned().into_values().collect();
-        if !left.is_empty() {
-            info!(
-                watches = left.len(),
-                "releasing the leases of watches claimed while shutting down"
-            );
+        let owned = shard.owned();
+        self.release_unstarted(&owned);
+        while let Some(done) = self.tasks.join_next().await {
+            self.finished(done);
         }
-        futures::future::join_all(left.iter().map(|o| o.release(within))).await;
     }
 
     /// With sharding: tells the shard the desired watches and returns the ones held here.

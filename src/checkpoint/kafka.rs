@@ -299,7 +299,7 @@ async fn read_compacted(
                 // At the end, or nothing for a while: the end may be a transaction marker,
                 // which is never delivered, so the position tells.
                 Some(Err(KafkaError::PartitionEOF(_))) | None => {
-                    if read_to(&consumer, &topic) >= high {
+                    if read_to(&consumer, &topic)? >= high {
                         return Ok(out);
                     }
                 }
@@ -332,17 +332,16 @@ fn keep_latest(out: &mut HashMap<String, Vec<u8>>, m: &BorrowedMessage<'_>, pref
     };
 }
 
-/// The consumer's position in partition 0 of `topic` (0 when unknown).
-fn read_to(consumer: &BaseConsumer, topic: &str) -> i64 {
-    let position = consumer.position().ok();
-    position
-        .as_ref()
-        .and_then(|p| p.find_partition(topic, 0))
+/// The consumer's position in partition 0 of `topic` (0 when not known yet).
+fn read_to(consumer: &BaseConsumer, topic: &str) -> Result<i64, KafkaError> {
+    let position = consumer.position()?;
+    let offset = position
+        .find_partition(topic, 0)
         .and_then(|p| match p.offset() {
             Offset::Offset(o) => Some(o),
             _ => None,
-        })
-        .unwrap_or(0)
+        });
+    Ok(offset.unwrap_or(0))
 }
 
 /// Creates `topic` as a compacted single-partition topic, or checks that the existing one is
