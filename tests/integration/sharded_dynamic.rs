@@ -14,7 +14,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
 use crate::dynamic::{create_cm, create_object, labelled_namespace, watches};
-use crate::harness::{Bridge, Reader, Received, SinkKind, sink_yaml, summary};
+use crate::harness::{Bridge, Reader, Received, SinkKind, run_cli, sink_yaml, summary};
 use crate::sharding::{group_leases, valid_holder};
 use crate::support::{create_crd, kube_client, unique_name, unique_namespace, wait_until};
 
@@ -58,6 +58,37 @@ impl Replicas {
             },
         )
         .await
+    }
+
+    /// `kube-event-bridge status --config` lists `watches` watches, each with a holder, and three
+    /// live replicas; the replicas' `kube_event_bridge_shard_watches_owned` add up to `watches`.
+    async fn check_status_and_metrics(&self, watches: usize) {
+        let config = self.bridges[0].1.dir().join("bridge.yaml");
+        let config = config.to_str().unwrap();
+        let (status, out, err) = run_cli(&["status", "--config", config]);
+        assert!(status.success(), "status failed: {err}");
+        assert!(
+            out.contains(&format!("{watches} watches, 3 live replicas")),
+            "{out}"
+        );
+        let held = out
+            .lines()
+            .filter(|l| ["r0-", "r1-", "r2-"].iter().any(|r| l.contains(r)))
+            .filter(|l| !l.contains("(none)"))
+            .count();
+        // One line per held watch, plus the three replica lines.
+        assert_eq!(held, watches + 3, "{out}");
+        let mut owned = 0.0;
+        for (_, bridge) in &self.bridges {
+            let address = bridge.admin_address().await;
+            let (_, body) = crate::admin::get(&address, "/metrics").await;
+            owned += body
+                .lines()
+                .find_map(|l| l.strip_prefix("kube_event_bridge_shard_watches_owned "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("no shard_watches_owned in /metrics:\n{body}"));
+        }
+        assert_eq!(owned as usize, watches, "watches owned over the replicas");
     }
 
     /// How many watch Leases of this group have a valid holder.
@@ -130,6 +161,7 @@ async fn sharded_replicas_follow_crds_and_labelled_namespaces() {
         .wait_spread(&[(cm, &a), (cm, &b), (cm, &c), (&thing_watch, &wild)])
         .await;
     eprintln!("four watches over three replicas: {spread:?}");
+    replicas.check_status_and_metrics(4).await;
     let got = read_name(&mut reader, "c-before", "added").await;
     let snapshot = got.iter().find(|r| r.ext("name") == "c-before").unwrap();
     assert_eq!(snapshot.ext("origin"), "snapshot", "{}", summary(&got));
