@@ -412,7 +412,8 @@ impl Pipeline {
         // completed and the interval has passed.
         let started = Instant::now();
         self.check_leadership()?;
-        match self.store.save(&rv, st.classifier.known()).await {
+        let saved = self.store.save(&rv, st.classifier.known());
+        match delivery::awaiting_broker(&self.status, "checkpoint save", saved).await {
             Ok(()) => {
                 self.status.checkpoints.fetch_add(1, Ordering::Relaxed);
                 self.status.set_checkpointed(&rv);

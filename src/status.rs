@@ -202,6 +202,16 @@ impl Status {
         self.stall.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
+    /// Clears the stall if it has this reason; returns it.
+    pub(crate) fn clear_stall_if(&self, reason: &str) -> Option<Stall> {
+        let mut stall = self.stall.lock().unwrap_or_else(|e| e.into_inner());
+        if stall.as_ref().is_some_and(|s| s.reason == reason) {
+            stall.take()
+        } else {
+            None
+        }
+    }
+
     pub(crate) fn set_checkpointed(&self, rv: &str) {
         *self.checkpointed.lock().unwrap_or_else(|e| e.into_inner()) =
             Some((rv.to_string(), std::time::Instant::now()));

@@ -17,7 +17,7 @@ use super::{Error, Pipeline, Result, State};
 use crate::backoff::Backoff;
 use crate::encode::Event;
 use crate::sink::{self, Delivered, Outcome};
-use crate::status::{STALL_AFTER, count, kind_index};
+use crate::status::{STALL_AFTER, Status, count, kind_index};
 
 /// A Kafka transaction holding more than this is committed early: what it holds stays in memory
 /// until then, to be sent again if it aborts.
@@ -29,6 +29,9 @@ const HELD_ROOM_KEPT: usize = 256;
 
 /// Retriable failures are retried at least this often.
 const RETRY_DELAY_MAX: Duration = Duration::from_secs(5);
+
+/// The stall reported while a call to the broker goes unanswered.
+const UNANSWERED: &str = "broker_unavailable";
 
 /// What was sent and is not settled yet.
 pub(super) struct Flight {
@@ -350,7 +353,7 @@ impl Pipeline {
             return Ok(());
         };
         loop {
-            match transactions.recover().await {
+            match awaiting_broker(&self.status, "transaction abort", transactions.recover()).await {
                 Ok(()) => return Ok(()),
                 Err(e) => {
                     let e = self.transaction_failed(e)?;
@@ -370,7 +373,7 @@ impl Pipeline {
             return Ok(());
         };
         let started = Instant::now();
-        match transactions.commit().await {
+        match awaiting_broker(&self.status, "transaction commit", transactions.commit()).await {
             Ok(()) => st.flight.committed(),
             Err(e) => {
                 let broken = !matches!(e, sink::Error::TransactionAborted);
@@ -460,4 +463,37 @@ impl Pipeline {
         count(&self.status.rejected, reason);
         error!(object = %event.reference(), id = %event.id, bytes = event.data.len(), reason, error = %error, "broker refused event for good, skipped");
     }
+}
+
+/// Awaits a call the broker must answer (a commit, a checkpoint save, an abort). While the
+/// pipeline waits in it, nothing else reports an unreachable broker (librdkafka waits out
+/// its timeouts in silence), so a call unanswered for [`STALL_AFTER`] reports the watch
+/// stalled (`broker_unavailable`) until it succeeds or the next acknowledgement.
+pub(super) async fn awaiting_broker<T, E>(
+    status: &Status,
+    call: &'static str,
+    answer: impl Future<Output = std::result::Result<T, E>>,
+) -> std::result::Result<T, E> {
+    tokio::pin!(answer);
+    if let Ok(answered) = tokio::time::timeout(STALL_AFTER, &mut answer).await {
+        return answered;
+    }
+    let error = format!(
+        "no answer from the broker to a {call} for {} s",
+        STALL_AFTER.as_secs()
+    );
+    if status.set_stall(UNANSWERED, &error) {
+        error!(reason = UNANSWERED, error = %error, "watch stalled: cannot publish; retrying until the cause is fixed");
+    }
+    let answered = answer.await;
+    if answered.is_ok()
+        && let Some(stall) = status.clear_stall_if(UNANSWERED)
+    {
+        info!(
+            reason = stall.reason,
+            stalled_secs = stall.since.elapsed().as_secs(),
+            "publishing again"
+        );
+    }
+    answered
 }

@@ -362,3 +362,43 @@ async fn a_transactional_watch_commits_with_its_checkpoint_on_the_sinks_cadence(
     let (_, _, ended) = run.finish().await;
     ended.expect("the pipeline ends cleanly");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_broker_call_unanswered_for_the_stall_threshold_reports_the_watch_stalled_until_it_succeeds()
+ {
+    let status = Arc::new(Status::default());
+    let call = |secs: u64, ok: bool| async move {
+        tokio::time::sleep(Duration::from_secs(secs)).await;
+        if ok { Ok(()) } else { Err("timed out") }
+    };
+    let quick = super::delivery::awaiting_broker(&status, "transaction commit", call(29, true));
+    assert_eq!(quick.await, Ok(()));
+    assert!(
+        status.stall().is_none(),
+        "an answer within 30 s is no stall"
+    );
+
+    let slow = {
+        let status = status.clone();
+        tokio::spawn(async move {
+            super::delivery::awaiting_broker(&status, "transaction commit", call(45, true)).await
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    let stall = status.stall().expect("stalled while the commit waits");
+    assert_eq!(stall.reason, "broker_unavailable");
+    assert!(
+        stall.error.contains("transaction commit"),
+        "{}",
+        stall.error
+    );
+    assert_eq!(slow.await.unwrap(), Ok(()));
+    assert!(status.stall().is_none(), "the answer clears the stall");
+
+    let failed = super::delivery::awaiting_broker(&status, "checkpoint save", call(60, false));
+    assert_eq!(failed.await, Err("timed out"));
+    assert!(
+        status.stall().is_some(),
+        "a failed call leaves the stall to the next acknowledgement"
+    );
+}

@@ -40,6 +40,40 @@ fn testenv(verb: &str, component: &str) {
     assert!(ok, "scripts/testenv {verb} {component} failed");
 }
 
+/// A component stopped for a fault. Started again by [`Stopped::start`], or when dropped by a
+/// test that failed before it could: the tests after it need the component.
+struct Stopped<'a> {
+    component: &'a str,
+    started: bool,
+}
+
+impl<'a> Stopped<'a> {
+    fn new(component: &'a str) -> Self {
+        testenv("stop", component);
+        Stopped {
+            component,
+            started: false,
+        }
+    }
+
+    fn start(mut self) {
+        self.started = true;
+        testenv("start", self.component);
+    }
+}
+
+impl Drop for Stopped<'_> {
+    fn drop(&mut self) {
+        if !self.started {
+            eprintln!("starting {} again after a failure", self.component);
+            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/testenv");
+            let _ = Command::new(script)
+                .args(["start", self.component])
+                .status();
+        }
+    }
+}
+
 fn cm(name: &str, v: &str) -> ConfigMap {
     serde_json::from_value(json!({"metadata": {"name": name}, "data": {"v": v}})).unwrap()
 }
@@ -114,7 +148,7 @@ async fn broker_outage(sink: SinkKind, component: &str, kafka_extra: &str, hold:
     if background.is_some() {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    testenv("stop", component);
+    let outage = Stopped::new(component);
     let stopped = std::time::Instant::now();
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let pp = PostParams::default();
@@ -150,7 +184,7 @@ async fn broker_outage(sink: SinkKind, component: &str, kafka_extra: &str, hold:
         bridge.wait_exit(Duration::from_millis(10)).await.is_none(),
         "the bridge must ride out the outage"
     );
-    testenv("start", component);
+    outage.start();
     if !hold.is_zero() {
         let address = bridge.admin_address().await;
         support::wait_until(
