@@ -13,10 +13,14 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use async_nats::jetstream::kv;
 use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
 
 use super::journal::{Journal, Plan, RECORD_BYTES, Segment, Stored};
 use super::{Cluster, Error, Found, Meta, Parts, Result, WatchKey};
 use crate::known::KnownObjects;
+
+/// Records written (or purged) at once by a save.
+const WRITES_AT_ONCE: usize = 64;
 
 /// One watch's NATS checkpoints.
 #[derive(Debug)]
@@ -154,6 +158,7 @@ impl NatsStore {
         let mut buckets = self.buckets.clone();
         let mut written = Vec::new();
         let mut reserved = None;
+        let mut puts = Vec::new();
         let mut meta = Meta::new(&self.key, self.cluster.as_ref(), resource_version, known);
         match &plan {
             Plan::Compact => {
@@ -169,10 +174,7 @@ impl NatsStore {
                     let n = parts.len();
                     written.push((b, Stored { bytes, parts: n }));
                     for (p, part) in parts.into_iter().enumerate() {
-                        self.kv
-                            .put(self.bucket_key(b, &generation, p), Bytes::from(part))
-                            .await
-                            .map_err(store_err)?;
+                        puts.push((self.bucket_key(b, &generation, p), Bytes::from(part)));
                     }
                     buckets.insert(b, (generation.clone(), n));
                 }
@@ -181,14 +183,18 @@ impl NatsStore {
                 reserved = journal.reserve(records.len());
                 let names = reserved.iter().flat_map(Segment::names);
                 for ((writer, seq), record) in names.zip(records) {
-                    self.kv
-                        .put(self.journal_key(writer, seq), Bytes::from(record.clone()))
-                        .await
-                        .map_err(store_err)?;
+                    puts.push((self.journal_key(writer, seq), Bytes::from(record.clone())));
                 }
                 meta.journal = journal.segments_after(reserved.as_ref());
             }
         }
+        // The records go out side by side (one round trip, not one per record); the meta
+        // record naming them is swapped only once every one is stored.
+        futures::stream::iter(puts.into_iter().map(|(key, value)| self.kv.put(key, value)))
+            .buffer_unordered(WRITES_AT_ONCE)
+            .try_collect::<Vec<_>>()
+            .await
+            .map_err(store_err)?;
         meta.buckets = buckets.iter().map(|(b, (g, _))| (*b, g.clone())).collect();
         meta.parts = buckets
             .iter()
@@ -204,10 +210,11 @@ impl NatsStore {
             Plan::Compact => journal.compacted(written, None),
             Plan::Append(records) => journal.appended(reserved.as_ref(), &records),
         }
-        for key in stale {
-            // Best effort: an orphaned record is harmless, only space.
-            let _ = self.kv.purge(key).await;
-        }
+        // Best effort: an orphaned record is harmless, only space.
+        futures::stream::iter(stale.into_iter().map(|key| self.kv.purge(key)))
+            .buffer_unordered(WRITES_AT_ONCE)
+            .for_each(|_| async {})
+            .await;
         Ok(())
     }
 
