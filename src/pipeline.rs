@@ -183,8 +183,11 @@ impl Pipeline {
                 () = self.voided(), if transactional => self.restart_transaction(None, &mut st).await?,
                 () = self.requested(), if transactional && !st.requested => st.requested = true,
                 () = tokio::time::sleep_until(st.flight.progress + STALL_AFTER), if !idle && !st.flight.silence_reported => self.broker_silent(&mut st),
-                () = tokio::time::sleep_until(wake), if (pending || flushing) && idle => {}
-                () = tokio::time::sleep_until(heartbeat_wake.unwrap_or(wake)), if heartbeat_wake.is_some() && idle => {}
+                // Only with nothing waiting: a commit time that passed while events wait would
+                // fire at once on every turn, ahead of taking them (a busy loop until the
+                // checkpoint interval forced the commit); they are taken first.
+                () = tokio::time::sleep_until(wake), if (pending || flushing) && idle && rx.is_empty() => {}
+                () = tokio::time::sleep_until(heartbeat_wake.unwrap_or(wake)), if heartbeat_wake.is_some() && idle && !listing && rx.is_empty() => {}
                 item = rx.recv(), if room && !due => {
                     let Some((item, reservation)) = item else { break };
                     self.take(item, reservation, &mut st).await?;

@@ -402,3 +402,41 @@ async fn a_broker_call_unanswered_for_the_stall_threshold_reports_the_watch_stal
         "a failed call leaves the stall to the next acknowledgement"
     );
 }
+
+/// A Kafka watch found idle with a commit pending once the commit interval passed, while the
+/// watch's channel still held events, used to spin on the passed commit time without taking
+/// them (a core at 100 % and intake stopped until the checkpoint interval forced the commit).
+/// It takes them, then commits. Real time: a spinning pipeline never lets a paused clock move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_transactional_watch_takes_waiting_events_once_its_commit_interval_passed() {
+    let sink = ScriptedSink::new(true, true);
+    // A full flight (8) acknowledged after twice the commit interval, a ninth event waiting.
+    let mut items = Vec::new();
+    for i in 0..9 {
+        let uid = format!("u{i}");
+        if i < 8 {
+            sink.script(&uid, &[Script::AckAfter(Duration::from_millis(20))]);
+        }
+        items.push(event(&uid, &(i + 1).to_string()));
+    }
+    let run = Run::start_with(
+        sink,
+        items,
+        Store::new(Backend::Memory),
+        Duration::from_secs(3600),
+    );
+    let status = run.status.clone();
+    let committed = tokio::time::timeout(Duration::from_secs(10), async {
+        while status.checkpoint_resource_version().as_deref() != Some("9") {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(
+        committed.is_ok(),
+        "the ninth event was not committed: the pipeline did not take it (committed: {:?})",
+        status.checkpoint_resource_version()
+    );
+    let (_, _, ended) = run.finish().await;
+    ended.expect("the pipeline ends cleanly");
+}

@@ -557,8 +557,17 @@ async fn start_producer(settings: &ClientConfig) -> Result<FutureProducer, Kafka
 /// whenever anything is still queued: after the last acknowledgement the report is often still
 /// being served, so without this wait a commit took 100 ms instead of its round trip (7 ms here).
 fn wait_until_queue_empty(producer: &FutureProducer, limit: Duration) {
-    let deadline = std::time::Instant::now() + limit;
+    let started = std::time::Instant::now();
+    let deadline = started + limit;
     while producer.in_flight_count() > 0 && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_micros(100));
+    }
+    let waited = started.elapsed();
+    if waited > Duration::from_millis(5) {
+        debug!(
+            waited_ms = waited.as_millis() as u64,
+            left = producer.in_flight_count(),
+            "waited for the producer's queue before committing"
+        );
     }
 }
