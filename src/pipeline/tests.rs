@@ -90,6 +90,17 @@ impl Run {
         }
     }
 
+    /// Like [`Run::start`], with checkpoints in memory every hour (so that only the sink's own
+    /// commit cadence commits).
+    fn checkpointing_hourly(sink: ScriptedSink, items: Vec<Item>) -> Self {
+        Self::start_with(
+            sink,
+            items,
+            Store::new(Backend::Memory),
+            Duration::from_secs(3600),
+        )
+    }
+
     /// Closes the watch's side, waits until the pipeline drained and stopped; returns how it
     /// ended.
     async fn finish(self) -> (Arc<ScriptedSink>, Arc<Status>, Result<(), Error>) {
@@ -333,12 +344,7 @@ async fn a_fenced_producer_stops_the_pipeline() {
 async fn a_transactional_watch_commits_with_its_checkpoint_on_the_sinks_cadence() {
     let sink = ScriptedSink::new(true, true);
     let items = vec![event("a", "1"), event("b", "2")];
-    let run = Run::start_with(
-        sink,
-        items,
-        Store::new(Backend::Memory),
-        Duration::from_secs(3600),
-    );
+    let run = Run::checkpointing_hourly(sink, items);
     let status = run.status.clone();
     // `until` gives up after 600 s of the paused clock, well before the checkpoint interval.
     until("the checkpoint covers both events", || {
@@ -419,12 +425,7 @@ async fn an_idle_transactional_watch_takes_waiting_events_once_its_commit_interv
         }
         items.push(event(&uid, &(i + 1).to_string()));
     }
-    let run = Run::start_with(
-        sink,
-        items,
-        Store::new(Backend::Memory),
-        Duration::from_secs(3600),
-    );
+    let run = Run::checkpointing_hourly(sink, items);
     let status = run.status.clone();
     let committed = tokio::time::timeout(Duration::from_secs(10), async {
         while status.checkpoint_resource_version().as_deref() != Some("9") {
