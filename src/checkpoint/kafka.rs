@@ -22,7 +22,7 @@ use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use super::journal::{Journal, Plan, RECORD_BYTES, Stored};
 use super::{Cluster, Error, Found, Meta, Parts, Result, WatchKey};
 use crate::known::{BUCKETS, KnownObjects};
-use crate::sink::kafka::{CommitError, KafkaSink};
+use crate::sink::kafka::{CommitError, KafkaSink, Latest};
 
 /// How long reading the topic or an admin request may take.
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -51,7 +51,13 @@ impl KafkaStore {
     pub(super) async fn load(&self, journal: &mut Journal) -> Result<Option<Found>> {
         let prefix = format!("{}/", self.key.id);
         let started = std::time::Instant::now();
-        let records = read_compacted(self.sink.consumer_config(), &self.topic, &prefix)
+        let config = self.sink.consumer_config();
+        let records = self
+            .sink
+            .checkpoint_reads()
+            .read(&prefix, |prefixes| {
+                read_compacted(config.clone(), &self.topic, prefixes)
+            })
             .await
             .map_err(store_err)?;
         tracing::debug!(topic = %self.topic, records = records.len(), elapsed_ms = started.elapsed().as_millis() as u64, "checkpoint topic read");
@@ -112,9 +118,15 @@ impl KafkaStore {
     pub(super) async fn reset(&self) -> Result<()> {
         // Every record of the watch, whatever its name.
         let prefix = format!("{}/", self.key.id);
-        let stored = read_compacted(self.sink.consumer_config(), &self.topic, &prefix)
-            .await
-            .map_err(store_err)?;
+        let stored = read_compacted(
+            self.sink.consumer_config(),
+            &self.topic,
+            vec![prefix.clone()],
+        )
+        .await
+        .map_err(store_err)?
+        .pop()
+        .unwrap_or_default();
         let mut records: Vec<(String, Option<Vec<u8>>)> = (0..BUCKETS)
             .map(|b| (part_key(&self.key, b, 0), None))
             .collect();
@@ -260,13 +272,14 @@ pub(super) fn decode(
     Ok(Some(found))
 }
 
-/// Reads the compacted single-partition `topic` to its end with `read_committed` and returns the
-/// last value of every key starting with `prefix` (a tombstone removes its key).
+/// Reads the compacted single-partition `topic` to its end with `read_committed` and returns,
+/// for each of `prefixes` (watch ids followed by `/`), the last value of every key starting
+/// with it (a tombstone removes its key).
 async fn read_compacted(
     config: ClientConfig,
     topic: &str,
-    prefix: &str,
-) -> Result<HashMap<String, Vec<u8>>, KafkaError> {
+    prefixes: Vec<String>,
+) -> Result<Vec<Latest>, KafkaError> {
     let mut config = config;
     config
         .set(
@@ -276,13 +289,13 @@ async fn read_compacted(
         // The end of the partition is reported, so the read needs no position request per
         // record (those cost about 50 µs each: a second for 20,000 records).
         .set("enable.partition.eof", "true");
-    let (topic, prefix) = (topic.to_string(), prefix.to_string());
+    let topic = topic.to_string();
     tokio::task::spawn_blocking(move || {
         let consumer: BaseConsumer = config.create()?;
         let (_, high) = consumer.fetch_watermarks(&topic, 0, TIMEOUT)?;
-        let mut out = HashMap::new();
+        let mut out = Wanted::new(prefixes);
         if high == 0 {
-            return Ok(out);
+            return Ok(out.found);
         }
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&topic, 0, Offset::Beginning)?;
@@ -291,16 +304,16 @@ async fn read_compacted(
         loop {
             match consumer.poll(Duration::from_millis(200)) {
                 Some(Ok(m)) => {
-                    keep_latest(&mut out, &m, &prefix);
+                    out.keep_latest(&m);
                     if m.offset() + 1 >= high {
-                        return Ok(out);
+                        return Ok(out.found);
                     }
                 }
                 // At the end, or nothing for a while: the end may be a transaction marker,
                 // which is never delivered, so the position tells.
                 Some(Err(KafkaError::PartitionEOF(_))) | None => {
                     if read_to(&consumer, &topic)? >= high {
-                        return Ok(out);
+                        return Ok(out.found);
                     }
                 }
                 Some(Err(e)) => return Err(e),
@@ -316,20 +329,42 @@ async fn read_compacted(
     .expect("read task")
 }
 
-/// Records the value of `m` under its key when the key starts with `prefix` (a tombstone
-/// removes the key).
-fn keep_latest(out: &mut HashMap<String, Vec<u8>>, m: &BorrowedMessage<'_>, prefix: &str) {
-    let Some(key) = m
-        .key()
-        .map(String::from_utf8_lossy)
-        .filter(|k| k.starts_with(prefix))
-    else {
-        return;
-    };
-    match m.payload() {
-        Some(v) => out.insert(key.into_owned(), v.to_vec()),
-        None => out.remove(key.as_ref()),
-    };
+/// The records a read keeps: those of the watches it serves.
+struct Wanted {
+    /// Prefix → index in `found`.
+    index: HashMap<String, usize>,
+    found: Vec<Latest>,
+}
+
+impl Wanted {
+    fn new(prefixes: Vec<String>) -> Self {
+        let found = vec![Latest::new(); prefixes.len()];
+        let index = prefixes
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| (p, i))
+            .collect();
+        Self { index, found }
+    }
+
+    /// Records the value of `m` under its key when the key belongs to a watch served (its
+    /// prefix is the key up to the first `/`: watch ids have none); a tombstone removes it.
+    fn keep_latest(&mut self, m: &BorrowedMessage<'_>) {
+        let Some(key) = m.key().map(String::from_utf8_lossy) else {
+            return;
+        };
+        let Some(i) = key
+            .find('/')
+            .and_then(|slash| self.index.get(&key[..=slash]))
+        else {
+            return;
+        };
+        let out = &mut self.found[*i];
+        match m.payload() {
+            Some(v) => out.insert(key.into_owned(), v.to_vec()),
+            None => out.remove(key.as_ref()),
+        };
+    }
 }
 
 /// The consumer's position in partition 0 of `topic` (0 when not known yet).

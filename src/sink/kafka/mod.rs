@@ -4,8 +4,10 @@
 
 mod config;
 mod group;
+mod reads;
 mod sink;
 
 pub use config::{check_brokers, consumer_config, producer_config};
 pub use group::PRODUCERS;
+pub use reads::{Latest, SharedReads};
 pub use sink::{CommitError, KafkaSink, Sharing, classify};

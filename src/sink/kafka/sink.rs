@@ -16,6 +16,7 @@ use tracing::warn;
 
 use super::config::{consumer_settings, producer_config};
 use super::group::{Group, Member, Records};
+use super::reads::SharedReads;
 use crate::change::ChangeKind;
 use crate::config::{ContentMode, KafkaConfig};
 use crate::encode::{DATA_CONTENT_TYPE, Event, STRUCTURED_CONTENT_TYPE};
@@ -64,6 +65,8 @@ pub struct KafkaSink {
     config: KafkaConfig,
     /// The shared transactional producers, by transactional id.
     groups: tokio::sync::Mutex<HashMap<String, Weak<Group>>>,
+    /// Reads of the checkpoint topic, shared by the watches loading at once.
+    reads: Arc<SharedReads>,
 }
 
 impl std::fmt::Debug for KafkaSink {
@@ -83,7 +86,8 @@ impl KafkaSink {
         settings
             .create_native_config()
             .map_err(Error::KafkaClient)?;
-        Ok(Self::with(settings, None, config, topic))
+        let reads = Arc::default();
+        Ok(Self::with(settings, None, config, topic, reads))
     }
 
     fn with(
@@ -91,6 +95,7 @@ impl KafkaSink {
         member: Option<Member>,
         config: &KafkaConfig,
         topic: Template,
+        reads: Arc<SharedReads>,
     ) -> Self {
         Self {
             plain: Mutex::new(None),
@@ -100,7 +105,13 @@ impl KafkaSink {
             mode: config.content_mode,
             config: config.clone(),
             groups: tokio::sync::Mutex::new(HashMap::new()),
+            reads,
         }
+    }
+
+    /// Reads of the checkpoint topic, shared by this sink's watches.
+    pub fn checkpoint_reads(&self) -> &SharedReads {
+        &self.reads
     }
 
     /// The plain producer, made at first use.
@@ -132,6 +143,7 @@ impl KafkaSink {
             Some(member),
             &self.config,
             self.topic.clone(),
+            self.reads.clone(),
         ))
     }
 
