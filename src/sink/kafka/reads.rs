@@ -42,19 +42,27 @@ impl SharedReads {
         E: std::fmt::Display,
     {
         loop {
-            let (reply, answer) = oneshot::channel();
+            let (reply, mut answer) = oneshot::channel();
             self.lock().push(Request {
                 prefix: prefix.to_string(),
                 reply,
             });
-            {
-                let _reading = self.reading.lock().await;
-                let batch = std::mem::take(&mut *self.lock());
-                if !batch.is_empty() {
-                    serve(batch, &read).await;
+            // Either a read under way or the next one serves this request: once answered, the
+            // caller stops waiting for its turn to read (a queue of callers each taking the turn
+            // in order would serialize the watches behind every read).
+            let answered = tokio::select! {
+                biased;
+                answered = &mut answer => answered,
+                reading = self.reading.lock() => {
+                    let batch = std::mem::take(&mut *self.lock());
+                    if !batch.is_empty() {
+                        serve(batch, &read).await;
+                    }
+                    drop(reading);
+                    answer.await
                 }
-            }
-            match answer.await {
+            };
+            match answered {
                 Ok(answered) => return answered,
                 // The task serving this request was cancelled mid-read: ask again.
                 Err(_) => continue,
@@ -73,7 +81,11 @@ where
     Fut: Future<Output = Result<Vec<Latest>, E>>,
     E: std::fmt::Display,
 {
-    let prefixes = batch.iter().map(|r| r.prefix.clone()).collect();
+    let prefixes: Vec<String> = batch.iter().map(|r| r.prefix.clone()).collect();
+    tracing::debug!(
+        watches = prefixes.len(),
+        "reading the checkpoint topic for the watches loading"
+    );
     match read(prefixes).await {
         Ok(found) => {
             for (request, records) in batch.into_iter().zip(found) {
@@ -151,6 +163,39 @@ mod tests {
         let late = shared.read("b/", counting(reads.clone())).await.unwrap();
         assert_eq!(first.await.unwrap().unwrap()["a/read"], [1]);
         assert_eq!(late["b/read"], [2], "not the read already under way");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_already_answered_returns_without_serving_later_ones() {
+        let shared = Arc::new(SharedReads::default());
+        let reads = Arc::new(AtomicUsize::new(0));
+        let start = tokio::time::Instant::now();
+        let request = |prefix: &'static str, after_ms: u64| {
+            let (shared, reads) = (shared.clone(), reads.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(after_ms)).await;
+                shared.read(prefix, counting(reads)).await.unwrap();
+                start.elapsed()
+            })
+        };
+        // a reads from 0 to 10 ms; b and c wait, then share the read from 10 to 20 ms; d comes
+        // during that one and is read from 20 to 30 ms.
+        let tasks = [
+            request("a/", 0),
+            request("b/", 2),
+            request("c/", 4),
+            request("d/", 15),
+        ];
+        let mut done = Vec::new();
+        for task in tasks {
+            done.push(task.await.unwrap().as_millis());
+        }
+        assert_eq!(
+            done,
+            [10, 20, 20, 30],
+            "c does not read for d before returning"
+        );
+        assert_eq!(reads.load(Ordering::SeqCst), 3);
     }
 
     #[tokio::test(start_paused = true)]
