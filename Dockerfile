@@ -22,13 +22,14 @@ COPY src ./src
 COPY benches ./benches
 COPY tests ./tests
 COPY examples ./examples
-# The release profile keeps debug info for profiling; the image does not need it.
-ENV CARGO_PROFILE_RELEASE_DEBUG=0 \
-    CARGO_PROFILE_RELEASE_STRIP=debuginfo
+# The dist profile (release with thin LTO, Cargo.toml) keeps debug info for profiling; the image
+# does not need it.
+ENV CARGO_PROFILE_DIST_DEBUG=0 \
+    CARGO_PROFILE_DIST_STRIP=debuginfo
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/build/target \
-    cargo build --release --locked --bin kube-event-bridge \
-    && install -m 0755 target/release/kube-event-bridge /usr/local/bin/kube-event-bridge
+    cargo build --profile dist --locked --bin kube-event-bridge \
+    && install -m 0755 target/dist/kube-event-bridge /usr/local/bin/kube-event-bridge
 
 FROM debian:${DEBIAN_RELEASE}-slim
 # hadolint ignore=DL3008
