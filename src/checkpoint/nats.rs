@@ -22,6 +22,51 @@ use crate::known::KnownObjects;
 /// Records written (or purged) at once by a save.
 const WRITES_AT_ONCE: usize = 64;
 
+/// Bytes of records a save holds before writing them (a compaction of a large index is
+/// written in batches, not held whole).
+const BATCH_BYTES: usize = 8 << 20;
+
+/// Records a save writes, side by side ([`WRITES_AT_ONCE`] at a time, one round trip rather than
+/// one per record), in batches of about [`BATCH_BYTES`].
+struct Puts<'a> {
+    kv: &'a kv::Store,
+    pending: Vec<(String, Bytes)>,
+    bytes: usize,
+}
+
+impl<'a> Puts<'a> {
+    fn new(kv: &'a kv::Store) -> Self {
+        Self {
+            kv,
+            pending: Vec::new(),
+            bytes: 0,
+        }
+    }
+
+    async fn push(&mut self, key: String, value: Bytes) -> Result<()> {
+        self.bytes += value.len();
+        self.pending.push((key, value));
+        if self.bytes >= BATCH_BYTES {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    /// Writes what is pending; fails if any write failed (the others may be stored: names of
+    /// their own that no meta record names yet).
+    async fn flush(&mut self) -> Result<()> {
+        self.bytes = 0;
+        let batch = std::mem::take(&mut self.pending);
+        let kv = self.kv;
+        futures::stream::iter(batch.into_iter().map(|(key, value)| kv.put(key, value)))
+            .buffer_unordered(WRITES_AT_ONCE)
+            .try_collect::<Vec<_>>()
+            .await
+            .map_err(store_err)?;
+        Ok(())
+    }
+}
+
 /// One watch's NATS checkpoints.
 #[derive(Debug)]
 pub struct NatsStore {
@@ -158,7 +203,7 @@ impl NatsStore {
         let mut buckets = self.buckets.clone();
         let mut written = Vec::new();
         let mut reserved = None;
-        let mut puts = Vec::new();
+        let mut puts = Puts::new(&self.kv);
         let mut meta = Meta::new(&self.key, self.cluster.as_ref(), resource_version, known);
         match &plan {
             Plan::Compact => {
@@ -174,7 +219,8 @@ impl NatsStore {
                     let n = parts.len();
                     written.push((b, Stored { bytes, parts: n }));
                     for (p, part) in parts.into_iter().enumerate() {
-                        puts.push((self.bucket_key(b, &generation, p), Bytes::from(part)));
+                        let key = self.bucket_key(b, &generation, p);
+                        puts.push(key, Bytes::from(part)).await?;
                     }
                     buckets.insert(b, (generation.clone(), n));
                 }
@@ -183,18 +229,14 @@ impl NatsStore {
                 reserved = journal.reserve(records.len());
                 let names = reserved.iter().flat_map(Segment::names);
                 for ((writer, seq), record) in names.zip(records) {
-                    puts.push((self.journal_key(writer, seq), Bytes::from(record.clone())));
+                    let key = self.journal_key(writer, seq);
+                    puts.push(key, Bytes::from(record.clone())).await?;
                 }
                 meta.journal = journal.segments_after(reserved.as_ref());
             }
         }
-        // The records go out side by side (one round trip, not one per record); the meta
-        // record naming them is swapped only once every one is stored.
-        futures::stream::iter(puts.into_iter().map(|(key, value)| self.kv.put(key, value)))
-            .buffer_unordered(WRITES_AT_ONCE)
-            .try_collect::<Vec<_>>()
-            .await
-            .map_err(store_err)?;
+        // The meta record naming the records is swapped only once every one is stored.
+        puts.flush().await?;
         meta.buckets = buckets.iter().map(|(b, (g, _))| (*b, g.clone())).collect();
         meta.parts = buckets
             .iter()
