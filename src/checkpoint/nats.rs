@@ -2,7 +2,8 @@
 //! `{id}.b{bucket}.{generation}.{part}` for the further parts of a bucket larger than
 //! [`RECORD_BYTES`]) and journal records `{id}.j.{writer}.{sequence}` (see
 //! [`super::journal`]). A save writes its journal records, or at a compaction the changed
-//! buckets (all their parts) under a fresh generation, then swaps the meta record with
+//! buckets (all their parts) under a fresh generation (side by side, in batches of about
+//! [`BATCH_BYTES`]), then swaps the meta record with
 //! compare-and-swap on the revision this instance last wrote or read, which fences a stale
 //! writer (whose records have names of their own); buckets, parts and journal records the new
 //! meta record no longer names are purged afterwards. Until the swap the previous meta record
