@@ -17,7 +17,7 @@ use super::{Error, Pipeline, Result, State};
 use crate::backoff::Backoff;
 use crate::encode::Event;
 use crate::sink::{self, Delivered, Outcome};
-use crate::status::{STALL_AFTER, Status, count, kind_index};
+use crate::status::{STALL_AFTER, Stall, Status, count, kind_index};
 
 /// A Kafka transaction holding more than this is committed early: what it holds stays in memory
 /// until then, to be sent again if it aborts.
@@ -445,11 +445,7 @@ impl Pipeline {
     fn publishing_again(&self, st: &mut State) {
         st.failing = None;
         if let Some(stall) = self.status.clear_stall() {
-            info!(
-                reason = stall.reason,
-                stalled_secs = stall.since.elapsed().as_secs(),
-                "publishing again"
-            );
+            log_resumed(&stall);
         }
     }
 
@@ -489,11 +485,16 @@ pub(super) async fn awaiting_broker<T, E>(
     if answered.is_ok()
         && let Some(stall) = status.clear_stall_if(UNANSWERED)
     {
-        info!(
-            reason = stall.reason,
-            stalled_secs = stall.since.elapsed().as_secs(),
-            "publishing again"
-        );
+        log_resumed(&stall);
     }
     answered
+}
+
+/// The line saying a stalled watch publishes again.
+fn log_resumed(stall: &Stall) {
+    info!(
+        reason = stall.reason,
+        stalled_secs = stall.since.elapsed().as_secs(),
+        "publishing again"
+    );
 }
