@@ -1111,9 +1111,10 @@ async fn dockerfile_builds_in_rust_and_runs_the_binary_alone_as_non_root() {
         .map(|(_, a)| a.as_str())
         .collect();
     assert!(
-        builds.len() == 1 && builds[0].contains("--locked") && builds[0].contains("--release"),
+        builds.len() == 1 && builds[0].contains("--locked"),
         "{builds:?}"
     );
+    assert_optimized_build(builds[0]);
 
     // The runtime stage installs a package for every library the binary links.
     let installed: BTreeSet<&str> = runtime
@@ -1172,6 +1173,41 @@ async fn dockerfile_builds_in_rust_and_runs_the_binary_alone_as_non_root() {
         let out = run(&hadolint, &[&path], None).await;
         assert!(out.success, "hadolint:\n{}{}", out.stdout, out.stderr);
     }
+}
+
+/// The image's build is optimised: `--release`, or `--profile P` where Cargo.toml's
+/// `[profile.P]` inherits from release; and it installs the binary from that profile's directory.
+fn assert_optimized_build(build: &str) {
+    let words: Vec<&str> = build.split_whitespace().collect();
+    let profile = match words.iter().position(|w| *w == "--profile") {
+        Some(i) => {
+            let name = words.get(i + 1).expect("a profile name after --profile");
+            let manifest = read(&repo().join("Cargo.toml"));
+            let section = manifest
+                .split(&format!("[profile.{name}]"))
+                .nth(1)
+                .unwrap_or_else(|| {
+                    panic!(
+                        "the Dockerfile builds profile {name}, which Cargo.toml does not declare"
+                    )
+                });
+            let section = section.split("\n[").next().unwrap();
+            assert!(
+                section.contains("inherits = \"release\""),
+                "profile {name} must inherit from release: {section}"
+            );
+            (*name).to_string()
+        }
+        None => {
+            assert!(words.contains(&"--release"), "an optimised build: {build}");
+            "release".to_string()
+        }
+    };
+    let binary = format!("target/{profile}/kube-event-bridge");
+    assert!(
+        build.contains(&binary),
+        "the build installs {binary}: {build}"
+    );
 }
 
 #[test]
