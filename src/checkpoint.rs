@@ -31,7 +31,7 @@ pub use file::FileStore;
 pub use kafka::KafkaStore;
 pub use nats::{NatsStore, nats_bucket};
 
-use journal::{Journal, Record, Segment, Stored};
+use journal::{Journal, Plan, Record, Segment, Stored};
 
 use crate::known::{BUCKETS, Encoding, KnownObjects};
 
@@ -542,6 +542,48 @@ pub struct Store {
     journal: Journal,
 }
 
+/// Objects up to which a NATS compaction is staged whole in memory (an index entry encodes to
+/// a few tens of bytes: a few MiB at most) and written while the watch goes on; a larger one is
+/// written in batches, in place.
+pub const STAGED_OBJECTS_MAX: usize = 100_000;
+
+/// How [`Store::stage`] left a save.
+#[derive(Debug)]
+pub enum Staging {
+    /// Encoded whole: write it ([`Staged::write`]) while the watch goes on, then apply it
+    /// ([`Store::finish`]).
+    Staged(Staged),
+    /// To be saved in place ([`Store::save_planned`]).
+    InPlace(Planned),
+}
+
+/// A save planned by [`Store::stage`], to be saved in place.
+#[derive(Debug)]
+pub struct Planned(Plan);
+
+/// A save encoded whole, owning everything it writes.
+#[derive(Debug)]
+pub struct Staged(Box<nats::Staged>);
+
+/// A staged save, written: [`Store::finish`] applies it.
+#[derive(Debug)]
+pub struct Written(Box<nats::Written>);
+
+impl Staged {
+    /// Writes the save's records, then its meta record. Nothing here touches the store: what
+    /// the write changed is applied by [`Store::finish`].
+    pub async fn write(self) -> Written {
+        Written(Box::new(self.0.write().await))
+    }
+}
+
+impl Written {
+    /// Whether the save is stored.
+    pub fn is_ok(&self) -> bool {
+        self.0.is_ok()
+    }
+}
+
 impl Store {
     /// A store on `backend`.
     pub fn new(backend: Backend) -> Self {
@@ -613,10 +655,46 @@ impl Store {
     /// caller marks the index dirty ([`KnownObjects::mark_all_dirty`]): the changes taken are
     /// then stored by the next save's compaction.
     pub async fn save(&mut self, resource_version: &str, known: &mut KnownObjects) -> Result<()> {
+        let plan = self.plan(resource_version, known);
+        self.save_planned(resource_version, known, Planned(plan))
+            .await
+    }
+
+    /// Plans the save of `resource_version` like [`Store::save`]. A NATS save small enough to
+    /// hold whole (a journal record, or a compaction of at most [`STAGED_OBJECTS_MAX`] objects)
+    /// comes back encoded ([`Staging::Staged`]): it owns what it writes, so the watch goes on
+    /// taking changes while the broker stores it. Any other comes back to be saved in place
+    /// with [`Store::save_planned`]: a Kafka save commits the transaction the next events go
+    /// into, a file is rewritten, a large compaction is written in batches.
+    pub fn stage(&mut self, resource_version: &str, known: &mut KnownObjects) -> Staging {
+        let plan = self.plan(resource_version, known);
+        match &mut self.backend {
+            Backend::Nats(s)
+                if matches!(plan, Plan::Append(_)) || known.len() <= STAGED_OBJECTS_MAX =>
+            {
+                let staged = s.stage(resource_version, known, self.digests, plan, &mut self.journal);
+                Staging::Staged(Staged(Box::new(staged)))
+            }
+            _ => Staging::InPlace(Planned(plan)),
+        }
+    }
+
+    /// Applies a staged save once written. Errors as for [`Store::save`].
+    pub fn finish(&mut self, written: Written) -> Result<()> {
+        let Backend::Nats(s) = &mut self.backend else {
+            unreachable!("only a NATS store stages a save")
+        };
+        s.finish(*written.0, &mut self.journal)
+    }
+
+    /// Saves a planned save in place ([`Store::stage`]).
+    pub async fn save_planned(
+        &mut self,
+        resource_version: &str,
+        known: &mut KnownObjects,
+        Planned(plan): Planned,
+    ) -> Result<()> {
         let digests = self.digests;
-        let stamp =
-            matches!(self.backend, Backend::File(_)).then_some(journal::Stamp { resource_version });
-        let plan = self.journal.plan(known, digests, stamp);
         let journal = &mut self.journal;
         match &mut self.backend {
             Backend::Kafka(s) => {
@@ -636,6 +714,13 @@ impl Store {
                 Ok(())
             }
         }
+    }
+
+    /// What the next save writes (taking the changes from `known`).
+    fn plan(&self, resource_version: &str, known: &mut KnownObjects) -> Plan {
+        let stamp =
+            matches!(self.backend, Backend::File(_)).then_some(journal::Stamp { resource_version });
+        self.journal.plan(known, self.digests, stamp)
     }
 
     /// Deletes the checkpoint, so the next start lists and publishes a fresh snapshot. A running

@@ -33,11 +33,13 @@ use crate::watch::Item;
 
 mod classify;
 mod delivery;
+mod save;
 #[cfg(test)]
 mod tests;
 
 use classify::Classifier;
 use delivery::{Failing, Flight, HELD_BYTES_MAX};
+use save::Saving;
 
 /// Why a pipeline stopped: this instance must not publish for the watch any more.
 #[derive(Debug, thiserror::Error)]
@@ -119,6 +121,8 @@ struct State {
     commit_due: bool,
     /// Another watch sharing the Kafka transaction waits for this one to commit.
     requested: bool,
+    /// A checkpoint being written while the watch goes on (NATS).
+    saving: Option<Saving>,
 }
 
 impl Pipeline {
@@ -152,8 +156,10 @@ impl Pipeline {
                 || elapsed >= interval.max(self.checkpoint_interval)
                 || (elapsed >= interval && rx.is_empty());
             // A watch that sent in a shared transaction commits when another asks: the
-            // transaction commits only with the checkpoint of every watch that sent in it.
-            let due = st.commit_due && (pending || flushing) || st.requested;
+            // transaction commits only with the checkpoint of every watch that sent in it. A
+            // checkpoint being written is awaited (while the watch goes on) before the next.
+            let saving = st.saving.is_some();
+            let due = !saving && (st.commit_due && (pending || flushing) || st.requested);
             let idle = st.flight.queue.is_empty();
             if idle && self.settle(&mut st, due, listing).await? {
                 st.commit_due = false;
@@ -183,10 +189,11 @@ impl Pipeline {
                 () = self.voided(), if transactional => self.restart_transaction(None, &mut st).await?,
                 () = self.requested(), if transactional && !st.requested => st.requested = true,
                 () = tokio::time::sleep_until(st.flight.progress + STALL_AFTER), if !idle && !st.flight.silence_reported => self.broker_silent(&mut st),
+                written = save::written(&mut st.saving), if saving => self.saved(written, &mut st)?,
                 // Only with nothing waiting: a commit time that passed while events wait would
                 // fire at once on every turn, ahead of taking them (a busy loop until the
                 // checkpoint interval forced the commit); they are taken first.
-                () = tokio::time::sleep_until(wake), if (pending || flushing) && idle && rx.is_empty() => {}
+                () = tokio::time::sleep_until(wake), if (pending || flushing) && idle && rx.is_empty() && !saving => {}
                 () = tokio::time::sleep_until(heartbeat_wake.unwrap_or(wake)), if heartbeat_wake.is_some() && idle && !listing && rx.is_empty() => {}
                 item = rx.recv(), if room && !due => {
                     let Some((item, reservation)) = item else { break };
@@ -195,6 +202,7 @@ impl Pipeline {
             }
         }
         while self.settle_next(&mut st).await? {}
+        self.finish_saving(&mut st).await?;
         if st.position != st.committed && !st.classifier.listing() {
             self.commit(&mut st).await?;
         }
@@ -248,6 +256,7 @@ impl Pipeline {
             failing: None,
             commit_due: false,
             requested: false,
+            saving: None,
         };
         if let Some(rv) = &st.committed {
             info!(rv = %rv, objects = st.classifier.known().len(), "resuming from checkpoint");
@@ -377,6 +386,7 @@ impl Pipeline {
     async fn heartbeat(&mut self, hb: &Heartbeat, st: &mut State) -> Result<()> {
         let position = st.position.clone().unwrap_or_default();
         self.commit(st).await?;
+        self.finish_saving(st).await?;
         let Some(committed) = st.committed.clone() else {
             return Ok(());
         };
@@ -403,43 +413,6 @@ impl Pipeline {
             // The heartbeat sits in the open transaction: commit it now.
             self.commit_events(st).await?;
         }
-        Ok(())
-    }
-
-    async fn commit(&mut self, st: &mut State) -> Result<()> {
-        let Some(rv) = st.position.clone() else {
-            // Nothing to checkpoint yet; a shared transaction still waits for this watch.
-            return self.commit_events(st).await;
-        };
-        // The cadence counts from the start of a commit: the next is due once this one has
-        // completed and the interval has passed.
-        let started = Instant::now();
-        self.check_leadership()?;
-        let saved = self.store.save(&rv, st.classifier.known());
-        match delivery::awaiting_broker(&self.status, "checkpoint save", saved).await {
-            Ok(()) => {
-                self.status.checkpoints.fetch_add(1, Ordering::Relaxed);
-                self.status.set_checkpointed(&rv);
-                st.committed = Some(rv);
-                st.flight.committed();
-            }
-            Err(e @ checkpoint::Error::Fenced { .. }) => {
-                error!(error = %e, "fenced: another instance owns this watch now");
-                return Err(e.into());
-            }
-            Err(e) if self.sink.transactions().is_some() => {
-                // The checkpoint records went down with the transaction: write every bucket
-                // with the next one.
-                st.classifier.known().mark_all_dirty();
-                let broken = !matches!(e, checkpoint::Error::Aborted { .. });
-                self.resend_after_abort(st, &e, broken).await?;
-            }
-            Err(e) => {
-                warn!(error = %e, "checkpoint not saved, will retry");
-                st.classifier.known().mark_all_dirty();
-            }
-        }
-        st.last_commit = started;
         Ok(())
     }
 }

@@ -27,45 +27,174 @@ const WRITES_AT_ONCE: usize = 64;
 /// written in batches, not held whole).
 const BATCH_BYTES: usize = 8 << 20;
 
-/// Records a save writes, side by side ([`WRITES_AT_ONCE`] at a time, one round trip rather than
-/// one per record), in batches of about [`BATCH_BYTES`].
-struct Puts<'a> {
-    kv: &'a kv::Store,
-    pending: Vec<(String, Bytes)>,
-    bytes: usize,
+/// Writes `records` side by side ([`WRITES_AT_ONCE`] at a time, one round trip rather than one
+/// per record); fails if any write failed (the others may be stored: names of their own that no
+/// meta record names yet).
+async fn put_all(kv: &kv::Store, records: Vec<(String, Bytes)>) -> Result<()> {
+    futures::stream::iter(records.into_iter().map(|(key, value)| kv.put(key, value)))
+        .buffer_unordered(WRITES_AT_ONCE)
+        .try_collect::<Vec<_>>()
+        .await
+        .map_err(store_err)?;
+    Ok(())
 }
 
-impl<'a> Puts<'a> {
-    fn new(kv: &'a kv::Store) -> Self {
-        Self {
-            kv,
-            pending: Vec::new(),
-            bytes: 0,
+/// Purges `keys` side by side. Best effort: an orphaned record is harmless, only space.
+async fn purge_all(kv: &kv::Store, keys: BTreeSet<String>) {
+    futures::stream::iter(keys.into_iter().map(|key| kv.purge(key)))
+        .buffer_unordered(WRITES_AT_ONCE)
+        .for_each(|_| async {})
+        .await;
+}
+
+/// A save encoded whole ([`NatsStore::stage`]): it owns its records and the compare-and-swap of
+/// the meta record, so it is written apart from the store while the pipeline goes on taking
+/// changes ([`Staged::write`]), then applied ([`NatsStore::finish`]).
+#[derive(Debug)]
+pub(super) struct Staged {
+    swap: MetaSwap,
+    /// Records to write before the meta record.
+    records: Vec<(String, Bytes)>,
+    layout: Layout,
+}
+
+/// A staged save, written: how its meta record's swap ended.
+#[derive(Debug)]
+pub(super) struct Written {
+    staged: Staged,
+    swapped: Swapped,
+}
+
+impl Written {
+    /// Whether the meta record was swapped in.
+    pub(super) fn is_ok(&self) -> bool {
+        matches!(self.swapped, Swapped::Done(_))
+    }
+}
+
+/// What the store holds once a save's meta record is swapped in.
+#[derive(Debug)]
+struct Layout {
+    /// The meta record.
+    meta: Bytes,
+    buckets: Named,
+    journal: Vec<Segment>,
+    /// Keys the meta record no longer names, purged after the swap.
+    stale: BTreeSet<String>,
+    done: Done,
+}
+
+/// What a save adds to the journal's account of the store.
+#[derive(Debug)]
+enum Done {
+    Compacted(Vec<(usize, Stored)>),
+    Appended(Option<Segment>, Vec<Vec<u8>>),
+}
+
+impl Staged {
+    /// Writes the records, then swaps the meta record naming them in (only once every one is
+    /// stored), then purges what it no longer names.
+    pub(super) async fn write(mut self) -> Written {
+        let records = std::mem::take(&mut self.records);
+        let swapped = match put_all(&self.swap.kv, records).await {
+            Ok(()) => self.swap.run(&self.layout.meta).await,
+            Err(e) => Swapped::Failed(e),
+        };
+        if let Swapped::Done(_) = swapped {
+            let stale = std::mem::take(&mut self.layout.stale);
+            purge_all(&self.swap.kv, stale).await;
+        }
+        Written {
+            staged: self,
+            swapped,
+        }
+    }
+}
+
+/// The compare-and-swap of one watch's meta record, owning what it needs (a staged save runs
+/// apart from the store).
+#[derive(Debug)]
+struct MetaSwap {
+    kv: kv::Store,
+    key: String,
+    /// The revision the swap expects.
+    revision: Option<u64>,
+    /// The value of an earlier write of ours whose outcome is unknown.
+    earlier: Option<Bytes>,
+}
+
+/// How a swap of the meta record ended.
+#[derive(Debug)]
+enum Swapped {
+    Done(u64),
+    /// The record holds a foreign value: another instance owns the watch.
+    Fenced,
+    /// The write may or may not have happened (its reply was lost).
+    Unknown(String),
+    /// Nothing was swapped.
+    Failed(Error),
+}
+
+/// How one compare-and-swap attempt ended.
+enum Swap {
+    Done(u64),
+    /// The revision was not the expected one.
+    Conflict,
+    /// Failed; the write may or may not have happened.
+    Failed(String),
+}
+
+impl MetaSwap {
+    /// Swaps the meta record for `value`. A conflict is fencing only if the record holds a
+    /// foreign value: it may hold this very value (its write happened but the reply was lost,
+    /// and the client retried), or an earlier write of ours whose reply was lost, which is
+    /// adopted (its revision becomes the expected one) before swapping again.
+    async fn run(&mut self, value: &Bytes) -> Swapped {
+        let mut adopted = false;
+        loop {
+            match self.try_swap(value.clone()).await {
+                Swap::Done(revision) => return Swapped::Done(revision),
+                Swap::Failed(message) => return Swapped::Unknown(message),
+                Swap::Conflict => {}
+            }
+            let current = match self.kv.entry(&self.key).await {
+                Ok(entry) => entry.filter(|e| e.operation == kv::Operation::Put),
+                Err(e) => return Swapped::Failed(store_err(e)),
+            };
+            let Some(current) = current else {
+                return Swapped::Fenced;
+            };
+            if current.value == *value {
+                return Swapped::Done(current.revision);
+            }
+            let earlier = self.earlier.as_ref() == Some(&current.value);
+            if !earlier || adopted {
+                return Swapped::Fenced;
+            }
+            adopted = true;
+            self.revision = Some(current.revision);
         }
     }
 
-    async fn push(&mut self, key: String, value: Bytes) -> Result<()> {
-        self.bytes += value.len();
-        self.pending.push((key, value));
-        if self.bytes >= BATCH_BYTES {
-            self.flush().await?;
+    async fn try_swap(&self, value: Bytes) -> Swap {
+        match self.revision {
+            Some(rev) => match self.kv.update(&self.key, value, rev).await {
+                Ok(revision) => Swap::Done(revision),
+                Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Swap::Conflict,
+                Err(e) => Swap::Failed(e.to_string()),
+            },
+            None => match self.kv.create(&self.key, value).await {
+                Ok(revision) => Swap::Done(revision),
+                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Swap::Conflict,
+                Err(e) => Swap::Failed(e.to_string()),
+            },
         }
-        Ok(())
     }
+}
 
-    /// Writes what is pending; fails if any write failed (the others may be stored: names of
-    /// their own that no meta record names yet).
-    async fn flush(&mut self) -> Result<()> {
-        self.bytes = 0;
-        let batch = std::mem::take(&mut self.pending);
-        let kv = self.kv;
-        futures::stream::iter(batch.into_iter().map(|(key, value)| kv.put(key, value)))
-            .buffer_unordered(WRITES_AT_ONCE)
-            .try_collect::<Vec<_>>()
-            .await
-            .map_err(store_err)?;
-        Ok(())
-    }
+/// The name of a compaction's buckets, new for each.
+fn new_generation() -> String {
+    format!("{:016x}", super::random_u64())
 }
 
 /// One watch's NATS checkpoints.
@@ -94,15 +223,6 @@ struct Unconfirmed {
 
 /// Bucket → (generation, number of parts).
 type Named = BTreeMap<usize, (String, usize)>;
-
-/// How a compare-and-swap of the meta record ended.
-enum Swap {
-    Done(u64),
-    /// The revision was not the expected one.
-    Conflict,
-    /// Failed; the write may or may not have happened.
-    Failed(String),
-}
 
 fn store_err(e: impl std::fmt::Display) -> Error {
     Error::Store {
@@ -193,6 +313,49 @@ impl NatsStore {
         )))
     }
 
+    /// Encodes a save whole (the journal records, or every changed bucket under a fresh
+    /// generation) with its meta record, to be written apart from the store.
+    pub(super) fn stage(
+        &mut self,
+        resource_version: &str,
+        known: &mut KnownObjects,
+        digests: bool,
+        plan: Plan,
+        journal: &mut Journal,
+    ) -> Staged {
+        let mut buckets = self.buckets.clone();
+        let mut meta = Meta::new(&self.key, self.cluster.as_ref(), resource_version, known);
+        let mut records = Vec::new();
+        let done = match plan {
+            Plan::Compact => {
+                let generation = new_generation();
+                let mut written = Vec::new();
+                for b in known.take_dirty() {
+                    let parts = known.encode_bucket_parts(b, digests, RECORD_BYTES);
+                    records.extend(self.place(b, parts, &generation, &mut buckets, &mut written));
+                }
+                Done::Compacted(written)
+            }
+            Plan::Append(appended) => {
+                let reserved = journal.reserve(appended.len());
+                let names = reserved.iter().flat_map(Segment::names);
+                for ((writer, seq), record) in names.zip(&appended) {
+                    records.push((self.journal_key(writer, seq), Bytes::from(record.clone())));
+                }
+                meta.journal = journal.segments_after(reserved.as_ref());
+                Done::Appended(reserved, appended)
+            }
+        };
+        Staged {
+            swap: self.meta_swap(),
+            records,
+            layout: self.layout(meta, buckets, done, journal),
+        }
+    }
+
+    /// Saves in place: a compaction is written in batches of about [`BATCH_BYTES`] as its
+    /// buckets are encoded (a large index is never held whole), then its last batch and the meta
+    /// record as a staged save; a journal record is staged and written at once.
     pub(super) async fn save(
         &mut self,
         resource_version: &str,
@@ -201,81 +364,121 @@ impl NatsStore {
         plan: Plan,
         journal: &mut Journal,
     ) -> Result<()> {
+        if let Plan::Append(_) = plan {
+            let staged = self.stage(resource_version, known, digests, plan, journal);
+            return self.finish(staged.write().await, journal);
+        }
         let mut buckets = self.buckets.clone();
+        let meta = Meta::new(&self.key, self.cluster.as_ref(), resource_version, known);
+        let generation = new_generation();
         let mut written = Vec::new();
-        let mut reserved = None;
-        let mut puts = Puts::new(&self.kv);
-        let mut meta = Meta::new(&self.key, self.cluster.as_ref(), resource_version, known);
-        match &plan {
-            Plan::Compact => {
-                let generation = format!("{:016x}", super::random_u64());
-                for b in known.take_dirty() {
-                    let parts = known.encode_bucket_parts(b, digests, RECORD_BYTES);
-                    buckets.remove(&b);
-                    let bytes = parts.iter().map(Vec::len).sum();
-                    if bytes == 0 {
-                        written.push((b, Stored::default()));
-                        continue;
-                    }
-                    let n = parts.len();
-                    written.push((b, Stored { bytes, parts: n }));
-                    for (p, part) in parts.into_iter().enumerate() {
-                        let key = self.bucket_key(b, &generation, p);
-                        puts.push(key, Bytes::from(part)).await?;
-                    }
-                    buckets.insert(b, (generation.clone(), n));
-                }
-            }
-            Plan::Append(records) => {
-                reserved = journal.reserve(records.len());
-                let names = reserved.iter().flat_map(Segment::names);
-                for ((writer, seq), record) in names.zip(records) {
-                    let key = self.journal_key(writer, seq);
-                    puts.push(key, Bytes::from(record.clone())).await?;
-                }
-                meta.journal = journal.segments_after(reserved.as_ref());
+        let mut batch = Vec::new();
+        let mut bytes = 0;
+        for b in known.take_dirty() {
+            let parts = known.encode_bucket_parts(b, digests, RECORD_BYTES);
+            bytes += parts.iter().map(Vec::len).sum::<usize>();
+            batch.extend(self.place(b, parts, &generation, &mut buckets, &mut written));
+            if bytes >= BATCH_BYTES {
+                put_all(&self.kv, std::mem::take(&mut batch)).await?;
+                bytes = 0;
             }
         }
-        // The meta record naming the records is swapped only once every one is stored.
-        puts.flush().await?;
+        let staged = Staged {
+            swap: self.meta_swap(),
+            records: batch,
+            layout: self.layout(meta, buckets, Done::Compacted(written), journal),
+        };
+        self.finish(staged.write().await, journal)
+    }
+
+    /// Applies a written save: once its meta record is swapped in, the store and the journal
+    /// name what it holds; a swap of unknown outcome is remembered (the store may hold it).
+    pub(super) fn finish(&mut self, written: Written, journal: &mut Journal) -> Result<()> {
+        let Written { staged, swapped } = written;
+        let Staged { swap, layout, .. } = staged;
+        self.revision = swap.revision;
+        let revision = match swapped {
+            Swapped::Done(revision) => revision,
+            Swapped::Fenced => return Err(self.fenced()),
+            Swapped::Failed(e) => return Err(e),
+            Swapped::Unknown(message) => {
+                self.unconfirmed = Some(Unconfirmed {
+                    value: layout.meta,
+                    buckets: layout.buckets,
+                    journal: layout.journal,
+                });
+                return Err(store_err(message));
+            }
+        };
+        self.revision = Some(revision);
+        self.buckets = layout.buckets;
+        self.unconfirmed = None;
+        match layout.done {
+            Done::Compacted(written) => journal.compacted(written, None),
+            Done::Appended(reserved, records) => journal.appended(reserved.as_ref(), &records),
+        }
+        Ok(())
+    }
+
+    /// Names the `parts` of bucket `b` under `generation` (an empty bucket is stored as none),
+    /// and notes where the bucket is stored.
+    fn place(
+        &self,
+        b: usize,
+        parts: Vec<Vec<u8>>,
+        generation: &str,
+        buckets: &mut Named,
+        written: &mut Vec<(usize, Stored)>,
+    ) -> Vec<(String, Bytes)> {
+        buckets.remove(&b);
+        let bytes = parts.iter().map(Vec::len).sum();
+        if bytes == 0 {
+            written.push((b, Stored::default()));
+            return Vec::new();
+        }
+        let n = parts.len();
+        written.push((b, Stored { bytes, parts: n }));
+        buckets.insert(b, (generation.to_owned(), n));
+        parts
+            .into_iter()
+            .enumerate()
+            .map(|(p, part)| (self.bucket_key(b, generation, p), Bytes::from(part)))
+            .collect()
+    }
+
+    /// The meta record naming `buckets` (and `meta.journal`), and what it leaves stale.
+    fn layout(&self, mut meta: Meta, buckets: Named, done: Done, journal: &Journal) -> Layout {
         meta.buckets = buckets.iter().map(|(b, (g, _))| (*b, g.clone())).collect();
         meta.parts = buckets
             .iter()
             .filter(|(_, (_, n))| *n > 1)
             .map(|(b, (_, n))| (*b, *n))
             .collect();
-        let value = Bytes::from(meta.to_bytes());
-        let revision = self.swap_meta(value, &buckets, &meta.journal).await?;
         let stale = self.stale_after(&buckets, &meta.journal, journal);
-        self.revision = Some(revision);
-        self.buckets = buckets;
-        match plan {
-            Plan::Compact => journal.compacted(written, None),
-            Plan::Append(records) => journal.appended(reserved.as_ref(), &records),
+        Layout {
+            meta: Bytes::from(meta.to_bytes()),
+            buckets,
+            journal: std::mem::take(&mut meta.journal),
+            stale,
+            done,
         }
-        // Best effort: an orphaned record is harmless, only space.
-        futures::stream::iter(stale.into_iter().map(|key| self.kv.purge(key)))
-            .buffer_unordered(WRITES_AT_ONCE)
-            .for_each(|_| async {})
-            .await;
-        Ok(())
     }
 
     /// The keys named by no meta record once the one naming `buckets` and `segments` is
     /// stored: buckets replaced, the journal records of the previous meta record (after a
     /// compaction), and those of an unconfirmed write (whether or not it happened).
     fn stale_after(
-        &mut self,
+        &self,
         buckets: &Named,
         segments: &[Segment],
         journal: &Journal,
     ) -> BTreeSet<String> {
         let mut stale: BTreeSet<(usize, (String, usize))> =
-            std::mem::take(&mut self.buckets).into_iter().collect();
+            self.buckets.clone().into_iter().collect();
         let mut old_journal: Vec<Segment> = journal.segments().to_vec();
-        if let Some(unconfirmed) = self.unconfirmed.take() {
-            stale.extend(unconfirmed.buckets);
-            old_journal.extend(unconfirmed.journal);
+        if let Some(unconfirmed) = &self.unconfirmed {
+            stale.extend(unconfirmed.buckets.clone());
+            old_journal.extend(unconfirmed.journal.iter().cloned());
         }
         for current in buckets.iter().map(|(b, g)| (*b, g.clone())) {
             stale.remove(&current);
@@ -294,67 +497,13 @@ impl NatsStore {
         keys
     }
 
-    /// Swaps the meta record for `value` (which names `buckets`). A conflict is fencing only if
-    /// the record holds a foreign value: it may hold this very value (its write happened but the
-    /// reply was lost, and the client retried), or an earlier write of ours whose reply was lost,
-    /// which is adopted before swapping again.
-    async fn swap_meta(
-        &mut self,
-        value: Bytes,
-        buckets: &Named,
-        journal: &[Segment],
-    ) -> Result<u64> {
-        let mut adopted = false;
-        loop {
-            match self.try_swap(value.clone()).await {
-                Swap::Done(revision) => return Ok(revision),
-                Swap::Failed(message) => {
-                    self.unconfirmed = Some(Unconfirmed {
-                        value,
-                        buckets: buckets.clone(),
-                        journal: journal.to_vec(),
-                    });
-                    return Err(store_err(message));
-                }
-                Swap::Conflict => {}
-            }
-            let current = self
-                .kv
-                .entry(self.meta_key())
-                .await
-                .map_err(store_err)?
-                .filter(|e| e.operation == kv::Operation::Put);
-            let Some(current) = current else {
-                return Err(self.fenced());
-            };
-            if current.value == value {
-                return Ok(current.revision);
-            }
-            let earlier = self
-                .unconfirmed
-                .as_ref()
-                .is_some_and(|earlier| earlier.value == current.value);
-            if !earlier || adopted {
-                return Err(self.fenced());
-            }
-            adopted = true;
-            self.revision = Some(current.revision);
-        }
-    }
-
-    async fn try_swap(&self, value: Bytes) -> Swap {
-        let key = self.meta_key();
-        match self.revision {
-            Some(rev) => match self.kv.update(&key, value, rev).await {
-                Ok(revision) => Swap::Done(revision),
-                Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Swap::Conflict,
-                Err(e) => Swap::Failed(e.to_string()),
-            },
-            None => match self.kv.create(&key, value).await {
-                Ok(revision) => Swap::Done(revision),
-                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Swap::Conflict,
-                Err(e) => Swap::Failed(e.to_string()),
-            },
+    /// The swap of the meta record expected next (an earlier unconfirmed write may be adopted).
+    fn meta_swap(&self) -> MetaSwap {
+        MetaSwap {
+            kv: self.kv.clone(),
+            key: self.meta_key(),
+            revision: self.revision,
+            earlier: self.unconfirmed.as_ref().map(|u| u.value.clone()),
         }
     }
 

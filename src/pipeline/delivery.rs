@@ -15,6 +15,7 @@ use tracing::{error, info, warn};
 
 use super::{Error, Pipeline, Result, State};
 use crate::backoff::Backoff;
+use crate::checkpoint::Written;
 use crate::encode::Event;
 use crate::sink::{self, Delivered, Outcome};
 use crate::status::{STALL_AFTER, Stall, Status, count, kind_index};
@@ -465,11 +466,11 @@ impl Pipeline {
 /// pipeline waits in it, nothing else reports an unreachable broker (librdkafka waits out
 /// its timeouts in silence), so a call unanswered for [`STALL_AFTER`] reports the watch
 /// stalled (`broker_unavailable`) until it succeeds or the next acknowledgement.
-pub(super) async fn awaiting_broker<T, E>(
+pub(super) async fn awaiting_broker<A: Answer>(
     status: &Status,
     call: &'static str,
-    answer: impl Future<Output = std::result::Result<T, E>>,
-) -> std::result::Result<T, E> {
+    answer: impl Future<Output = A>,
+) -> A {
     tokio::pin!(answer);
     if let Ok(answered) = tokio::time::timeout(STALL_AFTER, &mut answer).await {
         return answered;
@@ -482,12 +483,29 @@ pub(super) async fn awaiting_broker<T, E>(
         error!(reason = UNANSWERED, error = %error, "watch stalled: cannot publish; retrying until the cause is fixed");
     }
     let answered = answer.await;
-    if answered.is_ok()
+    if answered.succeeded()
         && let Some(stall) = status.clear_stall_if(UNANSWERED)
     {
         log_resumed(&stall);
     }
     answered
+}
+
+/// The broker's answer to a call: whether it succeeded.
+pub(super) trait Answer {
+    fn succeeded(&self) -> bool;
+}
+
+impl<T, E> Answer for std::result::Result<T, E> {
+    fn succeeded(&self) -> bool {
+        self.is_ok()
+    }
+}
+
+impl Answer for Written {
+    fn succeeded(&self) -> bool {
+        self.is_ok()
+    }
 }
 
 /// The line saying a stalled watch publishes again.
