@@ -10,7 +10,7 @@ use cloudevents::AttributesReader;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::api::rbac::v1::{ClusterRole, Role};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube_event_bridge::checkpoint::{Backend, NatsStore, Store, WatchKey};
+use kube_event_bridge::checkpoint::{Backend, NatsStore, Staging, Store, WatchKey};
 use kube_event_bridge::known::{KnownObjects, bucket_of};
 use kube_event_bridge::sink::kafka::KafkaSink;
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
@@ -1478,4 +1478,67 @@ async fn nats_parts_written_before_a_crash_leave_the_previous_checkpoint() {
         .expect("a checkpoint");
     assert_eq!(rv.as_deref(), Some("101"));
     assert_eq!(differs(&loaded, &known, &uids), None);
+}
+
+/// NATS, the pipeline's way of saving: a save is staged (encoded whole) and written while the
+/// watch goes on changing the index. What is stored is the index as it was when staged, so the
+/// checkpoint matches its resourceVersion; the next save stores the later changes as a journal
+/// record; a meta record replaced by another instance before a staged save is written fences it.
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_staged_saves_store_the_index_as_staged_while_it_moves_on() {
+    let (cluster, ns) = (unique_name("c"), unique_name("staged"));
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = writer_store(SinkKind::Nats, &cluster, &ns, dir.path()).await;
+    let uids: Vec<String> = (0..1000)
+        .map(|i| format!("{:08x}-0000-4000-8000-{:012x}", i, i * 7))
+        .collect();
+    let index = || {
+        let mut known = KnownObjects::default();
+        for (i, uid) in uids.iter().enumerate() {
+            known.observe(uid, "10", Some(&ns), &format!("cm-{i}"), i as u64 + 1);
+        }
+        known.mark_all_dirty();
+        known
+    };
+    let (mut known, staged_at_100) = (index(), index());
+
+    let Staging::Staged(staged) = store.stage("100", &mut known) else {
+        panic!("a NATS compaction of 1,000 objects is staged");
+    };
+    // The watch goes on while the save is written.
+    known.observe(&uids[0], "200", Some(&ns), "cm-0", 99);
+    known.remove(&uids[1]);
+    store.finish(staged.write().await).expect("saved");
+    let (rv, loaded, records) = load_checkpoint(SinkKind::Nats, &cluster, &ns, dir.path())
+        .await
+        .expect("a checkpoint");
+    assert_eq!((rv.as_deref(), records), (Some("100"), 0));
+    assert_eq!(differs(&loaded, &staged_at_100, &uids), None);
+
+    let Staging::Staged(staged) = store.stage("200", &mut known) else {
+        panic!("a journal record is staged");
+    };
+    store.finish(staged.write().await).expect("saved");
+    let (rv, loaded, records) = load_checkpoint(SinkKind::Nats, &cluster, &ns, dir.path())
+        .await
+        .expect("a checkpoint");
+    assert_eq!((rv.as_deref(), records), (Some("200"), 1));
+    assert_eq!(differs(&loaded, &known, &uids), None);
+
+    known.observe(&uids[2], "300", Some(&ns), "cm-2", 300);
+    let Staging::Staged(staged) = store.stage("300", &mut known) else {
+        panic!("a journal record is staged");
+    };
+    let key = WatchKey::new(&cluster, "v1", "configmaps", Some(&ns), None, None);
+    let kv = async_nats::jetstream::new(crate::support::nats_client().await)
+        .get_key_value("kube-event-bridge")
+        .await
+        .unwrap();
+    kv.put(format!("{}.meta", key.id), "{\"foreign\":true}".into())
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.finish(staged.write().await),
+        Err(kube_event_bridge::checkpoint::Error::Fenced { .. })
+    ));
 }
