@@ -16,8 +16,11 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /build
 # Every target the manifest declares must exist for cargo to load it, so benches/ and tests/ come
-# along (they are not built).
+# along (they are not built), and so does every workspace member (consumer/, not built either).
+# vendor/ holds the patched rdkafka (vendor/rdkafka/VENDORED.md).
 COPY Cargo.toml Cargo.lock ./
+COPY vendor ./vendor
+COPY consumer ./consumer
 COPY src ./src
 COPY benches ./benches
 COPY tests ./tests

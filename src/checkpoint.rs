@@ -672,7 +672,13 @@ impl Store {
             Backend::Nats(s)
                 if matches!(plan, Plan::Append(_)) || known.len() <= STAGED_OBJECTS_MAX =>
             {
-                let staged = s.stage(resource_version, known, self.digests, plan, &mut self.journal);
+                let staged = s.stage(
+                    resource_version,
+                    known,
+                    self.digests,
+                    plan,
+                    &mut self.journal,
+                );
                 Staging::Staged(Staged(Box::new(staged)))
             }
             _ => Staging::InPlace(Planned(plan)),

@@ -56,9 +56,7 @@ impl Pipeline {
             }
             Staging::InPlace(planned) => planned,
         };
-        let saved = self
-            .store
-            .save_planned(&rv, st.classifier.known(), planned);
+        let saved = self.store.save_planned(&rv, st.classifier.known(), planned);
         let saved = awaiting_broker(&self.status, "checkpoint save", saved).await;
         let Some(e) = self.checkpoint_saved(saved, rv, st)? else {
             return Ok(());
