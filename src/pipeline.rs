@@ -202,11 +202,11 @@ impl Pipeline {
             }
         }
         while self.settle_next(&mut st).await? {}
-        self.finish_saving(&mut st).await?;
         if st.position != st.committed && !st.classifier.listing() {
             self.commit(&mut st).await?;
         }
-        Ok(())
+        // The last checkpoint is written before the watch lets go (a handoff, a shutdown).
+        self.finish_saving(&mut st).await
     }
 
     /// How long after the start of the last commit the next is due. A Kafka watch that is not
