@@ -67,7 +67,8 @@ pub struct KafkaConfig {
     /// watch. A watch commits as soon as its previous commit has completed, events are pending
     /// and this much time has passed, each commit carrying the checkpoint of what it holds; a
     /// `read_committed` consumer sees an event once the commit holding it has completed. Larger
-    /// values mean fewer, larger transactions and checkpoint writes.
+    /// values mean fewer, larger transactions and checkpoint writes, and less CPU per event (a
+    /// commit costs about 1 ms of CPU whatever it holds).
     #[serde(default = "default_commit_interval_ms")]
     #[schemars(range(min = COMMIT_INTERVAL_MS.min, max = COMMIT_INTERVAL_MS.max))]
     pub commit_interval_ms: u64,
@@ -78,14 +79,17 @@ const fn default_transaction_timeout_secs() -> u64 {
     60
 }
 
-/// 25 milliseconds: events visible to `read_committed` consumers within a few tens of
-/// milliseconds, at most forty commits per second. Measured against 10 ms (`scripts/bench
-/// latency 1000 10`, Kafka, 2026-11-25, 2 runs each): every commit stops intake until it
-/// completes, and at 1,000 changes/s back-to-back commits slowed the machine they shared, so
-/// 10 ms gave visibility p50 81 / 94 ms and p99 508 / 622 ms, 25 ms p50 40 / 46 ms and p99 210 /
-/// 281 ms, with about 5 % less CPU per live event.
+/// 50 milliseconds: events visible to `read_committed` consumers within a few tens of
+/// milliseconds, at most twenty commits per second. A commit costs the bridge about 1 ms of CPU
+/// whatever it holds (librdkafka's threads hand each other the transaction's requests), so the
+/// interval sets the CPU per live event: `scripts/bench peers 5000 3` (2026-11-25, about 1,100
+/// changes/s) gave 0.82 CPU s per 10,000 live events at 25 ms (284 commits per 10,000), 0.74 at
+/// 50 ms (146) and 0.60 at 100 ms (74). Visibility at 1,000 changes/s (`scripts/bench latency`,
+/// a machine the broker and API server share, median of the runs): p50 44 ms at 25 ms, 61 ms at
+/// 50 ms; p99 281 and 323 ms; 10 ms was worse on both counts (p50 81 to 94 ms, p99 508 to 622
+/// ms), its commits back to back stopping intake half the time.
 const fn default_commit_interval_ms() -> u64 {
-    25
+    50
 }
 
 /// Properties whose values are secrets: shown as `<redacted>` by `Debug`.
