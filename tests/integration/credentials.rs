@@ -237,7 +237,8 @@ async fn a_rotated_token_file_is_read_again_and_events_keep_flowing() {
 
 /// Whether a JSON log line reports the API server refusing a credential: `Unauthorized`, or
 /// `401` standing alone. The timestamp is left out, and so are digits inside longer numbers or
-/// names (a timestamp's `.740106`, a port `34012`, a namespace suffix `4401a`).
+/// names (a timestamp's `.740106`, a port `34012`, a duration `0.401`, a namespace suffix
+/// `4401a`).
 fn names_a_refusal(line: &str) -> bool {
     let mut fields: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
     if let Some(map) = fields.as_object_mut() {
@@ -251,7 +252,8 @@ fn names_a_refusal(line: &str) -> bool {
     text.contains("Unauthorized")
         || text.match_indices("401").any(|(at, _)| {
             let alone = |c: Option<char>| !c.is_some_and(|c| c.is_ascii_alphanumeric());
-            alone(text[..at].chars().next_back()) && alone(text[at + 3..].chars().next())
+            let before = text[..at].chars().next_back();
+            alone(before) && before != Some('.') && alone(text[at + 3..].chars().next())
         })
 }
 
@@ -651,6 +653,7 @@ mod tests {
                 "timestamp": "2026-11-25T13:35:43.740106Z",
                 "message": message,
                 "address": "127.0.0.1:34012",
+                "elapsed": 0.401,
                 "span": {"namespace": "token-rotation-fb8a4401a"},
             })
             .to_string()
