@@ -24,14 +24,14 @@ use crate::status::{STALL_AFTER, Stall, Status, count, kind_index};
 /// until then, to be sent again if it aborts.
 pub(super) const HELD_BYTES_MAX: usize = 16 << 20;
 
-/// Room for held events kept between transactions (a steady stream reuses it; a snapshot's
-/// transaction does not pin its size).
+/// Room for held events kept between transactions, and for uids awaiting an acknowledgement
+/// once none does (a steady stream reuses it; a snapshot does not pin its size).
 const HELD_ROOM_KEPT: usize = 256;
 
 /// Retriable failures are retried at least this often.
 const RETRY_DELAY_MAX: Duration = Duration::from_secs(5);
 
-/// The stall reported while a call to the broker goes unanswered.
+/// The stall reported while the broker answers nothing: a call unanswered, or no acknowledgement.
 const UNANSWERED: &str = "broker_unavailable";
 
 /// What was sent and is not settled yet.
@@ -91,6 +91,10 @@ impl Flight {
             *n -= 1;
             if *n == 0 {
                 self.uids.remove(uid);
+                // A snapshot's window of uids is given back once drained, like `held`.
+                if self.uids.is_empty() {
+                    self.uids.shrink_to(HELD_ROOM_KEPT);
+                }
             }
         }
     }
@@ -415,10 +419,8 @@ impl Pipeline {
             Failure::Blocked(reason) => Some(reason),
             Failure::Lasting(reason) => (failing.since.elapsed() >= STALL_AFTER).then_some(reason),
         };
-        if let Some(reason) = stall
-            && self.status.set_stall(reason, error)
-        {
-            error!(reason, error = %error, object = %object, "watch stalled: cannot publish; retrying until the cause is fixed");
+        if let Some(reason) = stall {
+            report_stall(&self.status, reason, error, Some(object));
         }
         let delay = failing.backoff.next_delay();
         match failure {
@@ -437,9 +439,7 @@ impl Pipeline {
             st.flight.progress.elapsed().as_secs(),
             st.flight.queue.len()
         );
-        if self.status.set_stall("broker_unavailable", &error) {
-            error!(reason = "broker_unavailable", error = %error, "watch stalled: cannot publish; retrying until the cause is fixed");
-        }
+        report_stall(&self.status, UNANSWERED, &error, None);
     }
 
     /// An acknowledgement: publishing works (again).
@@ -479,9 +479,7 @@ pub(super) async fn awaiting_broker<A: Answer>(
         "no answer from the broker to a {call} for {} s",
         STALL_AFTER.as_secs()
     );
-    if status.set_stall(UNANSWERED, &error) {
-        error!(reason = UNANSWERED, error = %error, "watch stalled: cannot publish; retrying until the cause is fixed");
-    }
+    report_stall(status, UNANSWERED, &error, None);
     let answered = answer.await;
     if answered.succeeded()
         && let Some(stall) = status.clear_stall_if(UNANSWERED)
@@ -489,6 +487,14 @@ pub(super) async fn awaiting_broker<A: Answer>(
         log_resumed(&stall);
     }
     answered
+}
+
+/// Reports the watch stalled for `reason`, with an error log the first time (until the stall is
+/// cleared), naming the object whose event failed where there is one.
+fn report_stall(status: &Status, reason: &'static str, error: &str, object: Option<&str>) {
+    if status.set_stall(reason, error) {
+        error!(reason, error = %error, object, "watch stalled: cannot publish; retrying until the cause is fixed");
+    }
 }
 
 /// The broker's answer to a call: whether it succeeded.

@@ -270,19 +270,24 @@ impl Group {
                 deliveries.push(delivery);
             }
         }
-        // A record that failed fails the commit too; an unreachable broker is left to the
-        // commit's own timeout.
+        // One deadline bounds the whole commit: the records' acknowledgements, the queue and
+        // the commit itself share it, so an unresponsive broker holds the watches for
+        // `TRANSACTION_TIMEOUT`, not three times that. A record that failed fails the commit
+        // too; an unreachable broker is left to the commit, which times out at the deadline.
+        let deadline = tokio::time::Instant::now() + TRANSACTION_TIMEOUT;
         let acknowledged = futures::future::join_all(deliveries);
-        if let Ok(settled) = tokio::time::timeout(TRANSACTION_TIMEOUT, acknowledged).await {
+        if let Ok(settled) = tokio::time::timeout_at(deadline, acknowledged).await {
             for delivery in settled {
                 if let Ok(Err((e, _))) = delivery {
                     return Err(classify_commit(e));
                 }
             }
         }
+        let deadline = deadline.into_std();
+        let left = move || deadline.saturating_duration_since(std::time::Instant::now());
         tokio::task::spawn_blocking(move || {
-            wait_until_queue_empty(&producer, TRANSACTION_TIMEOUT);
-            producer.commit_transaction(TRANSACTION_TIMEOUT)?;
+            wait_until_queue_empty(&producer, left());
+            producer.commit_transaction(left())?;
             producer.begin_transaction()
         })
         .await
