@@ -6,10 +6,12 @@
 //! The result, [`Event`], is binding-neutral: [`Event::attributes`] drives Kafka's `ce_` headers,
 //! NATS's `ce-` headers and the structured JSON form alike.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use kube::api::DynamicObject;
+use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 use serde_json::Value;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
@@ -201,6 +203,61 @@ pub struct Event {
     pub received: Instant,
     /// The watch's byte budget this event holds until it is settled (given back on drop).
     pub budget: Option<crate::budget::Reservation>,
+}
+
+/// Declares the names [`Event::attributes`] yields with their binary-mode header names, spelled
+/// once at compile time rather than formatted for every event.
+macro_rules! attribute_headers {
+    ($($name:literal),* $(,)?) => {
+        /// The binary-mode header of attribute `name`: `ce-<name>` (HTTP, NATS) or `ce_<name>`
+        /// (Kafka, `separator` '_'); formatted only for a name [`Event::attributes`] never yields.
+        pub fn ce_header(name: &str, separator: char) -> Cow<'static, str> {
+            let names = match name {
+                $($name => Some((concat!("ce-", $name), concat!("ce_", $name))),)*
+                _ => None,
+            };
+            match (names, separator) {
+                (Some((_, kafka)), '_') => Cow::Borrowed(kafka),
+                (Some((dash, _)), '-') => Cow::Borrowed(dash),
+                _ => Cow::Owned(format!("ce{separator}{name}")),
+            }
+        }
+    };
+}
+
+attribute_headers!(
+    "specversion",
+    "id",
+    "source",
+    "type",
+    "subject",
+    "time",
+    "dataschema",
+    "cluster",
+    "apiversion",
+    "kind",
+    "resource",
+    "namespace",
+    "name",
+    "uid",
+    "resourceversion",
+    "sequence",
+    "partitionkey",
+    "origin",
+    "payload",
+    "truncated",
+    "manager",
+    "operation",
+    "clusterid",
+);
+
+/// Characters percent-encoded in a binary-mode header value, as the HTTP and NATS bindings ask:
+/// controls, non-ASCII, space, `"` and `%` (so that decoding gives the value back).
+const HEADER_VALUE: &AsciiSet = &CONTROLS.add(b'%').add(b'"').add(b' ');
+
+/// `value` percent-encoded for a binary-mode header; borrowed when nothing needed encoding.
+pub fn header_value(value: &str) -> Cow<'_, str> {
+    utf8_percent_encode(value, HEADER_VALUE).into()
 }
 
 impl Event {
@@ -1026,6 +1083,7 @@ pub(crate) mod tests {
                     assert_eq!(attrs["manager"], "ctl", "{extra}");
                     assert_eq!(attrs["operation"], "Update", "{extra}");
                     assert_eq!(attrs["clusterid"], UID, "{extra}");
+                    assert_static_headers(&ev);
                     let doc = ev.to_structured_json();
                     let parsed: crate::schema::EventEnvelope =
                         serde_json::from_slice(&doc).unwrap_or_else(|e| panic!("{extra}: {e}"));
@@ -1041,6 +1099,33 @@ pub(crate) mod tests {
                 }
             }
         }
+    }
+
+    /// Every attribute the event carries has its header names spelled at compile time.
+    fn assert_static_headers(ev: &Event) {
+        for (name, _) in ev.attributes() {
+            for separator in ['-', '_'] {
+                let header = ce_header(name, separator);
+                assert!(
+                    matches!(header, Cow::Borrowed(_)),
+                    "{name}: add it to attribute_headers!"
+                );
+                assert_eq!(header, format!("ce{separator}{name}"));
+            }
+        }
+    }
+
+    #[test]
+    fn binary_headers_are_prefixed_names_and_values_percent_encoded() {
+        assert_eq!(ce_header("resourceversion", '-'), "ce-resourceversion");
+        assert_eq!(ce_header("resourceversion", '_'), "ce_resourceversion");
+        assert_eq!(
+            ce_header("future", '-'),
+            "ce-future",
+            "unknown names are formatted"
+        );
+        assert!(matches!(header_value("plain-value_1.2"), Cow::Borrowed(_)));
+        assert_eq!(header_value("a b\"%\né"), "a%20b%22%25%0A%C3%A9");
     }
 
     #[test]

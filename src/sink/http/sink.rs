@@ -3,13 +3,13 @@
 //! once across every watch; the pipeline keeps one event per object in flight, so the order of
 //! each object's events holds. The response status is sorted in [`classify`].
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use tokio::sync::Semaphore;
@@ -17,13 +17,9 @@ use tokio::time::Instant;
 
 use super::config::{Credentials, client};
 use crate::config::{ContentMode, HttpConfig};
-use crate::encode::{DATA_CONTENT_TYPE, Event, STRUCTURED_CONTENT_TYPE};
+use crate::encode::{self, DATA_CONTENT_TYPE, Event, STRUCTURED_CONTENT_TYPE, ce_header};
 use crate::sink::{Delivered, Error, Outcome, Pending, Result, Sink, ready};
 use crate::template::Template;
-
-/// Characters percent-encoded in `ce-` header values, as the HTTP binding asks: controls,
-/// non-ASCII, space, `"` and `%`.
-const HEADER_VALUE: &AsciiSet = &CONTROLS.add(b'%').add(b'"').add(b' ');
 
 /// How much of a refusing receiver's response body goes into the error.
 const ERROR_BODY_BYTES: usize = 512;
@@ -98,12 +94,13 @@ impl HttpSink {
 
     /// Headers and body of `event`.
     pub fn message(&self, event: &Event) -> (HeaderMap, Bytes) {
-        let mut headers = HeaderMap::new();
+        // Room for every attribute, the content type and a few configured extensions.
+        let mut headers = HeaderMap::with_capacity(32);
         let body = match self.mode {
             ContentMode::Binary => {
                 headers.insert(CONTENT_TYPE, HeaderValue::from_static(DATA_CONTENT_TYPE));
                 for (name, value) in event.attributes() {
-                    insert_ce(&mut headers, &format!("ce-{name}"), value);
+                    insert_ce(&mut headers, name, value);
                 }
                 for (name, value) in &self.extensions {
                     headers.insert(name.clone(), header_value(value));
@@ -341,16 +338,22 @@ fn structured_json(event: &Event, extensions: &[(HeaderName, String)]) -> Vec<u8
     out
 }
 
+/// Adds attribute `name`'s `ce-` header.
 fn insert_ce(headers: &mut HeaderMap, name: &str, value: &str) {
-    if let Ok(name) = HeaderName::try_from(name) {
-        headers.insert(name, header_value(value));
-    }
+    let name = match ce_header(name, '-') {
+        Cow::Borrowed(name) => HeaderName::from_static(name),
+        Cow::Owned(name) => match HeaderName::try_from(name) {
+            Ok(name) => name,
+            Err(_) => return,
+        },
+    };
+    headers.insert(name, header_value(value));
 }
 
 fn header_value(value: &str) -> HeaderValue {
-    let encoded = utf8_percent_encode(value, HEADER_VALUE).to_string();
     // Percent-encoding leaves visible ASCII only.
-    HeaderValue::try_from(encoded).expect("percent-encoded text is a header value")
+    HeaderValue::try_from(encode::header_value(value).into_owned())
+        .expect("percent-encoded text is a header value")
 }
 
 /// A URL for messages: without its query string, which may hold a key.

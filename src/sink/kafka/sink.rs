@@ -19,7 +19,7 @@ use super::group::{Group, Member, Records};
 use super::reads::SharedReads;
 use crate::change::ChangeKind;
 use crate::config::{ContentMode, KafkaConfig};
-use crate::encode::{DATA_CONTENT_TYPE, Event, STRUCTURED_CONTENT_TYPE};
+use crate::encode::{DATA_CONTENT_TYPE, Event, STRUCTURED_CONTENT_TYPE, ce_header};
 use crate::sink::{
     Checkpoints, Delivered, Error, Outcome, Pending, Result, Sink, Transactions, ready,
 };
@@ -228,7 +228,7 @@ impl KafkaSink {
                 });
                 for (name, value) in event.attributes() {
                     h = h.insert(Header {
-                        key: &format!("ce_{name}"),
+                        key: &ce_header(name, '_'),
                         value: Some(value),
                     });
                 }

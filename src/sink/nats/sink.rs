@@ -3,25 +3,21 @@
 //! `jetstream` section) is fire-and-forget: at most once. The JetStream stream is created or
 //! extended to capture the subjects of the watched resources.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, context::PublishErrorKind, stream};
-use async_nats::{HeaderMap, HeaderValue};
+use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 use tracing::{info, warn};
 
 use super::config::{connect_error, connect_options};
 use crate::config::{ContentMode, NatsConfig};
 use crate::discovery::ResolvedResource;
-use crate::encode::{DATA_CONTENT_TYPE, Event, STRUCTURED_CONTENT_TYPE};
+use crate::encode::{DATA_CONTENT_TYPE, Event, STRUCTURED_CONTENT_TYPE, ce_header, header_value};
 use crate::sink::{Checkpoints, Delivered, Error, Outcome, Pending, Result, Sink, ready};
 use crate::template::Template;
-
-/// Characters percent-encoded in `ce-` header values (the NATS binding asks for percent-encoding;
-/// header values must not carry control characters or `%` unescaped).
-const HEADER_VALUE: &AsciiSet = &CONTROLS.add(b'%').add(b'"').add(b' ');
 
 /// The NATS sink.
 #[derive(Debug)]
@@ -227,11 +223,11 @@ pub fn message(event: &Event, mode: ContentMode, jetstream: bool) -> (HeaderMap,
         ContentMode::Binary => {
             headers.insert("Content-Type", DATA_CONTENT_TYPE);
             for (name, value) in event.attributes() {
-                let encoded: HeaderValue = utf8_percent_encode(value, HEADER_VALUE)
-                    .to_string()
-                    .as_str()
-                    .into();
-                headers.insert(format!("ce-{name}").as_str(), encoded);
+                let value = HeaderValue::from(header_value(value).into_owned());
+                match ce_header(name, '-') {
+                    Cow::Borrowed(name) => headers.insert(HeaderName::from_static(name), value),
+                    Cow::Owned(name) => headers.insert(name, value),
+                }
             }
             Bytes::copy_from_slice(&event.data)
         }
