@@ -25,7 +25,7 @@ COPY src ./src
 COPY benches ./benches
 COPY tests ./tests
 COPY examples ./examples
-# The dist profile (release with thin LTO, Cargo.toml) keeps debug info for profiling; the image
+# The dist profile (release with fat LTO, Cargo.toml) keeps debug info for profiling; the image
 # does not need it.
 ENV CARGO_PROFILE_DIST_DEBUG=0 \
     CARGO_PROFILE_DIST_STRIP=debuginfo
