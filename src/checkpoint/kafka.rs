@@ -272,14 +272,19 @@ pub(super) fn decode(
     Ok(Some(found))
 }
 
-/// Reads the compacted single-partition `topic` to its end with `read_committed` and returns,
-/// for each of `prefixes` (watch ids followed by `/`), the last value of every key starting
-/// with it (a tombstone removes its key).
+/// Reads the compacted single-partition `topic` with `read_committed`, up to where it ended when
+/// the read began, and returns, for each of `prefixes` (watch ids followed by `/`), the last
+/// value of every key starting with it (a tombstone removes its key).
+///
+/// The end is the partition's high watermark, not the last stable offset a `read_committed`
+/// client is told: that one stops at the first transaction still open, so a checkpoint committed
+/// after it (by another watch or replica), or one whose commit markers the broker is still
+/// writing when `commit_transaction` has returned, would be missed and an older one loaded.
 async fn read_compacted(
     config: ClientConfig,
     topic: &str,
     prefixes: Vec<String>,
-) -> Result<Vec<Latest>, KafkaError> {
+) -> Result<Vec<Latest>, ReadError> {
     let mut config = config;
     config
         .set(
@@ -291,12 +296,12 @@ async fn read_compacted(
         .set("enable.partition.eof", "true");
     let topic = topic.to_string();
     tokio::task::spawn_blocking(move || {
-        let consumer: BaseConsumer = config.create()?;
-        let (_, high) = consumer.fetch_watermarks(&topic, 0, TIMEOUT)?;
+        let high = end_offset(&config, &topic)?;
         let mut out = Wanted::new(prefixes);
         if high == 0 {
             return Ok(out.found);
         }
+        let consumer: BaseConsumer = config.create()?;
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&topic, 0, Offset::Beginning)?;
         consumer.assign(&tpl)?;
@@ -316,17 +321,41 @@ async fn read_compacted(
                         return Ok(out.found);
                     }
                 }
-                Some(Err(e)) => return Err(e),
+                Some(Err(e)) => return Err(e.into()),
             }
             if std::time::Instant::now() > deadline {
-                return Err(KafkaError::MessageConsumption(
-                    RDKafkaErrorCode::OperationTimedOut,
-                ));
+                let at = read_to(&consumer, &topic)?;
+                return Err(ReadError::HeldBack { topic, at, high });
             }
         }
     })
     .await
     .expect("read task")
+}
+
+/// Why a read of the checkpoint topic failed.
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    #[error(transparent)]
+    Kafka(#[from] KafkaError),
+    /// A transaction still open before the end holds `read_committed` readers back.
+    #[error(
+        "checkpoint topic {topic} read only to offset {at} of {high} in {secs}s: a transaction \
+         left open there (by a writer stopped while committing) holds back every read_committed \
+         reader until the broker aborts it (transaction.timeout.ms)",
+        secs = TIMEOUT.as_secs()
+    )]
+    HeldBack { topic: String, at: i64, high: i64 },
+}
+
+/// The offset after the last record of partition 0 of `topic`, committed or not: asked with
+/// `read_uncommitted`, since a `read_committed` client is answered the last stable offset.
+fn end_offset(config: &ClientConfig, topic: &str) -> Result<i64, KafkaError> {
+    let mut config = config.clone();
+    config.set("isolation.level", "read_uncommitted");
+    let client: BaseConsumer = config.create()?;
+    let (_, high) = client.fetch_watermarks(topic, 0, TIMEOUT)?;
+    Ok(high)
 }
 
 /// The records a read keeps: those of the watches it serves.

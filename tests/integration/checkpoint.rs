@@ -1260,10 +1260,16 @@ async fn kafka_meta(key: &WatchKey) -> Vec<u8> {
             .set("group.id", unique_name("meta"))
             .set("isolation.level", "read_committed")
             .set("enable.auto.commit", "false");
-        let consumer: BaseConsumer = config.create().unwrap();
-        let (_, high) = consumer
+        // The high watermark: a read_committed client is told the last stable offset, which
+        // stops at any transaction still open and so may miss the meta just committed.
+        let ends: BaseConsumer = crate::support::kafka_config()
+            .set("isolation.level", "read_uncommitted")
+            .create()
+            .unwrap();
+        let (_, high) = ends
             .fetch_watermarks(topic, 0, Duration::from_secs(30))
             .unwrap();
+        let consumer: BaseConsumer = config.create().unwrap();
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(topic, 0, Offset::Beginning)
             .unwrap();
@@ -1429,6 +1435,48 @@ async fn nats_large_bucket_is_stored_in_parts() {
 #[tokio::test(flavor = "multi_thread")]
 async fn file_large_bucket_is_stored_in_parts() {
     large_bucket_in_parts(SinkKind::Stdout).await;
+}
+
+/// Kafka: a checkpoint committed while another writer's transaction on the checkpoint topic is
+/// still open lies past the topic's last stable offset (where that transaction begins), and the
+/// commit markers of a transaction that just committed may still be on their way: a load reads
+/// to the high watermark and waits for the open transaction to end, instead of stopping at the
+/// last stable offset and finding no checkpoint (or an older one).
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_checkpoint_committed_behind_an_open_transaction_is_loaded() {
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+
+    let (cluster, ns) = (unique_name("c"), unique_name("behind"));
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = writer_store(SinkKind::Kafka, &cluster, &ns, dir.path()).await;
+    let other: ThreadedProducer<DefaultProducerContext> = crate::support::kafka_config()
+        .set("transactional.id", unique_name("open-transaction"))
+        .create()
+        .unwrap();
+    other.init_transactions(Duration::from_secs(30)).unwrap();
+    other.begin_transaction().unwrap();
+    other
+        .send(
+            BaseRecord::to("kube-event-bridge.checkpoints")
+                .key("another-watch/meta")
+                .payload("uncommitted"),
+        )
+        .map_err(|(e, _)| e)
+        .unwrap();
+    other.flush(Duration::from_secs(30)).unwrap();
+
+    let (mut known, uids) = crowded_bucket(&ns, 10);
+    store.save("100", &mut known).await.unwrap();
+    let ending = tokio::task::spawn_blocking(move || {
+        std::thread::sleep(Duration::from_secs(2));
+        other.abort_transaction(Duration::from_secs(30)).unwrap();
+    });
+    let (rv, loaded, _) = load_checkpoint(SinkKind::Kafka, &cluster, &ns, dir.path())
+        .await
+        .expect("the checkpoint committed behind the open transaction");
+    assert_eq!(rv.as_deref(), Some("100"));
+    assert_eq!(differs(&loaded, &known, &uids), None);
+    ending.await.unwrap();
 }
 
 /// NATS: a compaction that stopped after writing some parts (under its fresh generation) and
