@@ -39,20 +39,33 @@ use tokio::sync::mpsc;
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// The runtime as the bridge builds it (`src/main.rs`): `KEB_WORKER_THREADS` workers, one by
+/// default, with the pipeline and the watch's feed as tasks on them.
+fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
+    let workers = match std::env::var("KEB_WORKER_THREADS") {
+        Ok(n) => n.parse().context("KEB_WORKER_THREADS")?,
+        Err(_) => 1,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()?;
     let args: Vec<String> = std::env::args().collect();
-    match args.get(1).map(String::as_str) {
-        Some("record") if args.len() == 5 => record(&args[2], &args[3], args[4].parse()?).await,
-        Some("run") if args.len() == 5 => run(&args[2], &args[3], args[4].parse()?).await,
-        _ => bail!(
-            "usage: saturate record <namespace> <file> <events> | saturate run <config> <file> <runs>"
-        ),
-    }
+    runtime.block_on(async {
+        match args.get(1).map(String::as_str) {
+            Some("record") if args.len() == 5 => {
+                record(&args[2], &args[3], args[4].parse()?).await
+            }
+            Some("run") if args.len() == 5 => run(&args[2], &args[3], args[4].parse()?).await,
+            _ => bail!(
+                "usage: saturate record <namespace> <file> <events> | saturate run <config> <file> <runs>"
+            ),
+        }
+    })
 }
 
 /// Writes the first line (`{"listResourceVersion": ...}`) and then `events` raw watch lines.
@@ -172,7 +185,7 @@ async fn run(config: &str, file: &str, runs: usize) -> anyhow::Result<()> {
         };
         let (cpu, wall) = (cpu_seconds()?, Instant::now());
         let feeder = tokio::spawn(feed(recording.list_rv.clone(), recording.lines.clone(), tx));
-        pipeline.run(rx).await?;
+        tokio::spawn(pipeline.run(rx)).await??;
         let fed = feeder.await??;
         let (cpu, wall) = (cpu_seconds()? - cpu, wall.elapsed().as_secs_f64());
         let published: u64 = status
