@@ -279,7 +279,10 @@ pub(super) fn decode(
 /// The end is the partition's high watermark, not the last stable offset a `read_committed`
 /// client is told: that one stops at the first transaction still open, so a checkpoint committed
 /// after it (by another watch or replica), or one whose commit markers the broker is still
-/// writing when `commit_transaction` has returned, would be missed and an older one loaded.
+/// writing when `commit_transaction` has returned, would be missed and an older one loaded. So
+/// the read waits for the transactions open before the end; one left open by a writer that
+/// stopped while committing lasts until the broker aborts it, and is warned about every
+/// [`TIMEOUT`] (see [`stalled`]).
 async fn read_compacted(
     config: ClientConfig,
     topic: &str,
@@ -305,27 +308,40 @@ async fn read_compacted(
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&topic, 0, Offset::Beginning)?;
         consumer.assign(&tpl)?;
-        let deadline = std::time::Instant::now() + TIMEOUT;
+        let started = std::time::Instant::now();
+        let mut moved = (0, started);
         loop {
-            match consumer.poll(Duration::from_millis(200)) {
+            let at = match consumer.poll(Duration::from_millis(200)) {
                 Some(Ok(m)) => {
                     out.keep_latest(&m);
-                    if m.offset() + 1 >= high {
-                        return Ok(out.found);
-                    }
+                    m.offset() + 1
                 }
                 // At the end, or nothing for a while: the end may be a transaction marker,
                 // which is never delivered, so the position tells.
-                Some(Err(KafkaError::PartitionEOF(_))) | None => {
-                    if read_to(&consumer, &topic)? >= high {
-                        return Ok(out.found);
+                Some(Err(KafkaError::PartitionEOF(_))) | None => read_to(&consumer, &topic)?,
+                Some(Err(e)) => return Err(e.into()),
+            };
+            if at >= high {
+                return Ok(out.found);
+            }
+            if at > moved.0 {
+                moved = (at, std::time::Instant::now());
+            } else if moved.1.elapsed() > TIMEOUT {
+                // A read_committed client is told the last stable offset.
+                let (_, stable) = consumer.fetch_watermarks(&topic, 0, TIMEOUT)?;
+                match stalled(at, stable, started.elapsed()) {
+                    Stall::Wait => {
+                        tracing::warn!(%topic, offset = at, end = high, waited_s = started.elapsed().as_secs(), "loading checkpoints waits for a transaction left open in the checkpoint topic (by a writer stopped while committing) until the broker aborts it (transaction.timeout.ms)");
+                        moved.1 = std::time::Instant::now();
+                    }
+                    Stall::HeldBack => return Err(ReadError::HeldBack { topic, at, high }),
+                    Stall::NoProgress => {
+                        return Err(KafkaError::MessageConsumption(
+                            RDKafkaErrorCode::OperationTimedOut,
+                        )
+                        .into());
                     }
                 }
-                Some(Err(e)) => return Err(e.into()),
-            }
-            if std::time::Instant::now() > deadline {
-                let at = read_to(&consumer, &topic)?;
-                return Err(ReadError::HeldBack { topic, at, high });
             }
         }
     })
@@ -340,12 +356,41 @@ enum ReadError {
     Kafka(#[from] KafkaError),
     /// A transaction still open before the end holds `read_committed` readers back.
     #[error(
-        "checkpoint topic {topic} read only to offset {at} of {high} in {secs}s: a transaction \
-         left open there (by a writer stopped while committing) holds back every read_committed \
-         reader until the broker aborts it (transaction.timeout.ms)",
-        secs = TIMEOUT.as_secs()
+        "checkpoint topic {topic} read only to offset {at} of {high} in {mins} minutes: a \
+         transaction left open there holds back every read_committed reader, and the broker has \
+         not aborted it (transaction.timeout.ms)",
+        mins = HELD_BACK_LIMIT.as_secs() / 60
     )]
     HeldBack { topic: String, at: i64, high: i64 },
+}
+
+/// How long a read waits for a transaction left open in the checkpoint topic: longer than the
+/// brokers' default `transaction.max.timeout.ms` (15 minutes), after which the broker has aborted
+/// any transaction, plus its check for them (every 10 s by default).
+const HELD_BACK_LIMIT: Duration = Duration::from_secs(16 * 60);
+
+/// What a read does when its position stopped moving for [`TIMEOUT`].
+#[derive(Debug, PartialEq, Eq)]
+enum Stall {
+    /// The position is the last stable offset: a transaction still open holds it, and the
+    /// broker aborts a transaction left open at its timeout, so wait.
+    Wait,
+    /// Held back longer than any transaction may stay open.
+    HeldBack,
+    /// Records below the last stable offset did not arrive: the broker does not answer.
+    NoProgress,
+}
+
+/// What to do when the position `at` has not moved for [`TIMEOUT`], with `stable` the last
+/// stable offset and `waited` since the read began.
+fn stalled(at: i64, stable: i64, waited: Duration) -> Stall {
+    if stable > at {
+        Stall::NoProgress
+    } else if waited > HELD_BACK_LIMIT {
+        Stall::HeldBack
+    } else {
+        Stall::Wait
+    }
 }
 
 /// The offset after the last record of partition 0 of `topic`, committed or not: asked with
@@ -481,4 +526,45 @@ async fn partition_count(config: ClientConfig, topic: &str) -> Result<usize, Kaf
     })
     .await
     .expect("metadata task")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_held_at_the_last_stable_offset_waits_for_the_broker_to_abort_the_transaction() {
+        let minute = Duration::from_secs(60);
+        assert_eq!(stalled(40, 40, minute), Stall::Wait);
+        assert_eq!(stalled(40, 40, 15 * minute), Stall::Wait);
+        assert_eq!(
+            stalled(40, 40, HELD_BACK_LIMIT + Duration::from_secs(1)),
+            Stall::HeldBack,
+            "longer than any transaction may stay open"
+        );
+    }
+
+    #[test]
+    fn a_read_stuck_below_the_last_stable_offset_fails() {
+        assert_eq!(
+            stalled(10, 40, Duration::from_secs(31)),
+            Stall::NoProgress,
+            "committed records did not arrive: the broker does not answer"
+        );
+    }
+
+    #[test]
+    fn the_held_back_error_names_the_topic_the_offsets_and_the_cause() {
+        let e = ReadError::HeldBack {
+            topic: "keb.checkpoints".into(),
+            at: 40,
+            high: 52,
+        };
+        assert_eq!(
+            e.to_string(),
+            "checkpoint topic keb.checkpoints read only to offset 40 of 52 in 16 minutes: a \
+             transaction left open there holds back every read_committed reader, and the broker \
+             has not aborted it (transaction.timeout.ms)"
+        );
+    }
 }
