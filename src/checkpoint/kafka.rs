@@ -299,15 +299,21 @@ async fn read_compacted(
         .set("enable.partition.eof", "true");
     let topic = topic.to_string();
     tokio::task::spawn_blocking(move || {
-        let high = end_offset(&config, &topic)?;
-        let mut out = Wanted::new(prefixes);
-        if high == 0 {
-            return Ok(out.found);
-        }
+        // The end is asked for by a client of its own while this one starts reading (each
+        // takes a connection's round trips, about 100 ms here).
+        let ends = {
+            let (config, topic) = (config.clone(), topic.clone());
+            std::thread::spawn(move || end_offset(&config, &topic))
+        };
         let consumer: BaseConsumer = config.create()?;
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&topic, 0, Offset::Beginning)?;
         consumer.assign(&tpl)?;
+        let high = ends.join().expect("end offset query")?;
+        let mut out = Wanted::new(prefixes);
+        if high == 0 {
+            return Ok(out.found);
+        }
         let started = std::time::Instant::now();
         let mut moved = (0, started);
         loop {
