@@ -420,7 +420,7 @@ impl Pipeline {
 /// The bytes an item weighs in the watch's budget: its object's JSON size.
 pub fn item_bytes(item: &Item) -> usize {
     match item {
-        Item::Event(_, object, _) | Item::Listed(object, _) => budget::serialized_size(object),
+        Item::Event(_, object, _) | Item::Listed(object, _) => budget::object_size(object),
         _ => 0,
     }
 }

@@ -553,7 +553,7 @@ fn average_size(items: &[DynamicObject]) -> usize {
     let sample: Vec<usize> = items
         .iter()
         .step_by(step)
-        .map(budget::serialized_size)
+        .map(budget::object_size)
         .collect();
     match sample.len() {
         0 => 0,
