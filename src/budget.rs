@@ -198,6 +198,8 @@ pub fn serialized_size(value: &impl serde::Serialize) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::any;
+
     use super::*;
 
     #[tokio::test(start_paused = true)]
@@ -255,8 +257,6 @@ mod tests {
         let v = serde_json::json!({"a": "bc", "d": [1, 2]});
         assert_eq!(serialized_size(&v), serde_json::to_vec(&v).unwrap().len());
     }
-
-    use proptest::prelude::any;
 
     /// Text with what JSON escapes in and around eight-byte words.
     fn text() -> impl proptest::strategy::Strategy<Value = String> {
