@@ -13,6 +13,7 @@ pub mod budget;
 pub mod change;
 pub mod checkpoint;
 pub mod config;
+pub mod crd;
 pub mod discovery;
 pub mod encode;
 pub mod knative;

@@ -9,12 +9,12 @@
 //! replica holds run; a watch given up drains, saves its checkpoint, then releases its Lease.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
 use kube::api::{Api, DynamicObject, PartialObjectMeta, TypeMeta};
 use kube::runtime::watcher::{self, Event as WatcherEvent};
@@ -26,6 +26,7 @@ use tracing::{Instrument, error, info, info_span, warn};
 use crate::budget::{self, Budget};
 use crate::checkpoint::{self, Checkpoint, Store, WatchKey};
 use crate::config::Config;
+use crate::crd;
 use crate::discovery::{self, ResolvedResource};
 use crate::encode::ResourceInfo;
 use crate::leader::Leadership;
@@ -106,6 +107,10 @@ struct Running {
     generation: u64,
     /// The claim of its Lease, with sharding.
     epoch: Option<u64>,
+    /// The name of the CRD that may serve its resource.
+    crd: Option<String>,
+    /// Set before `cancel` when its resource was deleted ([`Target::resource_deleted`]).
+    resource_deleted: Arc<AtomicBool>,
 }
 
 /// The watches' owner.
@@ -131,6 +136,8 @@ pub(crate) struct Supervisor {
     /// The resources of the last discovery.
     resolved: Vec<ResolvedResource>,
     selected: Selected,
+    /// The CRDs followed (with a wildcard entry): which were deleted.
+    crds: crd::Shared,
     on_change: OnChange,
 }
 
@@ -176,6 +183,7 @@ impl Supervisor {
             rescope: Arc::new(Notify::new()),
             resolved: Vec::new(),
             selected: Arc::default(),
+            crds: Arc::default(),
             on_change: parts.on_change,
         }
     }
@@ -206,7 +214,11 @@ impl Supervisor {
             }
         }
         if self.config.resources.iter().any(|r| r.is_wildcard()) {
-            self.spawn_follower(follow_crds(self.client.clone(), self.refresh.clone()));
+            self.spawn_follower(crd::follow(
+                self.client.clone(),
+                self.refresh.clone(),
+                self.crds.clone(),
+            ));
         }
         self.reconcile(resources).await?;
         // With sharding, the first claims land before the watches are reported, so that
@@ -334,7 +346,9 @@ impl Supervisor {
             .collect();
         for key in &gone {
             if let Some(r) = self.running.remove(key) {
-                info!(resource = %r.handle.resource, namespace = r.handle.namespace.as_deref().unwrap_or("*"), "watch no longer desired or owned here: stopping it");
+                let deleted = !desired.contains_key(key) && self.crd_deleted(&r);
+                info!(resource = %r.handle.resource, namespace = r.handle.namespace.as_deref().unwrap_or("*"), crd_deleted = deleted, "watch no longer desired or owned here: stopping it");
+                r.resource_deleted.store(deleted, Ordering::Release);
                 r.cancel.cancel();
             }
         }
@@ -457,6 +471,13 @@ impl Supervisor {
         (self.on_change)(self.handles());
     }
 
+    /// Whether the CRD serving the running watch `r`'s resource was seen deleted: its objects
+    /// are gone, and the watch publishes the deletion of those it still knows as it stops.
+    fn crd_deleted(&self, r: &Running) -> bool {
+        let crds = self.crds.lock().unwrap_or_else(|e| e.into_inner());
+        r.crd.as_deref().is_some_and(|name| crds.was_deleted(name))
+    }
+
     /// The running watches.
     pub fn handles(&self) -> Vec<WatchHandle> {
         self.running.values().map(|r| r.handle.clone()).collect()
@@ -536,6 +557,7 @@ impl Supervisor {
             self.refresh.clone(),
             config.delivery.max_queue_bytes / 4,
         );
+        let resource_deleted = target.resource_deleted.clone();
         let cancel = self.stop.child_token();
         self.generation += 1;
         let generation = self.generation;
@@ -578,6 +600,8 @@ impl Supervisor {
                 cancel,
                 generation,
                 epoch,
+                crd: crd::name(&r.api.group, &r.api.plural),
+                resource_deleted,
             },
         );
     }
@@ -687,6 +711,7 @@ fn target(
         page_bytes,
         watch_timeout_secs: WATCH_TIMEOUT_SECS,
         not_found,
+        resource_deleted: Arc::default(),
     }
 }
 
@@ -750,37 +775,6 @@ async fn follow_namespaces(
                 }
                 warn!(selector = %selector, error = %e, "namespace watch failed; retrying");
                 tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }
-    }
-}
-
-/// Asks for a discovery refresh whenever a CustomResourceDefinition is created, changed or
-/// deleted, and once more shortly after (discovery serves a new CRD once it is established).
-async fn follow_crds(client: Client, refresh: Arc<Notify>) {
-    let api: Api<PartialObjectMeta<CustomResourceDefinition>> = Api::all(client);
-    let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
-    let mut listed = false;
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(WatcherEvent::Init | WatcherEvent::InitApply(_)) => {}
-            Ok(WatcherEvent::InitDone) => {
-                if listed {
-                    refresh.notify_one();
-                }
-                listed = true;
-            }
-            Ok(WatcherEvent::Apply(_) | WatcherEvent::Delete(_)) => {
-                refresh.notify_one();
-                let again = refresh.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                    again.notify_one();
-                });
-            }
-            Err(e) => {
-                warn!(error = %e, "CustomResourceDefinition watch failed (CRDs are still found by the periodic discovery refresh)");
-                tokio::time::sleep(Duration::from_secs(5)).await;
             }
         }
     }

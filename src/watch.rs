@@ -167,6 +167,9 @@ pub enum Item {
     ListAbort,
     /// Nothing changed up to this resourceVersion (a bookmark).
     Progress(String),
+    /// The resource itself was deleted (its CRD is gone), so every object still known was
+    /// deleted; sent last, as the watch stops, with the last resourceVersion reached.
+    Vanished(Option<String>),
 }
 
 /// What one watch looks at.
@@ -190,10 +193,15 @@ pub struct Target {
     /// Told when the API server answers 404: the resource may be gone (a deleted CRD), which a
     /// discovery refresh decides, stopping this watch cleanly.
     pub not_found: Arc<tokio::sync::Notify>,
+    /// Set before `shutdown` when the resource itself was deleted (its CRD is gone): stopping,
+    /// the watch then sends [`Item::Vanished`]. The API server sends its objects' deletes, but
+    /// can lose the last ones when it closes the watches on removing the CRD's storage.
+    pub resource_deleted: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Runs the watch until `shutdown` or until the pipeline closes, starting from
-/// `resource_version` (a checkpoint) or, if `None`, with a list.
+/// `resource_version` (a checkpoint) or, if `None`, with a list. Stopped because its resource
+/// was deleted ([`Target::resource_deleted`]), it sends [`Item::Vanished`] last.
 pub async fn run(
     target: Target,
     mut resource_version: Option<String>,
@@ -223,7 +231,7 @@ pub async fn run(
             }
         };
         let result = tokio::select! {
-            () = shutdown.cancelled() => return,
+            () = shutdown.cancelled() => break,
             r = step => r,
         };
         let error = match result {
@@ -285,9 +293,17 @@ pub async fn run(
             );
         }
         tokio::select! {
-            () = shutdown.cancelled() => return,
+            () = shutdown.cancelled() => break,
             () = tokio::time::sleep(delay) => {}
         }
+    }
+    if target
+        .resource_deleted
+        .load(std::sync::atomic::Ordering::Acquire)
+    {
+        info!("the resource was deleted: publishing the deletion of every object still known");
+        // The pipeline only closes by failing, when nothing more can be published anyway.
+        let _ = send(&tx, Item::Vanished(resource_version)).await;
     }
 }
 
@@ -814,6 +830,7 @@ mod tests {
             page_bytes: 16 << 20,
             watch_timeout_secs: 290,
             not_found: Arc::default(),
+            resource_deleted: Arc::default(),
         }
     }
 
@@ -908,6 +925,41 @@ mod tests {
         let (times, status) = watch_failing_with("", 4).await;
         assert_backs_off(&times);
         assert!(restarts(&status, "dropped") >= 3, "{:?}", status.restarts);
+    }
+
+    #[tokio::test]
+    async fn stopped_because_its_resource_was_deleted_it_says_so_last() {
+        let (client, _) = fake_api(|target| {
+            if target.contains("watch=true") && target.contains("resourceVersion=5") {
+                let event = r#"{"type":"ADDED","object":{"metadata":{"name":"a","namespace":"ns","uid":"u-a","resourceVersion":"7"}}}"#;
+                (200, format!("{event}\n"))
+            } else if target.contains("watch=true") {
+                (200, String::new())
+            } else {
+                (200, EMPTY_LIST.replace("\"5\"", "\"100\""))
+            }
+        })
+        .await;
+        let (tx, mut rx) = mpsc::channel(8);
+        let stop = CancellationToken::new();
+        let target = target(client);
+        let deleted = target.resource_deleted.clone();
+        let task = tokio::spawn(run(
+            target,
+            Some("5".into()),
+            tx,
+            stop.clone(),
+            Arc::default(),
+        ));
+        assert!(matches!(rx.recv().await, Some(Item::Event(..))));
+        deleted.store(true, std::sync::atomic::Ordering::Release);
+        stop.cancel();
+        task.await.unwrap();
+        let mut rest = Vec::new();
+        while let Some(item) = rx.recv().await {
+            rest.push(format!("{item:?}"));
+        }
+        assert_eq!(rest, [format!("{:?}", Item::Vanished(Some("7".into())))]);
     }
 
     /// A resourceVersion the API server has not reached relists, whether the probe, the watch

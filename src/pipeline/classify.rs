@@ -117,6 +117,17 @@ impl Classifier {
                 position: Some(rv),
                 ..Step::default()
             },
+            Item::Vanished(rv) => {
+                // Every object still known is gone, also one a list in progress had found.
+                self.listing = None;
+                self.known.begin_relist();
+                let gone = self.known.finish_relist();
+                Step {
+                    deletes: self.synthetic_deletes(gone),
+                    position: rv,
+                    ..Step::default()
+                }
+            }
         }
     }
 
@@ -390,6 +401,31 @@ pub(super) mod tests {
             deletes,
             [(ChangeKind::Deleted, Origin::Repaired, "a".into())]
         );
+    }
+
+    #[test]
+    fn a_vanished_resource_deletes_every_object_still_known_once() {
+        let mut c = classifier(SnapshotPolicy::Initial);
+        list(&mut c, &[("a", "5"), ("b", "6"), ("c", "7")], "9");
+        // The API server delivered one delete before it closed the watch.
+        c.classify(event(ChangeKind::Deleted, "b", "10", ""));
+        // A relist was under way when the watch stopped: what it had found is gone too.
+        c.classify(Item::ListBegin);
+        c.classify(listed("a", "5"));
+        let step = c.classify(Item::Vanished(Some("10".into())));
+        assert!(!c.listing());
+        assert_eq!(step.position.as_deref(), Some("10"));
+        let deletes: Vec<Summary> = step.deletes.into_iter().map(summary).collect();
+        assert_eq!(
+            deletes,
+            [
+                (ChangeKind::Deleted, Origin::Repaired, "a".into()),
+                (ChangeKind::Deleted, Origin::Repaired, "c".into()),
+            ]
+        );
+        assert_eq!(c.known().len(), 0);
+        let again = c.classify(Item::Vanished(None));
+        assert!(again.deletes.is_empty() && again.position.is_none());
     }
 
     #[test]

@@ -109,16 +109,25 @@ async fn wildcard_follows_crds_created_and_deleted_at_run_time() {
         .wait_log("watch no longer desired or owned here: stopping it")
         .await;
     wait_watches(&bridge, &[("v1/configmaps", &ns)]).await;
-    let events = reader
+    let mut deletes = reader
         .read_until(WAIT, |got| got.iter().any(|r| r.change() == "deleted"))
         .await;
-    assert_eq!(events[0].ext("name"), "t1", "{}", summary(&events));
+    assert_eq!(deletes[0].ext("name"), "t1", "{}", summary(&deletes));
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "after"}})).unwrap();
     cms.create(&PostParams::default(), &cm).await.unwrap();
     let events = reader
         .read_until(WAIT, |got| got.iter().any(|r| r.ext("name") == "after"))
         .await;
+    // Sent by the API server (`live`) or, when it dropped it closing the watch, by the bridge
+    // (`repaired`): one delete either way.
+    deletes.extend(events.iter().cloned());
+    let t1_deleted: Vec<_> = deletes
+        .iter()
+        .filter(|r| r.ext("name") == "t1" && r.change() == "deleted")
+        .collect();
+    assert_eq!(t1_deleted.len(), 1, "{}", summary(&deletes));
+    eprintln!("t1's delete: origin {}", t1_deleted[0].ext("origin"));
     assert!(
         events.iter().all(|r| r.ext("kind") != "Gadget"),
         "excluded: {}",
@@ -129,6 +138,10 @@ async fn wildcard_follows_crds_created_and_deleted_at_run_time() {
     assert!(
         !log.contains("\"message\":\"watch failed\""),
         "a deleted CRD's watch must stop, not fail and retry:\n{log}"
+    );
+    assert!(
+        log.contains("\"crd_deleted\":true"),
+        "the CRD watch saw the deletion:\n{log}"
     );
     assert!(bridge.wait_exit(Duration::from_millis(10)).await.is_none());
     crds.delete(&format!("gadgets.{gadgets}"), &DeleteParams::default())
@@ -302,5 +315,13 @@ async fn wildcard_moves_to_a_crds_new_preferred_version() {
         summary(&events)
     );
     assert_eq!(t2[0].ext("apiversion"), format!("{group}/v2"));
+    // The v1 watch stopped because v1 is no longer preferred, not because its objects went.
+    assert!(
+        events.iter().all(|r| r.change() != "deleted"),
+        "{}",
+        summary(&events)
+    );
+    let log = bridge.log_text();
+    assert!(log.contains("\"crd_deleted\":false"), "{log}");
     crds.delete(&name, &DeleteParams::default()).await.unwrap();
 }

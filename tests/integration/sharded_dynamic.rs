@@ -209,6 +209,12 @@ async fn sharded_replicas_follow_crds_and_labelled_namespaces() {
     }
     let twice: Vec<_> = ids.iter().filter(|(_, n)| **n > 1).collect();
     assert!(twice.is_empty(), "published twice: {twice:?}");
+    // Live, or repaired when the API server dropped it closing the watch: one delete either way.
+    let t1_deleted = events
+        .iter()
+        .filter(|r| r.ext("name") == "t1" && r.change() == "deleted")
+        .count();
+    assert_eq!(t1_deleted, 1, "{}", summary(&events));
     for (name, bridge) in &replicas.bridges {
         let log = bridge.log_text();
         assert!(
