@@ -50,10 +50,8 @@ fn main() -> anyhow::Result<()> {
         Ok(n) => n.parse().context("KEB_WORKER_THREADS")?,
         Err(_) => 1,
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .enable_all()
-        .build()?;
+    kube_event_bridge::allocator::thread_cache_on();
+    let runtime = kube_event_bridge::allocator::async_runtime(workers)?;
     let args: Vec<String> = std::env::args().collect();
     runtime.block_on(async {
         match args.get(1).map(String::as_str) {

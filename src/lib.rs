@@ -6,6 +6,7 @@
 //! [`sink`] (publish, await the broker's acknowledgement) → [`pipeline`] (ordered acknowledgement).
 
 pub mod admin;
+pub mod allocator;
 pub mod asyncapi;
 pub mod audit;
 pub mod backoff;

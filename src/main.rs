@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use kube_event_bridge::config::{Config, ConfigFile, Sink};
 use kube_event_bridge::discovery::{self, ResolvedResource};
-use kube_event_bridge::{kubernetes, runtime, schema, shutdown, snapshot, tail};
+use kube_event_bridge::{allocator, kubernetes, runtime, schema, shutdown, snapshot, tail};
 
 #[derive(Parser)]
 #[command(
@@ -170,10 +170,9 @@ fn main() -> ExitCode {
         _ => "info,kube_client=warn,rdkafka=warn",
     };
     init_logging(cli.log_format, default_filter);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(cli.worker_threads.into())
-        .enable_all()
-        .build();
+    // The main thread runs the start (discovery, sink, checkpoints): it allocates like a worker.
+    allocator::thread_cache_on();
+    let runtime = allocator::async_runtime(cli.worker_threads.into());
     let ran = match runtime {
         Ok(runtime) => runtime.block_on(command(cli.command)),
         Err(e) => Err(anyhow::Error::new(e).context("cannot start the async runtime")),

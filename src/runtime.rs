@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::admin;
+use crate::allocator;
 use crate::config::Config;
 use crate::discovery;
 use crate::kubernetes;
@@ -153,6 +154,18 @@ impl Bridge {
 /// watch fails for good. Serves the admin endpoints from the start; readiness turns true once
 /// every watch has synced and false when shutdown begins.
 pub async fn run(config: Config, stop: CancellationToken) -> Result<()> {
+    // The thread polling this future (the main thread, which runs the start) and one worker
+    // flush their allocator caches while the bridge runs.
+    let caches = CancellationToken::new();
+    tokio::spawn(allocator::release_idle_caches(caches.clone()));
+    let _caches = caches.clone().drop_guard();
+    tokio::select! {
+        ran = run_bridge(config, stop) => ran,
+        () = allocator::release_idle_caches(caches) => Ok(()),
+    }
+}
+
+async fn run_bridge(config: Config, stop: CancellationToken) -> Result<()> {
     let grace = Duration::from_secs(config.delivery.shutdown_grace_secs);
     let delay = Duration::from_secs(config.admin.shutdown_delay_secs);
     let admin = admin::State::new(config.sink.kind());
