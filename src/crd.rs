@@ -152,6 +152,15 @@ fn changed(refresh: &Arc<Notify>) {
 mod tests {
     use super::*;
 
+    /// A complete (re)list of `names`, none terminating.
+    fn list(crds: &mut Lifecycle, names: &[&str]) {
+        crds.list_begin();
+        for name in names {
+            crds.listed(name, false);
+        }
+        crds.list_end();
+    }
+
     #[test]
     fn names_a_crd_only_outside_the_core_group() {
         assert_eq!(
@@ -164,10 +173,7 @@ mod tests {
     #[test]
     fn a_crd_deleted_or_terminating_is_remembered_until_created_again() {
         let mut crds = Lifecycle::default();
-        crds.list_begin();
-        crds.listed("things.a.dev", false);
-        crds.listed("gadgets.a.dev", false);
-        crds.list_end();
+        list(&mut crds, &["things.a.dev", "gadgets.a.dev"]);
         assert!(!crds.was_deleted("things.a.dev"));
 
         crds.applied("things.a.dev", true);
@@ -183,13 +189,8 @@ mod tests {
     #[test]
     fn a_crd_missing_from_a_relist_was_deleted_meanwhile() {
         let mut crds = Lifecycle::default();
-        crds.list_begin();
-        crds.listed("things.a.dev", false);
-        crds.listed("gadgets.a.dev", false);
-        crds.list_end();
-        crds.list_begin();
-        crds.listed("gadgets.a.dev", false);
-        crds.list_end();
+        list(&mut crds, &["things.a.dev", "gadgets.a.dev"]);
+        list(&mut crds, &["gadgets.a.dev"]);
         assert!(crds.was_deleted("things.a.dev"));
         assert!(!crds.was_deleted("gadgets.a.dev"));
         // Never seen: an aggregated API's resource, or a CRD not followed. No evidence.
@@ -199,8 +200,7 @@ mod tests {
     #[test]
     fn nothing_is_deleted_before_the_first_listing_completes() {
         let mut crds = Lifecycle::default();
-        crds.list_begin();
-        crds.list_end();
+        list(&mut crds, &[]);
         assert!(!crds.was_deleted("things.a.dev"));
     }
 }
