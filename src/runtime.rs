@@ -210,6 +210,8 @@ async fn run_bridge(config: Config, stop: CancellationToken) -> Result<()> {
     // the checkpoint store), then drains: no half-written state, within the grace period.
     let deadline = tokio::select! {
         bridge = &mut started => {
+            // The start ran on this thread: what it freed need not wait for the next flush.
+            allocator::flush_thread_cache();
             return serve_until_stopped(bridge?, leadership, &admin, &stop, delay, grace).await;
         }
         () = stop.cancelled() => tokio::time::Instant::now() + grace,
