@@ -15,7 +15,7 @@ use tikv_jemalloc_ctl::{Access, AsName as _};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-/// How often a worker's thread cache is flushed.
+/// How often the main thread's cache and one worker's are flushed.
 pub const PERIOD: Duration = Duration::from_secs(5);
 
 /// The async runtime the bridge runs on: `workers` worker threads. Its threads (workers and
@@ -40,8 +40,8 @@ pub fn thread_cache_on() -> bool {
 }
 
 /// Flushes the calling thread's cache (turning it off flushes it; it is turned on again at
-/// once). Returns whether it could: the allocator may not be jemalloc (tests), or its cache may
-/// be off (`MALLOC_CONF=tcache:false`), which this leaves as it was.
+/// once). Returns whether it could: the allocator may not be jemalloc, or the thread's cache may
+/// be off (a thread that never turned it on), which this leaves as it was.
 pub fn flush_thread_cache() -> bool {
     let enabled = b"thread.tcache.enabled\0".name();
     match Access::<bool>::read(enabled) {
@@ -50,7 +50,7 @@ pub fn flush_thread_cache() -> bool {
     }
 }
 
-/// Flushes the cache of the worker thread it runs on every [`PERIOD`], until `stop`.
+/// Flushes the cache of the thread it runs on every [`PERIOD`], until `stop`.
 pub async fn release_idle_caches(stop: CancellationToken) {
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + PERIOD, PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
