@@ -1155,6 +1155,7 @@ async fn dockerfile_builds_in_rust_and_runs_the_binary_alone_as_non_root() {
             "{needed} missing from .dockerignore"
         );
     }
+    let mut copied = BTreeSet::new();
     for (_, args) in ins
         .iter()
         .filter(|(op, a)| op == "COPY" && !a.starts_with("--from"))
@@ -1165,7 +1166,18 @@ async fn dockerfile_builds_in_rust_and_runs_the_binary_alone_as_non_root() {
                 patterns.contains(&format!("!{source}").as_str()),
                 "COPY {source} is not in the build context"
             );
+            copied.insert(*source);
         }
+    }
+    // Everything that changes what cargo builds reaches the builder: the link settings
+    // (build.rs) and the allocator's compiled-in configuration (.cargo/config.toml), without
+    // which the image's bridge would not be the one measured.
+    for input in ["Cargo.toml", "Cargo.lock", "build.rs", ".cargo", "src", "vendor"] {
+        assert!(repo().join(input).exists(), "{input} is not in the repository");
+        assert!(
+            copied.contains(input),
+            "the Dockerfile does not copy {input} into the builder"
+        );
     }
 
     if let Some(hadolint) = on_path("hadolint") {
