@@ -54,12 +54,11 @@ pub struct Status {
     pub checkpoints_corrupt: AtomicU64,
     /// Events queued or awaiting acknowledgement.
     pub queue_depth: AtomicU64,
-    /// Publish latency histogram: cumulative counts per [`LATENCY_BUCKETS`] bound.
-    pub latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
-    /// Sum of publish latencies, in microseconds.
-    pub latency_sum_micros: AtomicU64,
-    /// Number of latency observations.
-    pub latency_count: AtomicU64,
+    /// From a change being read to the broker's acknowledgement of its event.
+    pub latency: Histogram,
+    /// Kafka transactions only: from a change being read to the commit of the transaction
+    /// holding its event, when `read_committed` consumers can see it.
+    pub visible_latency: Histogram,
     /// The resourceVersion the watch has reached (numeric form; 0 if not numeric).
     pub position: AtomicU64,
     /// Whether the initial list (or the resume) has been published and acknowledged.
@@ -216,15 +215,30 @@ impl Status {
         *self.checkpointed.lock().unwrap_or_else(|e| e.into_inner()) =
             Some((rv.to_string(), std::time::Instant::now()));
     }
+}
 
-    pub(crate) fn observe_latency(&self, seconds: f64) {
+/// A latency histogram over [`LATENCY_BUCKETS`], written by the pipeline and read by the admin
+/// server.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    /// Cumulative counts per [`LATENCY_BUCKETS`] bound.
+    pub buckets: [AtomicU64; LATENCY_BUCKETS.len()],
+    /// Sum of the observations, in microseconds.
+    pub sum_micros: AtomicU64,
+    /// Number of observations.
+    pub count: AtomicU64,
+}
+
+impl Histogram {
+    /// Counts one observation.
+    pub(crate) fn observe(&self, seconds: f64) {
         for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {
             if seconds <= *bound {
-                self.latency_buckets[i].fetch_add(1, Ordering::Relaxed);
+                self.buckets[i].fetch_add(1, Ordering::Relaxed);
             }
         }
-        self.latency_sum_micros
+        self.sum_micros
             .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
-        self.latency_count.fetch_add(1, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
     }
 }

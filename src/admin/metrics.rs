@@ -22,7 +22,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
 
 use super::{NAMESPACE, Role, State};
-use crate::status::{LATENCY_BUCKETS, STALL_REASONS, Status};
+use crate::status::{Histogram, LATENCY_BUCKETS, STALL_REASONS, Status};
 use crate::supervisor::WatchHandle;
 
 /// The content type of the `/metrics` document.
@@ -258,7 +258,15 @@ fn publishing(f: &mut Families) -> fmt::Result {
         "Time from a change being received to the broker's acknowledgement.",
         Some(&SECONDS),
         MetricType::Histogram,
-        Latency::of,
+        |s| Latency::of(&s.latency),
+    )?;
+    // Only watches that commit transactions observe it.
+    f.per_watch_where(
+        "visible_latency",
+        "Kafka transactions: time from a change being received to the commit of the transaction holding its event, when read_committed consumers see it.",
+        Some(&SECONDS),
+        MetricType::Histogram,
+        |s| (s.visible_latency.count.load(Ordering::Relaxed) > 0).then(|| Latency::of(&s.visible_latency)),
     )?;
     f.per_watch(
         "queue_depth_events",
@@ -438,15 +446,30 @@ impl Families<'_, '_> {
         metric_type: MetricType,
         value: impl Fn(&Status) -> M,
     ) -> fmt::Result {
+        self.per_watch_where(name, help, unit, metric_type, |s| Some(value(s)))
+    }
+
+    /// One sample per watch for which `value` gives one.
+    fn per_watch_where<M: EncodeMetric>(
+        &mut self,
+        name: &str,
+        help: &str,
+        unit: Option<&Unit>,
+        metric_type: MetricType,
+        value: impl Fn(&Status) -> Option<M>,
+    ) -> fmt::Result {
         let mut family = self
             .encoder
             .encode_descriptor(name, help, unit, metric_type)?;
         for w in self.watches {
+            let Some(metric) = value(&w.status) else {
+                continue;
+            };
             let labels = [
                 ("resource", w.resource.as_str()),
                 ("namespace", namespace(w)),
             ];
-            value(&w.status).encode(family.encode_family(&labels)?)?;
+            metric.encode(family.encode_family(&labels)?)?;
         }
         Ok(())
     }
@@ -495,8 +518,7 @@ fn namespace(w: &WatchHandle) -> &str {
     w.namespace.as_deref().unwrap_or("*")
 }
 
-/// A watch's publish latency histogram, read from the cumulative bucket counts of its
-/// [`Status`].
+/// One of a watch's latency histograms, read from its cumulative bucket counts.
 struct Latency {
     sum: f64,
     count: u64,
@@ -505,12 +527,12 @@ struct Latency {
 }
 
 impl Latency {
-    fn of(status: &Status) -> Self {
-        let count = status.latency_count.load(Ordering::Relaxed);
+    fn of(histogram: &Histogram) -> Self {
+        let count = histogram.count.load(Ordering::Relaxed);
         Self {
-            sum: status.latency_sum_micros.load(Ordering::Relaxed) as f64 / 1e6,
+            sum: histogram.sum_micros.load(Ordering::Relaxed) as f64 / 1e6,
             count,
-            buckets: own_buckets(&LATENCY_BUCKETS, &status.latency_buckets, count),
+            buckets: own_buckets(&LATENCY_BUCKETS, &histogram.buckets, count),
         }
     }
 }
@@ -583,7 +605,10 @@ mod tests {
         busy.aborted_transactions.store(20, Relaxed);
         busy.position.store(120, Relaxed);
         for seconds in [0.0005, 0.003, 0.2, 0.2, 2.0, 60.0] {
-            busy.observe_latency(seconds);
+            busy.latency.observe(seconds);
+        }
+        for seconds in [0.004, 0.04] {
+            busy.visible_latency.observe(seconds);
         }
         busy.set_stall("publish_failing", "broker timed out");
         vec![
@@ -762,6 +787,20 @@ mod tests {
         let sum = value("publish_latency_seconds_sum", PROD);
         assert!((sum - 62.4035).abs() < 1e-6, "{sum}");
         assert_eq!(value("publish_latency_seconds_count", ALL), 0.0);
+        // Only a watch that committed transactions has a visibility histogram.
+        assert_eq!(value("visible_latency_seconds_count", PROD), 2.0);
+        let le = |bound: &str| {
+            value(
+                "visible_latency_seconds_bucket",
+                &format!("{PROD},le={bound}"),
+            )
+        };
+        assert_eq!((le("0.0025"), le("0.005"), le("0.05")), (0.0, 1.0, 2.0));
+        let idle = (
+            "kube_event_bridge_visible_latency_seconds_count".to_string(),
+            sorted(ALL.split(',')),
+        );
+        assert!(!samples.contains_key(&idle), "{samples:#?}");
     }
 
     #[test]
@@ -786,6 +825,7 @@ mod tests {
             ("watch_stalled", "gauge"),
             ("transactions_aborted", "counter"),
             ("publish_latency_seconds", "histogram"),
+            ("visible_latency_seconds", "histogram"),
             ("queue_depth_events", "gauge"),
             ("watch_restarts", "counter"),
             ("relists", "counter"),
@@ -842,14 +882,14 @@ mod tests {
     #[test]
     fn latency_buckets_never_go_below_the_one_before() {
         // Read while the pipeline adds an observation: a larger bucket not counted yet.
-        let status = Status::default();
-        status.latency_buckets[0].store(3, Relaxed);
-        status.latency_buckets[1].store(2, Relaxed);
-        for bucket in &status.latency_buckets[2..] {
+        let histogram = Histogram::default();
+        histogram.buckets[0].store(3, Relaxed);
+        histogram.buckets[1].store(2, Relaxed);
+        for bucket in &histogram.buckets[2..] {
             bucket.store(4, Relaxed);
         }
-        status.latency_count.store(4, Relaxed);
-        let latency = Latency::of(&status);
+        histogram.count.store(4, Relaxed);
+        let latency = Latency::of(&histogram);
         let own: Vec<u64> = latency.buckets.iter().map(|(_, n)| *n).collect();
         assert_eq!(own, [3, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(latency.buckets.last().unwrap().0, f64::INFINITY);

@@ -18,7 +18,7 @@ use crate::backoff::Backoff;
 use crate::checkpoint::Written;
 use crate::encode::Event;
 use crate::sink::{self, Delivered, Outcome};
-use crate::status::{STALL_AFTER, Stall, Status, count, kind_index};
+use crate::status::{Histogram, STALL_AFTER, Stall, Status, count, kind_index};
 
 /// A Kafka transaction holding more than this is committed early: what it holds stays in memory
 /// until then, to be sent again if it aborts.
@@ -73,9 +73,13 @@ impl Flight {
         self.queue.push_back(pending);
     }
 
-    /// The open transaction committed: what it held is durable. A snapshot's transaction can
-    /// hold thousands of events: their room is given back rather than kept for good.
-    pub fn committed(&mut self) {
+    /// The open transaction committed: what it held is durable, and visible to `read_committed`
+    /// consumers from now on. A snapshot's transaction can hold thousands of events: their room
+    /// is given back rather than kept for good.
+    pub fn committed(&mut self, visible: &Histogram) {
+        for event in &self.held {
+            visible.observe(event.received.elapsed().as_secs_f64());
+        }
         self.held.clear();
         self.held.shrink_to(HELD_ROOM_KEPT);
         self.held_bytes = 0;
@@ -141,7 +145,8 @@ impl Pipeline {
             Outcome::Acked => {
                 self.status.published[kind_index(event.kind)].fetch_add(1, Ordering::Relaxed);
                 self.status
-                    .observe_latency(event.received.elapsed().as_secs_f64());
+                    .latency
+                    .observe(event.received.elapsed().as_secs_f64());
                 self.publishing_again(st);
                 if transactional {
                     st.flight.held_bytes += event.data.len();
@@ -379,7 +384,7 @@ impl Pipeline {
         };
         let started = Instant::now();
         match awaiting_broker(&self.status, "transaction commit", transactions.commit()).await {
-            Ok(()) => st.flight.committed(),
+            Ok(()) => st.flight.committed(&self.status.visible_latency),
             Err(e) => {
                 let broken = !matches!(e, sink::Error::TransactionAborted);
                 let e = self.transaction_failed(e)?;

@@ -106,7 +106,7 @@ impl Pipeline {
                 self.status.checkpoints.fetch_add(1, Ordering::Relaxed);
                 self.status.set_checkpointed(&resource_version);
                 st.committed = Some(resource_version);
-                st.flight.committed();
+                st.flight.committed(&self.status.visible_latency);
                 Ok(None)
             }
             Err(e @ checkpoint::Error::Fenced { .. }) => {

@@ -193,6 +193,36 @@ async fn kafka_watches_share_one_producer_and_each_change_arrives_once_across_si
     );
     assert_exactly_once_in_order(&all);
     assert_eq!(all.len(), writes, "{}", summary(&all));
+
+    // The last bridge timed each event it published from its reading to the commit that made
+    // it visible. (An event acknowledged in a transaction that was then aborted counts as
+    // published twice, and is timed once, when its second sending commits.)
+    wait_until(
+        "every published event timed to its commit",
+        WAIT,
+        || async {
+            let metrics = get(&address, "/metrics").await.1;
+            let published = total(&metrics, "kube_event_bridge_events_published_total");
+            let visible = total(&metrics, "kube_event_bridge_visible_latency_seconds_count");
+            let aborted = total(&metrics, "kube_event_bridge_transactions_aborted_total");
+            assert!(
+                visible <= published,
+                "{visible} timed, {published} published"
+            );
+            (published > 0.0 && (visible == published || aborted > 0.0 && visible > 0.0))
+                .then_some(())
+        },
+    )
+    .await;
+}
+
+/// The sum of a family's samples over every watch.
+fn total(metrics: &str, family: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&format!("{family}{{")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// One of five watches sharing the producer publishes to a topic the broker refuses (an ACL):
