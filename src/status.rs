@@ -12,11 +12,13 @@ use std::time::Duration;
 
 use crate::change::ChangeKind;
 
-/// Upper bounds (seconds) of the publish latency histogram: observed to acknowledged.
-/// Fine below 25 ms, where the acknowledgement latency of a healthy broker lies, so its
-/// percentiles can be read from the histogram.
-pub const LATENCY_BUCKETS: [f64; 14] = [
-    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0,
+/// Upper bounds (seconds) of the latency histograms (read to acknowledged, read to visible).
+/// Fine below 25 ms, where the acknowledgement latency of a healthy broker lies, and below
+/// 250 ms, where a Kafka commit makes events visible, so their percentiles can be read from the
+/// histograms.
+pub const LATENCY_BUCKETS: [f64; 16] = [
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 5.0,
+    30.0,
 ];
 
 /// Counters and position of one watch, read by the admin server.

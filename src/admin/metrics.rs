@@ -771,7 +771,7 @@ mod tests {
             );
         }
         let cumulative = [
-            1.0, 1.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 4.0, 4.0, 4.0, 5.0, 5.0,
+            1.0, 1.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 4.0, 4.0, 4.0, 5.0, 5.0,
         ];
         for (bound, n) in LATENCY_BUCKETS.iter().zip(cumulative) {
             let labels = format!("{PROD},le={bound}");
@@ -891,7 +891,7 @@ mod tests {
         histogram.count.store(4, Relaxed);
         let latency = Latency::of(&histogram);
         let own: Vec<u64> = latency.buckets.iter().map(|(_, n)| *n).collect();
-        assert_eq!(own, [3, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(own, [3, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(latency.buckets.last().unwrap().0, f64::INFINITY);
         assert_eq!(latency.count, 4);
     }
