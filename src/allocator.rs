@@ -7,7 +7,8 @@
 //! the start) and librdkafka's threads'. So caches are off by default, and only the threads
 //! that carry events turn theirs on ([`async_runtime`], [`thread_cache_on`]); the main thread
 //! flushes its cache once the start is done, and it and one worker every [`PERIOD`]
-//! ([`release_idle_caches`]), which costs nothing measurable under load.
+//! ([`release_idle_caches`]), which costs nothing measurable under load. The blocking pool's
+//! threads keep theirs off.
 
 use std::time::Duration;
 
@@ -18,14 +19,25 @@ use tracing::debug;
 /// How often the main thread's cache and one worker's are flushed.
 pub const PERIOD: Duration = Duration::from_secs(5);
 
-/// The async runtime the bridge runs on: `workers` worker threads. Its threads (workers and
-/// blocking pool) allocate with a thread cache ([`thread_cache_on`]).
+/// The async runtime the bridge runs on: `workers` worker threads. Its workers allocate with a
+/// thread cache ([`thread_cache_on`]), turned on as a worker first wakes from a park (only
+/// workers park; a runtime starts with nothing to run, so its workers park at once). Threads of
+/// the blocking pool keep theirs off: they wait on Kafka commits and file writes and allocate
+/// little, and one that ran the start's blocking calls lives on idle for 10 s, keeping what a
+/// cache would hold.
 pub fn async_runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    thread_local! {
+        static WOKEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
         .enable_all()
-        .on_thread_start(|| {
-            thread_cache_on();
+        .on_thread_unpark(|| {
+            WOKEN.with(|woken| {
+                if !woken.replace(true) {
+                    thread_cache_on();
+                }
+            });
         })
         .build()
 }
@@ -83,6 +95,20 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    #[test]
+    fn workers_cache_and_the_blocking_pool_does_not() {
+        let runtime = async_runtime(1).unwrap();
+        let cached = || Access::<bool>::read(b"thread.tcache.enabled\0".name()).unwrap();
+        runtime.block_on(async {
+            // The worker, with nothing to run yet, parks; the task below wakes it.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(tokio::spawn(async move { cached() }).await.unwrap());
+            if std::env::var_os("MALLOC_CONF").is_none() {
+                assert!(!tokio::task::spawn_blocking(cached).await.unwrap());
+            }
+        });
     }
 
     #[test]
