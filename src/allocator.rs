@@ -19,6 +19,9 @@ use tracing::debug;
 /// How often the main thread's cache and one worker's are flushed.
 pub const PERIOD: Duration = Duration::from_secs(5);
 
+/// jemalloc's control of the calling thread's cache (read and written through `mallctl`).
+const TCACHE_ENABLED: &[u8] = b"thread.tcache.enabled\0";
+
 /// The async runtime the bridge runs on: `workers` worker threads. Its workers allocate with a
 /// thread cache ([`thread_cache_on`]), turned on as a worker first wakes from a park (only
 /// workers park; a runtime starts with nothing to run, so its workers park at once). Threads of
@@ -48,14 +51,14 @@ pub fn async_runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime>
 /// idle bridge. The threads that carry the events turn theirs on: without a cache, the event
 /// path costs about 17 % more CPU.
 pub fn thread_cache_on() -> bool {
-    b"thread.tcache.enabled\0".name().write(true).is_ok()
+    TCACHE_ENABLED.name().write(true).is_ok()
 }
 
 /// Flushes the calling thread's cache (turning it off flushes it; it is turned on again at
 /// once). Returns whether it could: the allocator may not be jemalloc, or the thread's cache may
 /// be off (a thread that never turned it on), which this leaves as it was.
 pub fn flush_thread_cache() -> bool {
-    let enabled = b"thread.tcache.enabled\0".name();
+    let enabled = TCACHE_ENABLED.name();
     match Access::<bool>::read(enabled) {
         Ok(true) => enabled.write(false).is_ok() && enabled.write(true).is_ok(),
         _ => false,
@@ -85,7 +88,7 @@ mod tests {
     #[test]
     fn a_thread_turns_its_cache_on() {
         std::thread::spawn(|| {
-            let enabled = b"thread.tcache.enabled\0".name();
+            let enabled = TCACHE_ENABLED.name();
             // Off for a new thread, as `.cargo/config.toml` compiles in (unless overridden).
             if std::env::var_os("MALLOC_CONF").is_none() {
                 assert!(!Access::<bool>::read(enabled).unwrap());
@@ -100,7 +103,7 @@ mod tests {
     #[test]
     fn workers_cache_and_the_blocking_pool_does_not() {
         let runtime = async_runtime(1).unwrap();
-        let cached = || Access::<bool>::read(b"thread.tcache.enabled\0".name()).unwrap();
+        let cached = || Access::<bool>::read(TCACHE_ENABLED.name()).unwrap();
         runtime.block_on(async {
             // The worker, with nothing to run yet, parks; the task below wakes it.
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -113,7 +116,7 @@ mod tests {
 
     #[test]
     fn flushing_leaves_the_cache_as_it_was() {
-        let enabled = b"thread.tcache.enabled\0".name();
+        let enabled = TCACHE_ENABLED.name();
         let before: bool = enabled.read().unwrap();
         flush_thread_cache();
         assert_eq!(Access::<bool>::read(enabled).unwrap(), before);
