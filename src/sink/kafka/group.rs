@@ -248,15 +248,14 @@ impl Group {
         true
     }
 
-    /// Writes the members' records and commits. The records' acknowledgements are awaited
-    /// here, without a thread (the members' events are acknowledged already): librdkafka's
-    /// commit then finds nothing to flush.
+    /// Writes the members' records and commits. librdkafka's commit flushes first (`linger.ms`
+    /// ignored), waiting for the events and the records to be acknowledged, and fails if any of
+    /// them was not stored; the whole commit is bounded by [`TRANSACTION_TIMEOUT`].
     async fn write_and_commit(
         &self,
         batch: Vec<(u64, (String, Records))>,
     ) -> Result<(), CommitError> {
         let producer = self.producer();
-        let mut deliveries = Vec::new();
         for (_, (topic, records)) in &batch {
             for (key, value) in records {
                 let mut record: FutureRecord<'_, String, Vec<u8>> =
@@ -264,30 +263,16 @@ impl Group {
                 if let Some(v) = value {
                     record = record.payload(v);
                 }
-                let delivery = producer
-                    .send_result(record)
-                    .map_err(|(e, _)| classify_commit(e))?;
-                deliveries.push(delivery);
+                // Its fate is the commit's: the acknowledgement is not awaited on its own.
+                drop(
+                    producer
+                        .send_result(record)
+                        .map_err(|(e, _)| classify_commit(e))?,
+                );
             }
         }
-        // One deadline bounds the whole commit: the records' acknowledgements, the queue and
-        // the commit itself share it, so an unresponsive broker holds the watches for
-        // `TRANSACTION_TIMEOUT`, not three times that. A record that failed fails the commit
-        // too; an unreachable broker is left to the commit, which times out at the deadline.
-        let deadline = tokio::time::Instant::now() + TRANSACTION_TIMEOUT;
-        let acknowledged = futures::future::join_all(deliveries);
-        if let Ok(settled) = tokio::time::timeout_at(deadline, acknowledged).await {
-            for delivery in settled {
-                if let Ok(Err((e, _))) = delivery {
-                    return Err(classify_commit(e));
-                }
-            }
-        }
-        let deadline = deadline.into_std();
-        let left = move || deadline.saturating_duration_since(std::time::Instant::now());
         tokio::task::spawn_blocking(move || {
-            wait_until_queue_empty(&producer, left());
-            producer.commit_transaction(left())?;
+            producer.commit_transaction(TRANSACTION_TIMEOUT)?;
             producer.begin_transaction()
         })
         .await
@@ -554,25 +539,4 @@ async fn start_producer(settings: &ClientConfig) -> Result<FutureProducer, Kafka
     .await
     .expect("init_transactions task")?;
     Ok(producer)
-}
-
-/// Waits, in steps of 100 µs, until nothing is queued in the producer (records in flight and
-/// delivery reports its polling thread has not served yet), or `limit` has passed.
-/// rust-rdkafka's `commit_transaction` flushes first, and its flush polls for up to 100 ms
-/// whenever anything is still queued: after the last acknowledgement the report is often still
-/// being served, so without this wait a commit took 100 ms instead of its round trip (7 ms here).
-fn wait_until_queue_empty(producer: &FutureProducer, limit: Duration) {
-    let started = std::time::Instant::now();
-    let deadline = started + limit;
-    while producer.in_flight_count() > 0 && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_micros(100));
-    }
-    let waited = started.elapsed();
-    if waited > Duration::from_millis(5) {
-        debug!(
-            waited_ms = waited.as_millis() as u64,
-            left = producer.in_flight_count(),
-            "waited for the producer's queue before committing"
-        );
-    }
 }

@@ -746,8 +746,17 @@ where
         self.producer.client()
     }
 
+    /// The polling thread serves the delivery reports, so this waits in librdkafka's own flush
+    /// (event mode: until every message is delivered and its report served, `linger.ms`
+    /// ignored meanwhile) instead of polling the queue that thread polls. (Patched: see
+    /// `VENDORED.md`.)
     fn flush<T: Into<Timeout>>(&self, timeout: T) -> KafkaResult<()> {
-        self.producer.flush(timeout)
+        let ret =
+            unsafe { rdsys::rd_kafka_flush(self.producer.native_ptr(), timeout.into().as_millis()) };
+        match ret {
+            rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR => Ok(()),
+            e => Err(KafkaError::Flush(e.into())),
+        }
     }
 
     fn purge(&self, flags: PurgeConfig) {
@@ -776,8 +785,22 @@ where
             .send_offsets_to_transaction(offsets, cgm, timeout)
     }
 
+    /// `rd_kafka_commit_transaction` flushes first, in event mode waiting for the polling thread
+    /// to serve the delivery reports, with `linger.ms` ignored meanwhile. `BaseProducer`'s
+    /// flush before it would poll the queue that thread polls, for up to 100 ms whenever a
+    /// report is still being served. (Patched: see `VENDORED.md`.)
     fn commit_transaction<T: Into<Timeout>>(&self, timeout: T) -> KafkaResult<()> {
-        self.producer.commit_transaction(timeout)
+        let ret = unsafe {
+            RDKafkaError::from_ptr(rdsys::rd_kafka_commit_transaction(
+                self.producer.native_ptr(),
+                timeout.into().as_millis(),
+            ))
+        };
+        if ret.is_error() {
+            Err(KafkaError::Transaction(ret))
+        } else {
+            Ok(())
+        }
     }
 
     fn abort_transaction<T: Into<Timeout>>(&self, timeout: T) -> KafkaResult<()> {
