@@ -121,6 +121,8 @@ struct State {
     commit_due: bool,
     /// Another watch sharing the Kafka transaction waits for this one to commit.
     requested: bool,
+    /// The due commit had the producer send what is in flight at once.
+    sent_now: bool,
     /// A checkpoint being written while the watch goes on (NATS).
     saving: Option<Saving>,
 }
@@ -164,7 +166,18 @@ impl Pipeline {
             if idle && self.settle(&mut st, due, listing).await? {
                 st.commit_due = false;
                 st.requested = false;
+                st.sent_now = false;
                 continue;
+            }
+            // The due commit waits for what is in flight: a Kafka producer sends it now rather
+            // than after its batching delay (linger.ms), once per commit.
+            if due
+                && !idle
+                && !st.sent_now
+                && let Some(transactions) = self.sink.transactions()
+            {
+                transactions.send_now();
+                st.sent_now = true;
             }
             if let Some(hb) = self.heartbeat.clone()
                 && idle
@@ -256,6 +269,7 @@ impl Pipeline {
             failing: None,
             commit_due: false,
             requested: false,
+            sent_now: false,
             saving: None,
         };
         if let Some(rv) = &st.committed {

@@ -294,6 +294,10 @@ pub trait Transactions: Send + Sync {
     /// that sent in it has saved its checkpoint into it).
     fn requested(&self) -> BoxFuture<'_, ()>;
 
+    /// A commit is due and waits for what is in flight: sends what the producer holds now
+    /// instead of after its batching delay (`linger.ms`), without waiting for it here.
+    fn send_now(&self);
+
     /// The least time between the starts of two commits of a watch that is not listing: its
     /// transactions commit on this cadence, each carrying the checkpoint, independently of the
     /// checkpoint interval.

@@ -441,3 +441,40 @@ async fn an_idle_transactional_watch_takes_waiting_events_once_its_commit_interv
     let (_, _, ended) = run.finish().await;
     ended.expect("the pipeline ends cleanly");
 }
+
+/// A Kafka commit found due while events are in flight waits for their acknowledgements: it
+/// has the producer send them at once (not after `linger.ms`), once per commit, and commits
+/// only once they are acknowledged.
+#[tokio::test(start_paused = true)]
+async fn a_due_commit_has_what_is_in_flight_sent_now_once() {
+    let sink = ScriptedSink::new(true, true);
+    let mut items = Vec::new();
+    for i in 0..4 {
+        let uid = format!("u{i}");
+        sink.script(&uid, &[Script::AckAfter(Duration::from_millis(25))]);
+        items.push(event(&uid, &(i + 1).to_string()));
+    }
+    let run = Run::checkpointing_hourly(sink, items);
+    let status = run.status.clone();
+    until("the checkpoint covers every event", || {
+        status.checkpoint_resource_version().as_deref() == Some("4")
+    })
+    .await;
+    let book = run.sink.book();
+    assert!(!book.sent_now.is_empty(), "a commit waited for events");
+    assert!(
+        book.sent_now.iter().all(|&unsettled| unsettled > 0),
+        "sent now only with events in flight: {:?}",
+        book.sent_now
+    );
+    let commits = status.checkpoints.load(Ordering::Relaxed) as usize;
+    assert!(
+        book.sent_now.len() <= commits,
+        "once per commit: {} calls, {commits} commits",
+        book.sent_now.len()
+    );
+    assert_eq!(book.acked.len(), 4);
+    drop(book);
+    let (_, _, ended) = run.finish().await;
+    ended.expect("the pipeline ends cleanly");
+}

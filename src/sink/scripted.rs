@@ -71,6 +71,8 @@ pub(crate) struct Book {
     pub aborts: usize,
     /// Transactions committed without a checkpoint.
     pub commits: usize,
+    /// Calls of [`Transactions::send_now`], and how many sends were unsettled at each.
+    pub sent_now: Vec<usize>,
 }
 
 /// The scripted sink.
@@ -271,6 +273,12 @@ impl Transactions for ScriptedSink {
 
     fn requested(&self) -> BoxFuture<'_, ()> {
         Box::pin(std::future::pending())
+    }
+
+    fn send_now(&self) {
+        let mut book = self.book();
+        let unsettled = book.in_flight.values().sum();
+        book.sent_now.push(unsettled);
     }
 
     fn commit_interval(&self) -> Duration {

@@ -17,7 +17,7 @@
 //! every watch) or a group per watch (with sharding, where each watch has its own owner).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -31,6 +31,10 @@ use super::sink::{CommitError, classify_commit, is_fenced, needs_new_producer};
 
 /// How long transactional calls may block.
 pub(super) const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long [`Group::send_now`] keeps the producer sending at once: about what the records held
+/// need to leave (librdkafka returns as soon as they are acknowledged).
+const SEND_NOW_FOR: Duration = Duration::from_millis(100);
 
 /// Transactional producers alive in this process (`kube_event_bridge_kafka_producers`).
 pub static PRODUCERS: AtomicU64 = AtomicU64::new(0);
@@ -51,6 +55,8 @@ pub(super) struct Group {
     /// Bumped whenever waiting members should look at the state again.
     changed: watch::Sender<u64>,
     next_member: AtomicU64,
+    /// A [`Group::send_now`] is under way.
+    sending_now: AtomicBool,
 }
 
 /// The open transaction and the members.
@@ -151,6 +157,7 @@ impl Group {
             state: Mutex::new(State::default()),
             changed: watch::channel(0).0,
             next_member: AtomicU64::new(0),
+            sending_now: AtomicBool::new(false),
         }))
     }
 
@@ -189,6 +196,22 @@ impl Group {
 
     fn wake(&self) {
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Has the producer send what it holds now instead of after `linger.ms`: a member's commit is
+    /// due and waits for its events to be acknowledged. librdkafka ignores `linger.ms` while a
+    /// flush runs, so a flush runs, on a blocking thread, until what the producer holds is
+    /// acknowledged or [`SEND_NOW_FOR`] has passed; one at a time for every member.
+    fn send_now(self: &Arc<Self>) {
+        if self.sending_now.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let group = self.clone();
+        tokio::task::spawn_blocking(move || {
+            // Not acknowledged yet is no failure here: the member waits for its deliveries.
+            let _ = group.producer().flush(SEND_NOW_FOR);
+            group.sending_now.store(false, Ordering::Release);
+        });
     }
 
     /// A delivery of transaction `txn` failed: the transaction is doomed (if still open).
@@ -438,6 +461,12 @@ impl Member {
     fn take_outcome(&self) -> Option<Result<(), CommitError>> {
         let mut state = self.group.lock();
         state.members.get_mut(&self.id)?.outcome.take()
+    }
+
+    /// A commit of this member is due and waits for its events in flight: the producer sends
+    /// them now ([`Group::send_now`]).
+    pub(super) fn send_now(&self) {
+        self.group.send_now();
     }
 
     /// Resolves while a transaction this member sent in is doomed.

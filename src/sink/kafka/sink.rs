@@ -428,6 +428,12 @@ impl Transactions for KafkaSink {
         Box::pin(async move { KafkaSink::commit(self).await.map_err(Error::from) })
     }
 
+    fn send_now(&self) {
+        if let Some(m) = &self.member {
+            m.send_now();
+        }
+    }
+
     fn commit_interval(&self) -> Duration {
         Duration::from_millis(self.config.commit_interval_ms)
     }
