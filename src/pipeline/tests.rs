@@ -460,21 +460,22 @@ async fn a_due_commit_has_what_is_in_flight_sent_now_once() {
         status.checkpoint_resource_version().as_deref() == Some("4")
     })
     .await;
-    let book = run.sink.book();
-    assert!(!book.sent_now.is_empty(), "a commit waited for events");
+    let (sent_now, acked) = {
+        let book = run.sink.book();
+        (book.sent_now.clone(), book.acked.len())
+    };
+    assert!(!sent_now.is_empty(), "a commit waited for events");
     assert!(
-        book.sent_now.iter().all(|&unsettled| unsettled > 0),
-        "sent now only with events in flight: {:?}",
-        book.sent_now
+        sent_now.iter().all(|&unsettled| unsettled > 0),
+        "sent now only with events in flight: {sent_now:?}"
     );
     let commits = status.checkpoints.load(Ordering::Relaxed) as usize;
     assert!(
-        book.sent_now.len() <= commits,
+        sent_now.len() <= commits,
         "once per commit: {} calls, {commits} commits",
-        book.sent_now.len()
+        sent_now.len()
     );
-    assert_eq!(book.acked.len(), 4);
-    drop(book);
+    assert_eq!(acked, 4);
     let (_, _, ended) = run.finish().await;
     ended.expect("the pipeline ends cleanly");
 }
