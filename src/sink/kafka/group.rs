@@ -32,8 +32,8 @@ use super::sink::{CommitError, classify_commit, is_fenced, needs_new_producer};
 /// How long transactional calls may block.
 pub(super) const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How long [`Group::send_now`] keeps the producer sending at once: about what the records held
-/// need to leave (librdkafka returns as soon as they are acknowledged).
+/// How long [`Group::send_now`] keeps the producer sending at once: time enough for what it holds
+/// to leave (librdkafka returns as soon as all of it is acknowledged).
 const SEND_NOW_FOR: Duration = Duration::from_millis(100);
 
 /// Transactional producers alive in this process (`kube_event_bridge_kafka_producers`).
@@ -201,7 +201,7 @@ impl Group {
     /// Has the producer send what it holds now instead of after `linger.ms`: a member's commit is
     /// due and waits for its events to be acknowledged. librdkafka ignores `linger.ms` while a
     /// flush runs, so a flush runs, on a blocking thread, until what the producer holds is
-    /// acknowledged or [`SEND_NOW_FOR`] has passed; one at a time for every member.
+    /// acknowledged or [`SEND_NOW_FOR`] has passed; one at a time for all the members.
     fn send_now(self: &Arc<Self>) {
         if self.sending_now.swap(true, Ordering::AcqRel) {
             return;
