@@ -391,7 +391,12 @@ impl Pipeline {
             *st.flight.uids.entry(event.uid.clone()).or_default() += 1;
         }
         self.check_leadership()?;
-        st.flight.push(self.sink.send(event).await);
+        let received = event.received;
+        let pending = self.sink.send(event).await;
+        self.status
+            .send_latency
+            .observe(received.elapsed().as_secs_f64());
+        st.flight.push(pending);
         Ok(())
     }
 

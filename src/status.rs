@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use crate::change::ChangeKind;
 
-/// Upper bounds (seconds) of the latency histograms (read to acknowledged, read to visible).
+/// Upper bounds (seconds) of the latency histograms (read to sent, to acknowledged, to
+/// visible).
 /// Fine below 25 ms, where the acknowledgement latency of a healthy broker lies, and below
 /// 250 ms, where a Kafka commit makes events visible, so their percentiles can be read from the
 /// histograms.
@@ -58,6 +59,9 @@ pub struct Status {
     pub queue_depth: AtomicU64,
     /// From a change being read to the broker's acknowledgement of its event.
     pub latency: Histogram,
+    /// From a change being read to its event being handed to the broker client: the bridge's
+    /// own part of [`Status::latency`].
+    pub send_latency: Histogram,
     /// Kafka transactions only: from a change being read to the commit of the transaction
     /// holding its event, when `read_committed` consumers can see it.
     pub visible_latency: Histogram,

@@ -260,6 +260,13 @@ fn publishing(f: &mut Families) -> fmt::Result {
         MetricType::Histogram,
         |s| Latency::of(&s.latency),
     )?;
+    f.per_watch(
+        "send_latency",
+        "Time from a change being received to its event being handed to the broker client: the bridge's own part of publish_latency (queueing while the in-flight window is full, classification, encoding, waiting for an earlier event of the same object to be acknowledged).",
+        Some(&SECONDS),
+        MetricType::Histogram,
+        |s| Latency::of(&s.send_latency),
+    )?;
     // Only watches that commit transactions observe it.
     f.per_watch_where(
         "visible_latency",
@@ -610,6 +617,9 @@ mod tests {
         for seconds in [0.004, 0.04] {
             busy.visible_latency.observe(seconds);
         }
+        for seconds in [0.0002, 0.0004, 0.003] {
+            busy.send_latency.observe(seconds);
+        }
         busy.set_stall("publish_failing", "broker timed out");
         vec![
             WatchHandle {
@@ -787,6 +797,9 @@ mod tests {
         let sum = value("publish_latency_seconds_sum", PROD);
         assert!((sum - 62.4035).abs() < 1e-6, "{sum}");
         assert_eq!(value("publish_latency_seconds_count", ALL), 0.0);
+        assert_eq!(value("send_latency_seconds_count", PROD), 3.0);
+        let sent = |le: &str| value("send_latency_seconds_bucket", &format!("{PROD},le={le}"));
+        assert_eq!((sent("0.001"), sent("0.005")), (2.0, 3.0));
         // Only a watch that committed transactions has a visibility histogram.
         assert_eq!(value("visible_latency_seconds_count", PROD), 2.0);
         let le = |bound: &str| {
@@ -825,6 +838,7 @@ mod tests {
             ("watch_stalled", "gauge"),
             ("transactions_aborted", "counter"),
             ("publish_latency_seconds", "histogram"),
+            ("send_latency_seconds", "histogram"),
             ("visible_latency_seconds", "histogram"),
             ("queue_depth_events", "gauge"),
             ("watch_restarts", "counter"),

@@ -180,6 +180,26 @@ async fn retries_send_the_same_id_until_the_broker_stores_it() {
     assert!(status.stall().is_none(), "a short failure does not stall");
 }
 
+/// The send histogram times each event once, when the broker client takes it (a retry is not
+/// a second send), before and apart from its acknowledgement.
+#[tokio::test(start_paused = true)]
+async fn the_send_is_timed_once_per_event_as_the_broker_client_takes_it() {
+    let sink = ScriptedSink::new(true, false);
+    sink.script("a", &[Script::Retry, Script::Hold]);
+    let run = Run::start(sink, vec![event("a", "1"), event("b", "1")]);
+    // The retry of a is sent and held; b waits behind it.
+    run.sink.sent(2).await;
+    assert_eq!(sent_ids(&run.sink), [id("a", "1"), id("a", "1")]);
+    assert_eq!(run.status.send_latency.count.load(Ordering::Relaxed), 1);
+    assert_eq!(run.status.latency.count.load(Ordering::Relaxed), 0);
+    run.sink.release();
+    let (sink, status, ended) = run.finish().await;
+    ended.expect("the pipeline ends cleanly");
+    assert_eq!(sink.book().sent.len(), 3, "a twice, b once");
+    assert_eq!(status.send_latency.count.load(Ordering::Relaxed), 2);
+    assert_eq!(status.latency.count.load(Ordering::Relaxed), 2);
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_event_refused_twice_as_too_large_is_published_as_a_truncated_reference() {
     let sink = ScriptedSink::new(true, false);
