@@ -262,7 +262,7 @@ fn publishing(f: &mut Families) -> fmt::Result {
     )?;
     f.per_watch(
         "send_latency",
-        "Time from a change being received to its event being handed to the broker client: the bridge's own part of publish_latency (queueing while the in-flight window is full, classification, encoding, waiting for an earlier event of the same object to be acknowledged).",
+        "Time from a change being received to its event being handed to the broker client: the bridge's own part of publish_latency (queueing while the in-flight window is full or a Kafka commit is due or in progress, classification, encoding, waiting for an earlier event of the same object to be acknowledged).",
         Some(&SECONDS),
         MetricType::Histogram,
         |s| Latency::of(&s.send_latency),
