@@ -17,7 +17,6 @@ pub mod config;
 pub mod crd;
 pub mod discovery;
 pub mod encode;
-pub mod histogram;
 pub mod knative;
 pub mod known;
 pub mod kubernetes;

@@ -29,7 +29,6 @@ use tracing::{info, warn};
 
 use crate::backoff::Backoff;
 use crate::config::{Config, ShardingConfig};
-use crate::histogram::{Bounds, Histogram};
 use crate::kubernetes;
 use crate::leader::{self, Leadership};
 
@@ -200,16 +199,13 @@ pub struct Metrics {
     pub owned: AtomicU64,
     /// Watches given up or lost, by [`Reason`].
     pub handoffs: [AtomicU64; REASONS.len()],
-    /// Claims that took over a watch, by the time it had no owner, as seen here.
-    pub unowned: Histogram<UnownedBounds, { UNOWNED_BUCKETS.len() }>,
-}
-
-/// The bounds of the time-without-owner histogram: [`UNOWNED_BUCKETS`].
-#[derive(Debug)]
-pub struct UnownedBounds;
-
-impl Bounds<{ UNOWNED_BUCKETS.len() }> for UnownedBounds {
-    const BOUNDS: [f64; UNOWNED_BUCKETS.len()] = UNOWNED_BUCKETS;
+    /// Claims that took over a watch: cumulative counts per [`UNOWNED_BUCKETS`] bound of the
+    /// time it had no owner, as seen here.
+    pub unowned_buckets: [AtomicU64; UNOWNED_BUCKETS.len()],
+    /// Sum of those times, in microseconds.
+    pub unowned_sum_micros: AtomicU64,
+    /// Number of those claims.
+    pub unowned_count: AtomicU64,
 }
 
 impl Metrics {
@@ -218,7 +214,15 @@ impl Metrics {
     }
 
     fn unowned(&self, gap: Duration) {
-        self.unowned.observe(gap.as_secs_f64());
+        let secs = gap.as_secs_f64();
+        for (i, bound) in UNOWNED_BUCKETS.iter().enumerate() {
+            if secs <= *bound {
+                self.unowned_buckets[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.unowned_sum_micros
+            .fetch_add(gap.as_micros() as u64, Ordering::Relaxed);
+        self.unowned_count.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -494,9 +498,13 @@ mod tests {
         let m = Metrics::default();
         m.unowned(Duration::from_millis(300));
         m.unowned(Duration::from_secs(12));
-        let counts: Vec<u64> = m.unowned.buckets().iter().map(|(_, n)| *n).collect();
-        assert_eq!(counts, [0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0]);
-        assert_eq!(m.unowned.count(), 2);
+        let counts: Vec<u64> = m
+            .unowned_buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
+        assert_eq!(counts, [0, 0, 1, 1, 1, 1, 1, 2, 2, 2]);
+        assert_eq!(m.unowned_count.load(Ordering::Relaxed), 2);
         m.handoff(Reason::Shutdown);
         assert_eq!(m.handoffs[2].load(Ordering::Relaxed), 1);
     }

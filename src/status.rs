@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::change::ChangeKind;
-use crate::histogram::{self, Bounds};
 
 /// Upper bounds (seconds) of the latency histograms (read to sent, to acknowledged, to
 /// visible).
@@ -224,13 +223,28 @@ impl Status {
     }
 }
 
-/// The bounds of the latency histograms: [`LATENCY_BUCKETS`].
-#[derive(Debug)]
-pub struct LatencyBounds;
-
-impl Bounds<{ LATENCY_BUCKETS.len() }> for LatencyBounds {
-    const BOUNDS: [f64; LATENCY_BUCKETS.len()] = LATENCY_BUCKETS;
+/// A latency histogram over [`LATENCY_BUCKETS`], written by the pipeline and read by the admin
+/// server.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    /// Cumulative counts per [`LATENCY_BUCKETS`] bound.
+    pub buckets: [AtomicU64; LATENCY_BUCKETS.len()],
+    /// Sum of the observations, in microseconds.
+    pub sum_micros: AtomicU64,
+    /// Number of observations.
+    pub count: AtomicU64,
 }
 
-/// A latency histogram, written by the pipeline and read by the admin server.
-pub type Histogram = histogram::Histogram<LatencyBounds, { LATENCY_BUCKETS.len() }>;
+impl Histogram {
+    /// Counts one observation.
+    pub(crate) fn observe(&self, seconds: f64) {
+        for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {
+            if seconds <= *bound {
+                self.buckets[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.sum_micros
+            .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+}

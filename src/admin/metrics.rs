@@ -22,8 +22,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
 
 use super::{NAMESPACE, Role, State};
-use crate::histogram::{Bounds, Histogram};
-use crate::status::{STALL_REASONS, Status};
+use crate::status::{Histogram, LATENCY_BUCKETS, STALL_REASONS, Status};
 use crate::supervisor::WatchHandle;
 
 /// The content type of the `/metrics` document.
@@ -274,7 +273,7 @@ fn publishing(f: &mut Families) -> fmt::Result {
         "Kafka transactions: time from a change being received to the commit of the transaction holding its event, when read_committed consumers see it.",
         Some(&SECONDS),
         MetricType::Histogram,
-        |s| (s.visible_latency.count() > 0).then(|| Latency::of(&s.visible_latency)),
+        |s| (s.visible_latency.count.load(Ordering::Relaxed) > 0).then(|| Latency::of(&s.visible_latency)),
     )?;
     f.per_watch(
         "queue_depth_events",
@@ -377,12 +376,21 @@ fn sharding(f: &mut Families, shard: &crate::shard::Metrics) -> fmt::Result {
     )
 }
 
-/// Sharding's time-without-owner histogram.
+/// Sharding's time-without-owner histogram, from cumulative bucket counts.
 struct Unowned(Latency);
 
 impl Unowned {
     fn of(shard: &crate::shard::Metrics) -> Self {
-        Self(Latency::of(&shard.unowned))
+        let count = shard.unowned_count.load(Ordering::Relaxed);
+        Self(Latency {
+            sum: shard.unowned_sum_micros.load(Ordering::Relaxed) as f64 / 1e6,
+            count,
+            buckets: own_buckets(
+                &crate::shard::UNOWNED_BUCKETS,
+                &shard.unowned_buckets,
+                count,
+            ),
+        })
     }
 }
 
@@ -517,7 +525,7 @@ fn namespace(w: &WatchHandle) -> &str {
     w.namespace.as_deref().unwrap_or("*")
 }
 
-/// A histogram as read at a scrape.
+/// One of a watch's latency histograms, read from its cumulative bucket counts.
 struct Latency {
     sum: f64,
     count: u64,
@@ -526,16 +534,37 @@ struct Latency {
 }
 
 impl Latency {
-    /// The count is the sum of the buckets read, so the exposition stays consistent while
-    /// observations are added.
-    fn of<B: Bounds<N>, const N: usize>(histogram: &Histogram<B, N>) -> Self {
-        let buckets = histogram.buckets();
+    fn of(histogram: &Histogram) -> Self {
+        let count = histogram.count.load(Ordering::Relaxed);
         Self {
-            sum: histogram.sum_seconds(),
-            count: buckets.iter().map(|(_, n)| n).sum(),
-            buckets,
+            sum: histogram.sum_micros.load(Ordering::Relaxed) as f64 / 1e6,
+            count,
+            buckets: own_buckets(&LATENCY_BUCKETS, &histogram.buckets, count),
         }
     }
+}
+
+/// Each bucket's own count (the crate accumulates) from cumulative counts per upper bound, with
+/// the `+Inf` bucket. The atomics are read one by one while they may grow: a bucket never goes
+/// below the one before.
+fn own_buckets(
+    bounds: &[f64],
+    cumulative: &[std::sync::atomic::AtomicU64],
+    count: u64,
+) -> Vec<(f64, u64)> {
+    let mut below = 0;
+    let mut buckets: Vec<(f64, u64)> = bounds
+        .iter()
+        .zip(cumulative)
+        .map(|(bound, cumulative)| {
+            let cumulative = cumulative.load(Ordering::Relaxed);
+            let own = cumulative.saturating_sub(below);
+            below = below.max(cumulative);
+            (*bound, own)
+        })
+        .collect();
+    buckets.push((f64::INFINITY, count.saturating_sub(below)));
+    buckets
 }
 
 impl EncodeMetric for Latency {
@@ -555,7 +584,7 @@ mod tests {
     use std::sync::atomic::Ordering::Relaxed;
 
     use super::*;
-    use crate::status::{LATENCY_BUCKETS, count};
+    use crate::status::count;
 
     /// A watch of deployments in `prod` with known counts, and an idle watch of configmaps.
     fn watches() -> Vec<WatchHandle> {
@@ -862,5 +891,22 @@ mod tests {
             ),
             "{document}"
         );
+    }
+
+    #[test]
+    fn latency_buckets_never_go_below_the_one_before() {
+        // Read while the pipeline adds an observation: a larger bucket not counted yet.
+        let histogram = Histogram::default();
+        histogram.buckets[0].store(3, Relaxed);
+        histogram.buckets[1].store(2, Relaxed);
+        for bucket in &histogram.buckets[2..] {
+            bucket.store(4, Relaxed);
+        }
+        histogram.count.store(4, Relaxed);
+        let latency = Latency::of(&histogram);
+        let own: Vec<u64> = latency.buckets.iter().map(|(_, n)| *n).collect();
+        assert_eq!(own, [3, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(latency.buckets.last().unwrap().0, f64::INFINITY);
+        assert_eq!(latency.count, 4);
     }
 }
