@@ -846,6 +846,20 @@ mod tests {
     }
 
     #[test]
+    fn an_http_urls_query_string_never_appears() {
+        let yaml = format!(
+            "cluster: dev\n{}sink: {{http: {{url: 'https://hooks.example.com/k8s/{{resource}}?code=hunter2'}}}}\ncheckpoint: {{directory: /d}}\n",
+            not_kafka()
+        );
+        let text = doc(&yaml, API).to_string();
+        assert!(text.contains("/k8s/"), "{text}");
+        assert!(
+            !text.contains("hunter2") && !text.contains("code="),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn security_schemes_name_the_mechanism_never_the_secret() {
         let yaml = format!(
             "cluster: dev\n{RESOURCES}sink: {{kafka: {{bootstrapServers: 'a:9093', properties: {{security.protocol: SASL_SSL, sasl.mechanisms: SCRAM-SHA-512, sasl.username: bridge, sasl.password: hunter2}}}}}}\n"

@@ -356,6 +356,10 @@ pub struct KnownObjects {
     dirty: BTreeSet<usize>,
     /// Entries known before a relist and not listed yet.
     relisting: Option<Vec<Bucket>>,
+    /// The uids of `relisting` by the hash of their namespace and name, made at the first new
+    /// uid a relist finds ([`KnownObjects::take_predecessor`]); entries listed since are
+    /// skipped when looked up.
+    relisting_names: Option<HashMap<u64, Vec<Box<str>>>>,
     /// Changes since the last checkpoint, for its journal record.
     changes: Changes,
 }
@@ -368,6 +372,7 @@ impl Default for KnownObjects {
             namespace_ids: HashMap::new(),
             dirty: BTreeSet::new(),
             relisting: None,
+            relisting_names: None,
             changes: Changes::Tracked(HashSet::new()),
         }
     }
@@ -382,6 +387,13 @@ pub fn stable_hash(bytes: &[u8]) -> u64 {
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
     h
+}
+
+/// The hash of an object's namespace and name (in memory only).
+fn name_hash(namespace: Option<&str>, name: &str) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::hash::Hash::hash(&(namespace, name), &mut h);
+    std::hash::Hasher::finish(&h)
 }
 
 /// The bucket of a uid ([`stable_hash`]; it is persisted).
@@ -463,6 +475,7 @@ impl KnownObjects {
     /// known before; [`KnownObjects::finish_relist`] returns the objects that vanished.
     pub fn begin_relist(&mut self) {
         self.abort_relist();
+        self.relisting_names = None;
         let previous = std::mem::replace(&mut self.buckets, vec![Bucket::default(); BUCKETS]);
         self.relisting = Some(previous);
     }
@@ -470,6 +483,7 @@ impl KnownObjects {
     /// Ends a relist: every object known before but not listed, as (uid, entry), sorted by uid so
     /// synthetic deletes come out in a stable order. They are removed from the index.
     pub fn finish_relist(&mut self) -> Vec<(Box<str>, Entry)> {
+        self.relisting_names = None;
         let Some(previous) = self.relisting.take() else {
             return Vec::new();
         };
@@ -491,9 +505,55 @@ impl KnownObjects {
         gone
     }
 
+    /// During a relist, the object known before it under `namespace`/`name` and not listed
+    /// (yet): the predecessor of a new uid listed under that name, deleted and recreated while
+    /// the history was lost. It is taken out of the relist, so it is deleted now, before its
+    /// successor is added, never after it (a compacted topic keyed by name keeps the last record).
+    pub fn take_predecessor(
+        &mut self,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Option<(Box<str>, Entry)> {
+        let previous = self.relisting.as_ref()?;
+        let names = self.relisting_names.get_or_insert_with(|| {
+            let mut names: HashMap<u64, Vec<Box<str>>> = HashMap::new();
+            for bucket in previous {
+                for (uid, slot) in bucket.iter() {
+                    let ns = slot
+                        .namespace
+                        .map(|id| &*self.namespaces[id.get() as usize - 1]);
+                    let key = name_hash(ns, &slot.name);
+                    names.entry(key).or_default().push(uid.as_str().into());
+                }
+            }
+            names
+        });
+        let candidates = names.get(&name_hash(namespace, name))?.clone();
+        for uid in candidates {
+            let b = bucket_of(&uid);
+            let previous = self.relisting.as_mut()?;
+            let Some(slot) = previous[b].get(Key::of(&uid)) else {
+                continue;
+            };
+            let ns = slot
+                .namespace
+                .map(|id| &*self.namespaces[id.get() as usize - 1]);
+            if ns != namespace || slot.name.as_str() != name {
+                continue;
+            }
+            let slot = previous[b].remove(Key::of(&uid))?;
+            self.dirty.insert(b);
+            self.track(&uid);
+            let entry = self.entry(&slot);
+            return Some((uid, entry));
+        }
+        None
+    }
+
     /// Abandons a relist (a failed page): entries not reached are kept, so nothing is deleted
     /// without a complete listing.
     pub fn abort_relist(&mut self) {
+        self.relisting_names = None;
         if let Some(previous) = self.relisting.take() {
             for (b, bucket) in previous.into_iter().enumerate() {
                 let current = &mut self.buckets[b];

@@ -317,10 +317,15 @@ impl Pipeline {
                 .store(rv.parse().unwrap_or(0), Ordering::Relaxed);
             st.position = Some(rv);
         }
-        // The item's budget goes with its event, if it makes one.
+        // Deletes go first (a recreated name's predecessor before its successor); the item's
+        // budget goes with its own event if it makes one, else with the first delete.
         let mut reservation = Some(reservation);
-        for change in step.change.into_iter().chain(step.deletes) {
+        let own = step.change.map(|c| (c, reservation.take()));
+        for change in step.deletes {
             self.publish(change, reservation.take(), st).await?;
+        }
+        if let Some((change, reservation)) = own {
+            self.publish(change, reservation, st).await?;
         }
         Ok(())
     }

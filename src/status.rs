@@ -88,7 +88,7 @@ pub struct Status {
 #[derive(Debug, Clone)]
 pub struct Stall {
     /// Closed-set label (`not_authorized`, `not_found`, `unknown_topic`, `invalid_topic`,
-    /// `publish_failing`, `broker_unavailable`).
+    /// `publish_failing`, `broker_unavailable`, `watch_failing`, `cannot_start`).
     pub reason: &'static str,
     /// The broker's last message.
     pub error: String,
@@ -101,7 +101,7 @@ pub struct Stall {
 pub const STALL_AFTER: Duration = Duration::from_secs(30);
 
 /// Closed set of [`Stall`] reasons, for metrics.
-pub const STALL_REASONS: [&str; 7] = [
+pub const STALL_REASONS: [&str; 8] = [
     "not_authorized",
     "not_found",
     "unknown_topic",
@@ -109,6 +109,7 @@ pub const STALL_REASONS: [&str; 7] = [
     "publish_failing",
     "broker_unavailable",
     "watch_failing",
+    "cannot_start",
 ];
 
 /// Adds one to a counter keyed by a closed-set reason.

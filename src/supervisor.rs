@@ -23,6 +23,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
+use crate::backoff::Backoff;
 use crate::budget::{self, Budget};
 use crate::checkpoint::{self, Checkpoint, Store, WatchKey};
 use crate::config::Config;
@@ -126,6 +127,12 @@ pub(crate) struct Supervisor {
     /// Lease once drained; a claim given up before it started is released at once.
     started: BTreeSet<(String, u64)>,
     running: BTreeMap<String, Running>,
+    /// Desired watches that could not start (their sink, checkpoint store or checkpoint could
+    /// not be opened), each with a status stalled `cannot_start` naming why: readiness, the
+    /// `watch_stalled` metric and the log name them, and they are tried again with backoff.
+    unstarted: BTreeMap<String, WatchHandle>,
+    /// When to try the unstarted watches again, and the backoff to it.
+    retry: Backoff,
     tasks: JoinSet<Finished>,
     generation: u64,
     stop: CancellationToken,
@@ -176,6 +183,8 @@ impl Supervisor {
             shard: parts.shard,
             started: BTreeSet::new(),
             running: BTreeMap::new(),
+            unstarted: BTreeMap::new(),
+            retry: Backoff::default(),
             tasks: JoinSet::new(),
             generation: 0,
             stop: parts.stop,
@@ -246,10 +255,15 @@ impl Supervisor {
     pub async fn run(mut self) -> Result<()> {
         let period = Duration::from_secs(self.config.discovery.refresh_secs);
         let mut next_refresh = tokio::time::Instant::now() + period;
+        let mut next_retry = tokio::time::Instant::now() + self.retry.next_delay();
         loop {
             tokio::select! {
                 biased;
                 () = self.stop.cancelled() => break,
+                () = tokio::time::sleep_until(next_retry), if !self.unstarted.is_empty() => {
+                    self.update(self.resolved.clone()).await;
+                    next_retry = tokio::time::Instant::now() + self.retry.next_delay().min(period);
+                }
                 Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => {
                     if let Some(failure) = self.finished(done) {
                         return Err(failure);
@@ -333,6 +347,7 @@ impl Supervisor {
             }
         }
         let owned = self.owned(&desired);
+        let desired_ids: BTreeSet<String> = desired.keys().cloned().collect();
         let gone: Vec<String> = self
             .running
             .iter()
@@ -368,22 +383,55 @@ impl Supervisor {
             let fresh: Vec<ResolvedResource> = new.iter().map(|((_, r, _), _)| r.clone()).collect();
             self.sink.prepare(&self.config.cluster, &fresh).await?;
         }
-        let opened: Vec<Result<Opened>> = futures::stream::iter(new)
-            .map(|((key, r, ns), ownership)| self.open(key, r, ns, ownership))
+        let opened: Vec<(String, WatchHandle, Result<Opened>)> = futures::stream::iter(new)
+            .map(|((key, r, ns), ownership)| {
+                let id = key.id.clone();
+                let handle = WatchHandle {
+                    resource: r.label(),
+                    namespace: ns.clone(),
+                    status: Arc::new(Status::default()),
+                };
+                let open = self.open(key, r, ns, ownership);
+                async move { (id, handle, open.await) }
+            })
             .buffered(OPEN_AT_ONCE)
             .collect()
             .await;
+        self.unstarted.retain(|id, _| desired_ids.contains(id));
         let mut failure = None;
-        for opened in opened {
+        for (id, handle, opened) in opened {
             match opened {
-                Ok(opened) => self.launch(opened),
-                Err(e) => failure = failure.or(Some(e)),
+                Ok(opened) => {
+                    if self.unstarted.remove(&id).is_some() {
+                        info!(resource = %handle.resource, namespace = handle.namespace.as_deref().unwrap_or("*"), "watch started after failing to");
+                    }
+                    self.launch(opened);
+                }
+                Err(e) => {
+                    self.cannot_start(id, handle, &e);
+                    failure = failure.or(Some(e));
+                }
             }
+        }
+        if self.unstarted.is_empty() {
+            self.retry.reset();
         }
         if let Some(owned) = owned {
             self.release_unstarted(&owned);
         }
         failure.map_or(Ok(()), Err)
+    }
+
+    /// Records a desired watch that could not start: its status is stalled `cannot_start`
+    /// with the error, so `/readyz`, `watch_stalled` and the log name it until it starts.
+    fn cannot_start(&mut self, id: String, handle: WatchHandle, error: &Error) {
+        let chain = error_chain(error);
+        let previous = self.unstarted.remove(&id);
+        let status = previous.map_or(handle.status.clone(), |p| p.status);
+        if status.set_stall("cannot_start", &chain) {
+            error!(resource = %handle.resource, namespace = handle.namespace.as_deref().unwrap_or("*"), error = %chain, "watch cannot start; retrying with backoff");
+        }
+        self.unstarted.insert(id, WatchHandle { status, ..handle });
     }
 
     /// Runs `pipeline` as a task; with sharding, records the claim it runs under (returned) so
@@ -466,7 +514,7 @@ impl Supervisor {
     /// the admin server learns the running watches whatever happened.
     async fn update(&mut self, resources: Vec<ResolvedResource>) {
         if let Err(e) = self.reconcile(resources).await {
-            error!(error = %e, "cannot start a watch; will retry at the next refresh");
+            warn!(error = %e, "not every watch could start; retrying with backoff");
         }
         (self.on_change)(self.handles());
     }
@@ -480,7 +528,8 @@ impl Supervisor {
 
     /// The running watches.
     pub fn handles(&self) -> Vec<WatchHandle> {
-        self.running.values().map(|r| r.handle.clone()).collect()
+        let running = self.running.values().map(|r| r.handle.clone());
+        running.chain(self.unstarted.values().cloned()).collect()
     }
 
     /// Opens what a new watch needs before it runs: its sink and checkpoint store, and the
@@ -605,6 +654,18 @@ impl Supervisor {
             },
         );
     }
+}
+
+/// An error and its causes, on one line.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// A watch ready to start ([`Supervisor::open`]).

@@ -257,10 +257,17 @@ impl TopicReader {
                     }
                     return record(&self.topic, &message).map(Input::Record);
                 }
-                // The end of a partition as it is now (for read_committed: its last stable
-                // offset), which is at or past its end at start.
+                // The end of a partition as it is now. For read_committed that is its last
+                // stable offset, which stops before a transaction still open (another
+                // producer's, or one a dead producer left): records committed after it are not
+                // read yet. Caught up only once reading passed the end the partition had at
+                // start.
                 Err(KafkaError::PartitionEOF(partition)) => {
-                    self.pending.remove(&partition);
+                    let end = self.pending.get(&partition).copied();
+                    let position = self.position(partition);
+                    if end.is_none_or(|end| position.is_none_or(|p| p >= end)) {
+                        self.pending.remove(&partition);
+                    }
                 }
                 Err(source) => {
                     return Err(Error::Receive {
@@ -269,6 +276,17 @@ impl TopicReader {
                     });
                 }
             }
+        }
+    }
+}
+
+impl TopicReader {
+    /// The next offset this reader will read in `partition`, if known.
+    fn position(&self, partition: i32) -> Option<i64> {
+        let positions = self.consumer.position().ok()?;
+        match positions.find_partition(&self.topic, partition)?.offset() {
+            Offset::Offset(n) => Some(n),
+            _ => None,
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The store of current objects: a cheap-to-clone reader ([`Store`]) and the [`Writer`] that
 //! applies the event contract (docs/consumers.md) to every record read.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -196,19 +196,30 @@ struct State {
     forgotten: Forgotten,
 }
 
-/// Uids deleted or replaced, oldest evicted first beyond the capacity.
+/// Uids deleted or replaced, with the newest `sequence` the store had seen of each when it
+/// forgot it, oldest evicted first beyond the capacity. A uid's events up to that sequence are
+/// late duplicates; a newer one is the object coming back into a label selector it had left
+/// (the API server sends `deleted` when an object stops matching, `added` when it matches
+/// again, with the same uid).
 #[derive(Debug, Default)]
 struct Forgotten {
-    set: HashSet<String>,
+    set: HashMap<String, String>,
     order: VecDeque<String>,
     capacity: usize,
 }
 
 impl Forgotten {
-    fn insert(&mut self, uid: String) {
-        if self.capacity == 0 || !self.set.insert(uid.clone()) {
+    fn insert(&mut self, uid: String, sequence: &str) {
+        if self.capacity == 0 {
             return;
         }
+        if let Some(known) = self.set.get_mut(&uid) {
+            if known.as_str() < sequence {
+                *known = sequence.to_string();
+            }
+            return;
+        }
+        self.set.insert(uid.clone(), sequence.to_string());
         self.order.push_back(uid);
         while self.order.len() > self.capacity {
             if let Some(old) = self.order.pop_front() {
@@ -343,11 +354,16 @@ impl Writer {
 
 impl State {
     fn apply_event(&mut self, destination: String, event: Event) -> Outcome {
-        if self.forgotten.set.contains(&event.uid) {
-            return match event.change {
-                ChangeType::Deleted => Outcome::Duplicate,
-                _ => Outcome::Stale,
-            };
+        if let Some(sequence) = self.forgotten.set.get(&event.uid) {
+            match event.change {
+                ChangeType::Deleted => return Outcome::Duplicate,
+                _ if event.sequence <= *sequence => return Outcome::Stale,
+                // Back in the selector it had left: known again.
+                _ => {
+                    self.forgotten.set.remove(&event.uid);
+                    self.forgotten.order.retain(|u| *u != event.uid);
+                }
+            }
         }
         let current = self.by_uid.get(&event.uid).cloned();
         match (event.change, current) {
@@ -365,13 +381,14 @@ impl State {
                     ..object_of(destination, event, Body::Full(Value::Null))
                 };
                 self.remove(&current);
+                self.forgotten.insert(last.uid.clone(), &last.sequence);
                 Outcome::Changed(Change::Deleted {
                     object: Arc::new(last),
                     cause: DeleteCause::Event(origin),
                 })
             }
             (ChangeType::Deleted, None) => {
-                self.forgotten.insert(event.uid);
+                self.forgotten.insert(event.uid, &event.sequence);
                 Outcome::Unknown
             }
             (_, Some(current)) if event.sequence <= current.sequence => {
@@ -403,7 +420,7 @@ impl State {
             && holder.sequence > event.sequence
         {
             // An older incarnation of a name a newer uid already holds.
-            self.forgotten.insert(event.uid);
+            self.forgotten.insert(event.uid, &event.sequence);
             return Outcome::Stale;
         }
         let body = body_of(&event, previous.as_deref());
@@ -451,7 +468,7 @@ impl State {
         if self.by_partition_key.get(&pk) == Some(&object.uid) {
             self.by_partition_key.remove(&pk);
         }
-        self.forgotten.insert(object.uid.clone());
+        self.forgotten.insert(object.uid.clone(), &object.sequence);
     }
 }
 

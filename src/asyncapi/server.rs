@@ -42,6 +42,8 @@ impl Origins {
             Some(a) if !self.0.is_empty() => {
                 let (origin, path) = split_url(&a);
                 let index = self.0.iter().position(|o| o == origin).unwrap_or(0);
+                // The query string may hold a key: it never appears in the document.
+                let path = path.split(['?', '#']).next().unwrap_or(path);
                 (Some(server_id(index)), Some(path.to_string()))
             }
             other => (None, other),

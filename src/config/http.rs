@@ -252,6 +252,10 @@ fn check_extensions(at: &str, extensions: &BTreeMap<String, String>, errors: &mu
 /// Parses a URL template and checks that its renderings are `http(s)` URLs without user
 /// information.
 pub(super) fn parse_url(at: &str, text: &str, errors: &mut Vec<String>) -> Option<Template> {
+    if let Some(problem) = token_before_path(text) {
+        errors.push(format!("{at}: {problem}"));
+        return None;
+    }
     let template = match Template::parse(text) {
         Ok(t) => t,
         Err(e) => {
@@ -275,6 +279,25 @@ pub(super) fn parse_url(at: &str, text: &str, errors: &mut Vec<String>) -> Optio
             None
         }
     }
+}
+
+/// A token in the scheme, user information, host or port of a URL template: whoever can name
+/// an object would choose where its event (and the credentials) go. Tokens may appear in the
+/// path and the query only.
+fn token_before_path(text: &str) -> Option<String> {
+    let authority_end = text
+        .find("://")
+        .map(|i| i + 3)
+        .map(|start| {
+            text[start..]
+                .find(['/', '?', '#'])
+                .map_or(text.len(), |e| start + e)
+        })
+        .unwrap_or_else(|| text.find(['/', '?', '#']).unwrap_or(text.len()));
+    text[..authority_end].contains('{').then(|| {
+        "a template token in the scheme, host or port would let object names choose where          events and credentials go; tokens may appear in the path and query only"
+            .to_string()
+    })
 }
 
 /// Whether `url` is an absolute `http` or `https` URL without user information.
@@ -326,6 +349,18 @@ mod tests {
         ));
         assert!(e.contains("credentials in the URL"), "{e}");
         assert!(!e.contains("hunter2") && !e.contains("secret"), "{e}");
+        for url in [
+            "http://{namespace}.example.com/",
+            "http://example.com:{name}/",
+            "{cluster}://example.com/",
+            "http://{name}@example.com/",
+        ] {
+            let e = invalid(&format!("{BASE}sink: {{http: {{url: '{url}'}}}}\n"));
+            assert!(
+                e.contains("sink.http.url: a template token in the scheme"),
+                "{url}: {e}"
+            );
+        }
         let e = invalid(&format!(
             "{BASE}sink: {{http: {{url: 'http://x/{{nme}}'}}}}\n"
         ));

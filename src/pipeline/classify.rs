@@ -21,7 +21,8 @@ use crate::watch::Item;
 pub(crate) struct Step {
     /// The change to publish, if any.
     pub change: Option<Change>,
-    /// Synthetic deletes found at the end of a list.
+    /// Synthetic deletes: found at the end of a list, or the predecessor of a listed object
+    /// under the same name (published before `change`).
     pub deletes: Vec<Change>,
     /// The resourceVersion the stream has reached, if the item moves it.
     pub position: Option<String>,
@@ -173,8 +174,18 @@ impl Classifier {
         let Some((uid, rv, ns, name)) = identity(&object.metadata) else {
             return Step::default();
         };
+        let mut deletes = Vec::new();
         let kind = match self.known.observe(uid, rv, ns, name, digest) {
-            Seen::New => ChangeKind::Added,
+            Seen::New => {
+                // A name deleted and created again while the history was lost: the old uid's
+                // delete goes first.
+                if let Some(predecessor) = self.known.take_predecessor(ns, name)
+                    && publish
+                {
+                    deletes = self.synthetic_deletes(vec![predecessor]);
+                }
+                ChangeKind::Added
+            }
             Seen::Changed => ChangeKind::Modified,
             Seen::Unchanged => return Step::default(),
             Seen::Touched => {
@@ -191,6 +202,7 @@ impl Classifier {
                 object,
                 observed,
             }),
+            deletes,
             ..Step::default()
         }
     }
@@ -401,6 +413,47 @@ pub(super) mod tests {
             deletes,
             [(ChangeKind::Deleted, Origin::Repaired, "a".into())]
         );
+    }
+
+    #[test]
+    fn a_name_recreated_while_the_history_was_lost_is_deleted_before_it_is_added() {
+        let mut c = classifier(SnapshotPolicy::Initial);
+        list(&mut c, &[("a", "5"), ("b", "6")], "9");
+        c.classify(Item::ListBegin);
+        // `a` was deleted and a new uid created under its name: listed before `b`.
+        let mut successor = object("z", "12", "new");
+        successor.metadata.name = Some("cm-a".into());
+        let step = c.classify(Item::Listed(successor, SystemTime::now()));
+        let order: Vec<Summary> = step
+            .deletes
+            .into_iter()
+            .chain(step.change)
+            .map(summary)
+            .collect();
+        assert_eq!(
+            order,
+            [
+                (ChangeKind::Deleted, Origin::Repaired, "a".into()),
+                (ChangeKind::Added, Origin::Repaired, "z".into()),
+            ]
+        );
+        assert!(c.classify(listed("b", "6")).change.is_none());
+        let end = c.classify(Item::ListEnd("14".into()));
+        assert!(end.deletes.is_empty(), "the predecessor is deleted once");
+        assert_eq!(c.known().len(), 2);
+        assert!(c.known().get("a").is_none());
+    }
+
+    #[test]
+    fn a_name_listed_before_its_old_uid_is_not_a_recreation_of_a_listed_one() {
+        let mut c = classifier(SnapshotPolicy::Initial);
+        list(&mut c, &[("a", "5")], "9");
+        c.classify(Item::ListBegin);
+        // `a` is listed again (unchanged), then a new uid under another name.
+        assert!(c.classify(listed("a", "5")).change.is_none());
+        let step = c.classify(listed("b", "10"));
+        assert!(step.deletes.is_empty());
+        assert!(c.classify(Item::ListEnd("14".into())).deletes.is_empty());
     }
 
     #[test]

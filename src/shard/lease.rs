@@ -116,19 +116,16 @@ pub(crate) struct Seen {
 }
 
 impl Seen {
-    /// A Lease seen for the first time at `now`. Its expiry is judged from local time only
-    /// (how long its resourceVersion stays unchanged), except that a Lease whose renewal is, by
-    /// the wall clock, already older than its duration counts as expired at once: a replica
-    /// starting next to the Leases of replicas gone for long does not wait for them.
+    /// A Lease seen for the first time at `now`. Its expiry is judged from local time only, as
+    /// client-go does: it is valid for a whole duration from now, whatever its renew time says
+    /// (another machine's clock, or ours, may be off by more than a lease duration: a replica
+    /// whose clock runs ahead would otherwise see every live Lease as expired and take it
+    /// without a hand-off).
     pub(crate) fn first(lease: Lease, now: Instant) -> Self {
-        let duration = lease_duration(&lease);
-        let age = renew_age(&lease).unwrap_or_default();
-        let changed_at = if age >= duration {
-            now.checked_sub(duration).unwrap_or(now)
-        } else {
-            now
-        };
-        Self { lease, changed_at }
+        Self {
+            lease,
+            changed_at: now,
+        }
     }
 
     /// Records `lease`, newer than what was seen: the clock restarts when it changed.
@@ -306,6 +303,19 @@ mod tests {
         // Taking a released Lease is not a transition from a holder.
         let again = held_by(&free, "c", d);
         assert_eq!(again.spec.unwrap().lease_transitions, Some(1));
+    }
+
+    #[test]
+    fn a_lease_renewed_long_ago_by_the_wall_clock_is_valid_when_first_seen() {
+        let n = names();
+        let mut lease = n.lease("l", "a", Duration::from_secs(2), None);
+        // Its holder's clock, or ours, is off by an hour.
+        let hour_ago =
+            k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_hours(1);
+        lease.spec.as_mut().unwrap().renew_time = Some(MicroTime(hour_ago));
+        let seen = Seen::first(lease, Instant::now());
+        assert_eq!(seen.holder(), Some("a"), "judged by local observation only");
+        assert_eq!(seen.free_since(), None);
     }
 
     #[test]

@@ -281,6 +281,43 @@ fn cluster_scoped_and_grouped_objects_are_keyed_by_resource_and_group() {
 }
 
 #[test]
+fn an_object_back_in_its_label_selector_returns_and_late_duplicates_stay_out() {
+    let mut w = Writer::new();
+    w.apply(rec(event("a", "u1", 10, Added, "1")));
+    // It stops matching the watch's label selector: the API server sends a delete.
+    w.apply(rec(event("a", "u1", 12, Deleted, "2")));
+    assert!(w.store().is_empty());
+    assert_eq!(
+        w.apply(rec(event("a", "u1", 10, Added, "1"))),
+        Outcome::Stale,
+        "a late duplicate of a version before the delete"
+    );
+    // It matches again, same uid, a newer version.
+    assert!(matches!(
+        w.apply(rec(event("a", "u1", 14, Added, "3"))),
+        Outcome::Changed(_)
+    ));
+    assert_eq!(value_of(&w.store(), "a").as_deref(), Some("3"));
+}
+
+#[test]
+fn a_repaired_delete_older_than_what_the_store_saw_still_keeps_out_what_it_saw() {
+    let mut w = Writer::new();
+    w.apply(rec(event("a", "u1", 10, Added, "1")));
+    w.apply(rec(event("a", "u1", 14, Modified, "2")));
+    // A restart from an older checkpoint repairs with the last version it knew.
+    let mut repaired = event("a", "u1", 10, Deleted, "");
+    repaired.origin = Origin::Repaired;
+    w.apply(rec(repaired));
+    assert_eq!(
+        w.apply(rec(event("a", "u1", 14, Modified, "2"))),
+        Outcome::Stale,
+        "a replay of the version the store saw does not bring it back"
+    );
+    assert!(w.store().is_empty());
+}
+
+#[test]
 fn forgotten_uids_are_bounded() {
     let mut w = Writer::with_forgotten_capacity(2);
     for uid in ["u1", "u2", "u3"] {

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use super::config::{Credentials, client};
@@ -134,11 +134,12 @@ impl HttpSink {
             }
         };
         let (headers, body) = self.message(&event);
-        let Ok(permit) = self.permits.clone().acquire_owned().await else {
-            unreachable!("the semaphore is never closed")
-        };
+        let permit = acquire(&self.permits).await;
         let inner = self.inner.clone();
+        let permits = self.permits.clone();
         let task = tokio::spawn(async move {
+            let origin = url.origin().ascii_serialization();
+            let permit = inner.slot_for(&origin, permit, &permits).await;
             let outcome = inner.deliver(Request { url, headers, body }).await;
             drop(permit);
             outcome
@@ -166,6 +167,9 @@ impl HttpSink {
             headers,
             body: payload.into(),
         };
+        self.inner
+            .wait_for(&request.url.origin().ascii_serialization())
+            .await;
         match self.inner.deliver(request).await {
             Outcome::Acked => Ok(()),
             Outcome::Rejected { error, .. }
@@ -189,10 +193,34 @@ impl HttpSink {
 }
 
 impl Inner {
-    /// Sends one request after any `Retry-After` of its origin, and sorts the answer.
+    /// A request slot for `origin` once no `Retry-After` holds it. A slot is never kept while
+    /// the origin's `Retry-After` runs: the other receivers' requests take the slots meanwhile.
+    async fn slot_for(
+        &self,
+        origin: &str,
+        mut permit: OwnedSemaphorePermit,
+        permits: &Arc<Semaphore>,
+    ) -> OwnedSemaphorePermit {
+        while self.held(origin) {
+            drop(permit);
+            self.wait_for(origin).await;
+            permit = acquire(permits).await;
+        }
+        permit
+    }
+
+    /// Whether a `Retry-After` of `origin` still runs.
+    fn held(&self, origin: &str) -> bool {
+        self.not_before
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(origin)
+            .is_some_and(|until| *until > Instant::now())
+    }
+
+    /// Sends one request (its origin's `Retry-After` has passed) and sorts the answer.
     async fn deliver(&self, request: Request) -> Outcome {
         let origin = request.url.origin().ascii_serialization();
-        self.wait_for(&origin).await;
         let at = shown(request.url.as_str());
         let credential = match self.credentials.current() {
             Ok(c) => c,
@@ -259,6 +287,14 @@ impl Inner {
         let entry = map.entry(origin).or_insert(until);
         *entry = (*entry).max(until);
     }
+}
+
+/// A request slot (the semaphore is never closed).
+async fn acquire(permits: &Arc<Semaphore>) -> OwnedSemaphorePermit {
+    let Ok(permit) = permits.clone().acquire_owned().await else {
+        unreachable!("the semaphore is never closed")
+    };
+    permit
 }
 
 /// Sorts a response status: 2xx acknowledges; 408, 425, 429 and 5xx are retried (the receiver
@@ -521,6 +557,31 @@ mod tests {
             Duration::ZERO,
             "another receiver is not held"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_held_origin_gives_its_request_slot_to_other_receivers() {
+        let inner = sink("").inner.clone();
+        let permits = Arc::new(Semaphore::new(1));
+        inner.hold("http://a:1".into(), Duration::from_secs(120));
+        let first = acquire(&permits).await;
+        let held = {
+            let inner = inner.clone();
+            let permits = permits.clone();
+            tokio::spawn(async move {
+                let start = Instant::now();
+                let _slot = inner.slot_for("http://a:1", first, &permits).await;
+                start.elapsed()
+            })
+        };
+        tokio::task::yield_now().await;
+        // The only slot is free for another receiver at once, while `a` waits out its hold.
+        let start = Instant::now();
+        let other = acquire(&permits).await;
+        let other = inner.slot_for("http://b:1", other, &permits).await;
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        drop(other);
+        assert_eq!(held.await.unwrap(), Duration::from_secs(120));
     }
 
     #[test]

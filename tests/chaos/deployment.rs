@@ -1,0 +1,352 @@
+//! One deployment of the bridge under test: a sink, a mode (one replica, leader election, or
+//! sharding) and its replicas, run from the built binary with their logs kept in the run's
+//! directory. A replica that exits is started again after a second, as the kubelet would.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use crate::workload::Layout;
+
+/// Which sink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Sink {
+    /// Kafka, transactional.
+    Kafka,
+    /// NATS JetStream.
+    Nats,
+    /// HTTP to a receiver of the campaign.
+    Http,
+}
+
+impl Sink {
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Sink::Kafka => "kafka",
+            Sink::Nats => "nats",
+            Sink::Http => "http",
+        }
+    }
+}
+
+/// How the replicas share the work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Mode {
+    /// One replica.
+    Single,
+    /// Two replicas, leader election.
+    Leader,
+    /// Three replicas (two to three while replicas leave and join), sharding.
+    Sharded,
+}
+
+impl Mode {
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Single => "single",
+            Mode::Leader => "leader",
+            Mode::Sharded => "sharded",
+        }
+    }
+
+    /// Replicas at the start.
+    pub fn replicas(self) -> usize {
+        match self {
+            Mode::Single => 1,
+            Mode::Leader => 2,
+            Mode::Sharded => 3,
+        }
+    }
+
+    /// The Lease duration the mode's configuration sets (seconds).
+    pub fn lease_secs(self) -> u64 {
+        match self {
+            Mode::Single => 0,
+            Mode::Leader | Mode::Sharded => 4,
+        }
+    }
+}
+
+/// The Kafka transaction timeout of the campaign's configuration: outages and pauses of the
+/// broker are drawn both shorter and longer than it.
+pub const KAFKA_TRANSACTION_TIMEOUT_SECS: u64 = 10;
+
+/// One replica process.
+pub struct Replica {
+    /// Its number within the deployment (never reused).
+    pub number: usize,
+    child: Option<Child>,
+    /// Its JSON log.
+    pub log: PathBuf,
+    /// Whether it is stopped with SIGSTOP.
+    pub paused: bool,
+    /// Its admin address, once read from the log.
+    admin: Option<String>,
+    /// When the nemesis last stopped, killed or paused it.
+    pub touched: Option<Instant>,
+}
+
+impl Replica {
+    fn start(config: &Path, log: PathBuf, number: usize) -> Replica {
+        let child = Command::new(crate::harness::bin())
+            .args(["--log-format", "json", "run", "--config"])
+            .arg(config)
+            .env("RUST_LOG", "info,kube_event_bridge=debug")
+            .env("POD_NAME", format!("replica-{number}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("start kube-event-bridge");
+        Replica {
+            number,
+            child: Some(child),
+            log,
+            paused: false,
+            admin: None,
+            touched: None,
+        }
+    }
+
+    /// Sends a signal (`KILL`, `STOP`, `CONT`, `TERM`).
+    pub fn signal(&mut self, signal: &str) {
+        if let Some(child) = &self.child {
+            let _ = Command::new("kill")
+                .arg(format!("-{signal}"))
+                .arg(child.id().to_string())
+                .status();
+        }
+        match signal {
+            "STOP" => self.paused = true,
+            "CONT" => self.paused = false,
+            _ => {}
+        }
+        self.touched = Some(Instant::now());
+    }
+
+    /// The exit status, if it exited.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut()?.try_wait().ok().flatten()
+    }
+
+    /// The log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn admin_address(&mut self) -> Option<String> {
+        if self.admin.is_none() {
+            self.admin = self
+                .log_text()
+                .lines()
+                .find(|l| l.contains("\"message\":\"admin server listening\""))
+                .and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .and_then(|v| v["address"].as_str().map(str::to_string));
+        }
+        self.admin.clone()
+    }
+
+    /// `/readyz`: `Some((status, body))`, `None` when it does not answer (paused, gone).
+    pub async fn readyz(&mut self) -> Option<(u16, String)> {
+        if self.paused || self.exited().is_some() {
+            return None;
+        }
+        let address = self.admin_address()?;
+        let get = crate::harness::try_get(&address, "/readyz");
+        tokio::time::timeout(Duration::from_secs(2), get)
+            .await
+            .ok()?
+            .ok()
+    }
+
+    fn count_log(&self, message: &str) -> usize {
+        let needle = format!("\"message\":\"{message}\"");
+        self.log_text()
+            .lines()
+            .filter(|l| l.contains(&needle))
+            .count()
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// One deployment: its configuration and replicas.
+pub struct Deployment {
+    /// `sink/mode`.
+    pub name: String,
+    /// The sink.
+    pub sink: Sink,
+    /// The mode.
+    pub mode: Mode,
+    config: PathBuf,
+    dir: PathBuf,
+    /// Live replicas.
+    pub replicas: Vec<Replica>,
+    /// Replicas gone (killed, left or exited), kept for their logs.
+    pub gone: Vec<Replica>,
+    next: usize,
+    /// Exits nobody caused: (replica, status, last error line).
+    pub unexpected_exits: Vec<(usize, String, String)>,
+}
+
+impl Deployment {
+    /// Writes the configuration into `dir` and starts the mode's replicas. `sink_yaml` is the
+    /// `sink:` section.
+    pub fn start(
+        sink: Sink,
+        mode: Mode,
+        cluster: &str,
+        layout: &Layout,
+        sink_yaml: &str,
+        dir: &Path,
+    ) -> Deployment {
+        std::fs::create_dir_all(dir).expect("deployment directory");
+        let compacted = (sink == Sink::Kafka).then(|| format!("chaos.{cluster}.compacted"));
+        let mut config = format!(
+            "cluster: {cluster}\nkubernetes: {{kubeconfig: \"{}\"}}\n{}{sink_yaml}admin: {{address: \"127.0.0.1:0\"}}\n",
+            crate::support::env().kubeconfig,
+            layout.resources_yaml(compacted.as_deref()),
+        );
+        config.push_str(&checkpoint_yaml(sink, dir));
+        config.push_str(&match mode {
+            Mode::Single => String::new(),
+            Mode::Leader => format!(
+                "leaderElection: {{enabled: true, namespace: default, leaseDurationSecs: {}, retryPeriodSecs: 1}}\n",
+                mode.lease_secs()
+            ),
+            Mode::Sharded => format!(
+                "sharding: {{enabled: true, namespace: default, leaseDurationSecs: {}, renewSecs: 1}}\n",
+                mode.lease_secs()
+            ),
+        });
+        let path = dir.join("bridge.yaml");
+        std::fs::write(&path, config).expect("write config");
+        let mut d = Deployment {
+            name: format!("{}/{}", sink.name(), mode.name()),
+            sink,
+            mode,
+            config: path,
+            dir: dir.to_path_buf(),
+            replicas: Vec::new(),
+            gone: Vec::new(),
+            next: 0,
+            unexpected_exits: Vec::new(),
+        };
+        for _ in 0..mode.replicas() {
+            d.add_replica();
+        }
+        d
+    }
+
+    /// Starts one more replica.
+    pub fn add_replica(&mut self) {
+        let number = self.next;
+        self.next += 1;
+        let log = self.dir.join(format!("replica-{number}.log"));
+        self.replicas
+            .push(Replica::start(&self.config, log, number));
+    }
+
+    /// Waits until the replicas together published the initial state of `watches` watches.
+    pub async fn wait_synced(&mut self, watches: usize, timeout: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let synced: usize = self
+                .replicas
+                .iter()
+                .map(|r| r.count_log("initial state published"))
+                .sum();
+            if synced >= watches {
+                return Ok(());
+            }
+            if let Some(r) = self.replicas.iter_mut().find_map(|r| r.exited().map(|_| r)) {
+                return Err(format!(
+                    "{}: replica {} exited before syncing:\n{}",
+                    self.name,
+                    r.number,
+                    tail(&r.log_text(), 40)
+                ));
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{}: {synced} of {watches} watches synced after {timeout:?}",
+                    self.name
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Restarts replicas that exited on their own (after a second, as the kubelet would) and
+    /// records the exits the nemesis did not cause.
+    pub fn reap(&mut self) {
+        let mut i = 0;
+        while i < self.replicas.len() {
+            let Some(status) = self.replicas[i].exited() else {
+                i += 1;
+                continue;
+            };
+            let r = self.replicas.remove(i);
+            let caused = r.touched.is_some_and(|t| {
+                t.elapsed() < Duration::from_secs(4 * self.mode.lease_secs() + 10)
+            });
+            if !caused {
+                let last_error = r
+                    .log_text()
+                    .lines()
+                    .rev()
+                    .find(|l| l.contains("\"level\":\"ERROR\""))
+                    .unwrap_or_default()
+                    .to_string();
+                self.unexpected_exits
+                    .push((r.number, status.to_string(), last_error));
+            }
+            self.gone.push(r);
+            self.add_replica();
+        }
+    }
+
+    /// Removes replica `index` from the live ones (after the nemesis killed or stopped it).
+    pub fn retire(&mut self, index: usize) {
+        let r = self.replicas.remove(index);
+        self.gone.push(r);
+    }
+
+    /// Log lines of every replica mentioning `needle`, at most `max`, the newest last.
+    pub fn log_lines(&self, needle: &str, max: usize) -> Vec<String> {
+        let mut lines = Vec::new();
+        for r in self.replicas.iter().chain(&self.gone) {
+            for l in r.log_text().lines().filter(|l| l.contains(needle)) {
+                lines.push(format!("replica-{}: {l}", r.number));
+            }
+        }
+        let skip = lines.len().saturating_sub(max);
+        lines.split_off(skip)
+    }
+}
+
+/// The `checkpoint:` section: Kafka and NATS keep checkpoints with their sink; the HTTP
+/// sink's replicas share one directory, as pods sharing a ReadWriteMany volume would.
+fn checkpoint_yaml(sink: Sink, dir: &Path) -> String {
+    match sink {
+        Sink::Http => format!(
+            "checkpoint: {{intervalMs: 200, directory: \"{}\"}}\n",
+            dir.join("checkpoints").display()
+        ),
+        _ => "checkpoint: {intervalMs: 200}\n".to_string(),
+    }
+}
+
+/// The last `n` lines of `text`.
+pub fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}

@@ -1,0 +1,239 @@
+//! Reading what a deployment published, as its consumers would: a `read_committed` Kafka
+//! consumer, a JetStream ordered consumer, or what the HTTP receiver accepted, decoded by the
+//! consumer crate and applied to its store.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kube_event_bridge_consumer::event::{Binding, decode};
+use kube_event_bridge_consumer::{ChangeType, Event, Origin, Record, Writer};
+use rdkafka::Message;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::Headers;
+use tokio::task::JoinHandle;
+
+use crate::history::{Change, KeyedRecord, Seen, WatchKey};
+use crate::receiver::Receiver;
+
+/// Everything received so far.
+pub struct Observed {
+    /// Events in arrival order.
+    pub seen: Vec<Seen>,
+    /// The consumer crate's store, fed every record.
+    pub writer: Writer,
+    /// The records of the compacted topic, in arrival order.
+    pub compacted: Vec<KeyedRecord>,
+    /// When an event with an id not received before last arrived, per watch.
+    pub last_new: HashMap<WatchKey, Instant>,
+    ids: HashSet<String>,
+    started: Instant,
+    /// Records that could not be decoded (an anomaly of their own).
+    pub undecodable: Vec<String>,
+}
+
+impl Observed {
+    fn new(started: Instant) -> Self {
+        Observed {
+            seen: Vec::new(),
+            writer: Writer::new(),
+            compacted: Vec::new(),
+            last_new: HashMap::new(),
+            ids: HashSet::new(),
+            started,
+            undecodable: Vec::new(),
+        }
+    }
+
+    fn event(&mut self, destination: String, event: Event, compacted_key: Option<String>) {
+        if self.ids.insert(event.id.clone()) {
+            let watch = WatchKey {
+                resource: event.resource.clone(),
+                namespace: event.namespace.clone().unwrap_or_default(),
+            };
+            self.last_new.insert(watch, Instant::now());
+        }
+        if let Some(key) = compacted_key {
+            let rv = event.resource_version.parse().unwrap_or_default();
+            self.compacted.push(KeyedRecord {
+                key,
+                value: Some((event.uid.clone(), rv)),
+            });
+        }
+        self.seen.push(Seen {
+            at_ms: self.started.elapsed().as_millis() as u64,
+            id: event.id.clone(),
+            watch: WatchKey {
+                resource: event.resource.clone(),
+                namespace: event.namespace.clone().unwrap_or_default(),
+            },
+            name: event.name.clone(),
+            uid: event.uid.clone(),
+            rv: event.resource_version.parse().unwrap_or_default(),
+            change: match event.change {
+                ChangeType::Added => Change::Added,
+                ChangeType::Modified => Change::Modified,
+                ChangeType::Deleted => Change::Deleted,
+            },
+            repaired: event.origin == Origin::Repaired,
+        });
+        self.writer.apply(Record::Event {
+            destination,
+            event: Box::new(event),
+        });
+    }
+
+    fn tombstone(&mut self, destination: String, key: String, compacted: bool) {
+        if compacted {
+            self.compacted.push(KeyedRecord {
+                key: key.clone(),
+                value: None,
+            });
+        }
+        self.writer.apply(Record::Tombstone { destination, key });
+    }
+
+    /// The store's objects by watch: uid to resourceVersion.
+    pub fn store(&self) -> BTreeMap<WatchKey, BTreeMap<String, u64>> {
+        let mut out: BTreeMap<WatchKey, BTreeMap<String, u64>> = BTreeMap::new();
+        for o in self.writer.store().list() {
+            // The store names a resource `plural.group`; events and watches by its plural.
+            let plural = o.key.resource.split('.').next().unwrap_or_default();
+            let watch = WatchKey {
+                resource: plural.to_string(),
+                namespace: o.key.namespace.clone().unwrap_or_default(),
+            };
+            let rv = o.resource_version.parse().unwrap_or_default();
+            out.entry(watch).or_default().insert(o.uid.clone(), rv);
+        }
+        out
+    }
+}
+
+/// A reader task and what it received.
+pub struct Observer {
+    /// What arrived.
+    pub observed: Arc<Mutex<Observed>>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Observer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Observer {
+    /// Reads `topics` from their start with `read_committed`; records of `compacted` are also
+    /// kept as keyed records.
+    pub fn kafka(topics: Vec<String>, compacted: String, started: Instant) -> Observer {
+        let observed = Arc::new(Mutex::new(Observed::new(started)));
+        let consumer: StreamConsumer =
+            crate::support::kafka_consumer(&crate::support::unique_name("chaos-reader"));
+        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        consumer.subscribe(&names).expect("subscribe");
+        let sink = observed.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok(m) = consumer.recv().await else {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                };
+                let topic = m.topic().to_string();
+                let key = m.key().map(|k| String::from_utf8_lossy(k).into_owned());
+                let in_compacted = topic == compacted;
+                let mut o = sink.lock().unwrap();
+                let Some(payload) = m.payload() else {
+                    o.tombstone(topic, key.unwrap_or_default(), in_compacted);
+                    continue;
+                };
+                let headers: Vec<(&str, &[u8])> = m
+                    .headers()
+                    .map(|h| {
+                        h.iter()
+                            .map(|x| (x.key, x.value.unwrap_or_default()))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                match decode(Binding::Kafka, headers, payload) {
+                    Ok(e) => o.event(topic, e, key.filter(|_| in_compacted)),
+                    Err(e) => o.undecodable.push(format!("{topic}: {e}")),
+                }
+            }
+        });
+        Observer { observed, task }
+    }
+
+    /// Reads the JetStream stream `stream` from its start with an ordered consumer.
+    pub fn nats(js: async_nats::jetstream::Context, stream: String, started: Instant) -> Observer {
+        let observed = Arc::new(Mutex::new(Observed::new(started)));
+        let sink = observed.clone();
+        let task = tokio::spawn(async move {
+            let stream = loop {
+                match js.get_stream(&stream).await {
+                    Ok(s) => break s,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                }
+            };
+            let config = async_nats::jetstream::consumer::pull::OrderedConfig::default();
+            let consumer = stream
+                .create_consumer(config)
+                .await
+                .expect("ordered consumer");
+            let mut messages = consumer.messages().await.expect("consumer messages");
+            while let Some(m) = messages.next().await {
+                let Ok(m) = m else {
+                    continue;
+                };
+                let pairs: Vec<(&str, &[u8])> = m
+                    .headers
+                    .iter()
+                    .flat_map(|h| h.iter())
+                    .filter_map(|(k, v)| Some((k.as_ref(), v.first()?.as_str().as_bytes())))
+                    .collect();
+                let decoded = decode(Binding::Nats, pairs, &m.payload);
+                let mut o = sink.lock().unwrap();
+                match decoded {
+                    Ok(e) => o.event(m.subject.to_string(), e, None),
+                    Err(e) => o.undecodable.push(format!("{}: {e}", m.subject)),
+                }
+            }
+        });
+        Observer { observed, task }
+    }
+
+    /// Follows what `receiver` accepted.
+    pub fn http(receiver: Receiver, started: Instant) -> Observer {
+        let observed = Arc::new(Mutex::new(Observed::new(started)));
+        let sink = observed.clone();
+        let task = tokio::spawn(async move {
+            let mut next = 0;
+            loop {
+                let Some(r) = receiver.accepted_at(next) else {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                };
+                next += 1;
+                let body = match r.event.data() {
+                    Some(cloudevents::Data::Json(v)) => serde_json::to_vec(v).unwrap_or_default(),
+                    Some(cloudevents::Data::String(s)) => s.clone().into_bytes(),
+                    Some(cloudevents::Data::Binary(b)) => b.clone(),
+                    None => b"null".to_vec(),
+                };
+                let pairs: Vec<(&str, &[u8])> = r
+                    .headers
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_bytes()))
+                    .collect();
+                let decoded = decode(Binding::Nats, pairs, &body);
+                let mut o = sink.lock().unwrap();
+                match decoded {
+                    Ok(e) => o.event(r.destination.clone(), e, None),
+                    Err(e) => o.undecodable.push(format!("{}: {e}", r.destination)),
+                }
+            }
+        });
+        Observer { observed, task }
+    }
+}
