@@ -73,6 +73,25 @@ pub enum Error {
     Panicked(#[source] tokio::task::JoinError),
 }
 
+impl Error {
+    /// Whether a watch failing to open with this error may open later (its broker or store
+    /// unreachable for now): it is then retried and named in readiness instead of failing the
+    /// start. A checkpoint of another cluster or a misconfigured checkpoint topic fail it.
+    fn is_transient(&self) -> bool {
+        let transient = |e: &checkpoint::Error| {
+            matches!(
+                e,
+                checkpoint::Error::Store { .. } | checkpoint::Error::Aborted { .. }
+            )
+        };
+        match self {
+            Error::Stores(stores::Error::Checkpoint(e)) | Error::Checkpoint(e) => transient(e),
+            Error::Stores(stores::Error::Sink(_)) => true,
+            _ => false,
+        }
+    }
+}
+
 /// A `Result` with this module's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -409,7 +428,9 @@ impl Supervisor {
                 }
                 Err(e) => {
                     self.cannot_start(id, handle, &e);
-                    failure = failure.or(Some(e));
+                    if !e.is_transient() {
+                        failure = failure.or(Some(e));
+                    }
                 }
             }
         }

@@ -120,13 +120,29 @@ fn check_promises(
             }
             continue;
         }
-        for w in writes {
-            if let Some(anomaly) = check_one_promise(w, seen) {
+        for w in &writes {
+            if let Some(mut anomaly) = check_one_promise(w, seen) {
+                anomaly
+                    .detail
+                    .push_str(&format!("; {}", story(&writes, seen)));
                 anomalies.push(anomaly);
             }
         }
     }
     anomalies
+}
+
+/// The object's writes and events, for a report: `rv:op:visible` and `id[:repaired]`.
+fn story(writes: &[&Write], seen: &[&Seen]) -> String {
+    let writes: Vec<String> = writes
+        .iter()
+        .map(|w| format!("{}:{:?}:{}", w.rv, w.op, w.visible))
+        .collect();
+    let seen: Vec<String> = seen
+        .iter()
+        .map(|s| format!("{}{}", s.id, if s.repaired { ":repaired" } else { "" }))
+        .collect();
+    format!("writes {writes:?}, events {seen:?}")
 }
 
 /// Whether the promise of one write was kept.
@@ -135,10 +151,16 @@ fn check_one_promise(w: &Write, seen: &[&Seen]) -> Option<Anomaly> {
     let repaired_delete = seen
         .iter()
         .any(|s| s.repaired && s.change == Change::Deleted);
+    let next = seen
+        .iter()
+        .filter(|s| s.rv > w.rv)
+        .min_by_key(|s| (s.rv, s.at_ms));
     if delete {
         // A delete answered with a Status has no known resourceVersion (0): any later delete
-        // of the uid keeps it.
+        // of the uid keeps it. A departure from a label selector superseded (the object came
+        // back) while the history was lost is excused like any version.
         let kept = repaired_delete
+            || next.is_some_and(|n| n.repaired)
             || seen
                 .iter()
                 .any(|s| s.change == Change::Deleted && (s.rv == w.rv || w.rv == 0));
@@ -159,10 +181,6 @@ fn check_one_promise(w: &Write, seen: &[&Seen]) -> Option<Anomaly> {
     {
         return None;
     }
-    let next = seen
-        .iter()
-        .filter(|s| s.rv > w.rv)
-        .min_by_key(|s| (s.rv, s.at_ms));
     let excused = match next {
         Some(next) => next.repaired,
         None => repaired_delete,
@@ -478,6 +496,44 @@ mod tests {
             ..Evidence::default()
         };
         assert_eq!(kinds(&evidence), vec!["lost-delete", "store-differs"]);
+    }
+
+    #[test]
+    fn a_selector_departure_superseded_before_a_relist_is_excused() {
+        let mut leave = write("a", 2, Op::Update);
+        leave.visible = false;
+        let mut back = write("a", 3, Op::Update);
+        back.was_visible = false;
+        let mut evidence = Evidence {
+            writes: vec![write("a", 1, Op::Create), leave, back],
+            seen: vec![
+                seen("a", 1, Change::Added, false),
+                seen("a", 3, Change::Added, false),
+            ],
+            live: live(&[("a", 3)]),
+            store: live(&[("a", 3)]),
+            ..Evidence::default()
+        };
+        assert_eq!(kinds(&evidence), vec!["lost-delete"]);
+        evidence.seen[1].repaired = true;
+        assert_eq!(kinds(&evidence), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn a_delete_answered_without_its_version_is_kept_by_any_later_delete() {
+        let mut gone = write("a", 0, Op::Delete);
+        gone.at_ms = 9;
+        let evidence = Evidence {
+            writes: vec![write("a", 1, Op::Create), gone],
+            seen: vec![
+                seen("a", 1, Change::Added, false),
+                seen("a", 7, Change::Deleted, false),
+            ],
+            live: live(&[]),
+            store: live(&[]),
+            ..Evidence::default()
+        };
+        assert_eq!(kinds(&evidence), Vec::<&str>::new());
     }
 
     #[test]

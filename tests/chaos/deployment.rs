@@ -90,7 +90,9 @@ pub struct Replica {
 
 impl Replica {
     fn start(config: &Path, log: PathBuf, number: usize) -> Replica {
-        let child = Command::new(crate::harness::bin())
+        // `KEB_CHAOS_BIN` runs another build (a copy, so that rebuilding meanwhile is safe).
+        let bin = std::env::var("KEB_CHAOS_BIN").unwrap_or_else(|_| crate::harness::bin().into());
+        let child = Command::new(bin)
             .args(["--log-format", "json", "run", "--config"])
             .arg(config)
             .env("RUST_LOG", "info,kube_event_bridge=debug")
@@ -195,6 +197,8 @@ pub struct Deployment {
     next: usize,
     /// Exits nobody caused: (replica, status, last error line).
     pub unexpected_exits: Vec<(usize, String, String)>,
+    /// Exits by design (a leader that lost its Lease): (replica, last line).
+    pub designed_exits: Vec<(usize, String)>,
 }
 
 impl Deployment {
@@ -239,6 +243,7 @@ impl Deployment {
             gone: Vec::new(),
             next: 0,
             unexpected_exits: Vec::new(),
+            designed_exits: Vec::new(),
         };
         for _ in 0..mode.replicas() {
             d.add_replica();
@@ -298,7 +303,19 @@ impl Deployment {
             let caused = r.touched.is_some_and(|t| {
                 t.elapsed() < Duration::from_secs(4 * self.mode.lease_secs() + 10)
             });
-            if !caused {
+            let last_line = r
+                .log_text()
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or_default()
+                .to_string();
+            // A leader that could not renew its Lease exits by design (docs/guarantees.md): the
+            // restart waits as a follower.
+            let designed = last_line.contains("leadership lost");
+            if designed {
+                self.designed_exits.push((r.number, last_line));
+            } else if !caused {
                 let last_error = r
                     .log_text()
                     .lines()

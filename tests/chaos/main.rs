@@ -6,7 +6,8 @@
 //! Settings come from the environment (`scripts/chaos` sets them from its arguments):
 //! `KEB_CHAOS_SECONDS` (default 300), `KEB_CHAOS_SEED` (default: from the clock, printed),
 //! `KEB_CHAOS_SINKS` (`kafka,nats,http`), `KEB_CHAOS_MODES` (`single,leader,sharded`),
-//! `KEB_CHAOS_DIR` (where the report and the bridges' logs go; default `target/chaos`).
+//! `KEB_CHAOS_DIR` (where the report and the bridges' logs go; default `target/chaos`),
+//! `KEB_CHAOS_BIN` (the bridge binary; default the one cargo built).
 //! Any anomaly fails the run.
 
 mod checker;

@@ -48,6 +48,8 @@ pub struct RoundReport {
     pub anomalies: Vec<Found>,
     /// Seconds from healing to quiescence, per deployment (`None`: never quiescent).
     pub settled_secs: BTreeMap<String, Option<f64>>,
+    /// Replicas that exited by design (a leader that lost its Lease), per deployment.
+    pub designed_exits: BTreeMap<String, usize>,
 }
 
 /// An anomaly of one deployment, with the bridge's log lines about it.
@@ -193,6 +195,10 @@ pub async fn run(
             .iter()
             .zip(&settled.secs)
             .map(|(d, s)| (d.name.clone(), *s))
+            .collect(),
+        designed_exits: deployments
+            .iter()
+            .map(|d| (d.name.clone(), d.designed_exits.len()))
             .collect(),
     }
 }
