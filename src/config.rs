@@ -25,8 +25,8 @@ mod sink;
 mod validate;
 
 pub use file::{
-    AdminConfig, CheckpointConfig, ConfigFile, DeliveryConfig, DiscoveryConfig, HeartbeatConfig,
-    KubernetesConfig, LeaderElectionConfig, ShardingConfig, SnapshotPolicy,
+    AdminConfig, CheckpointConfig, CheckpointNats, ConfigFile, DeliveryConfig, DiscoveryConfig,
+    HeartbeatConfig, KubernetesConfig, LeaderElectionConfig, ShardingConfig, SnapshotPolicy,
 };
 pub use http::{Environment, HttpConfig, HttpCredentials, K_CE_OVERRIDES, K_SINK, check_url};
 pub use limits::{
@@ -108,8 +108,9 @@ impl Config {
     /// directory, which the http sink requires);
     /// they are then tied to the cluster's identity (the uid of namespace `kube-system`).
     pub fn keeps_checkpoints(&self) -> bool {
-        self.checkpoint.enabled
-            && !(matches!(self.sink, Sink::Stdout) && self.checkpoint.directory.is_none())
+        let c = &self.checkpoint;
+        c.enabled
+            && !(matches!(self.sink, Sink::Stdout) && c.directory.is_none() && c.nats.is_none())
     }
 
     /// Whether the bridge reads the cluster's identity (the uid of namespace `kube-system`) at

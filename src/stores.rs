@@ -70,11 +70,29 @@ impl Stores {
                 cluster_uid,
             });
         };
+        let kind = if let Some(n) = &c.nats {
+            // A bucket every replica reaches, apart from a sink without a store of its own.
+            let client = crate::sink::nats::connect_client(&n.url, &n.credentials).await?;
+            let js = async_nats::jetstream::new(client);
+            StoresKind::Nats(checkpoint::nats_bucket(&js, &c.nats_bucket).await?)
+        } else {
+            Self::sink_store(config, shared).await?
+        };
+        Ok(Stores {
+            kind,
+            cluster: Some(cluster),
+            cluster_uid,
+        })
+    }
+
+    /// The checkpoint store the sink offers: its Kafka topic, its JetStream bucket, or files.
+    async fn sink_store(config: &Config, shared: &Arc<AnySink>) -> Result<StoresKind> {
+        let c = &config.checkpoint;
         let store_err = |store: &'static str, e: &dyn std::fmt::Display| checkpoint::Error::Store {
             store,
             message: e.to_string(),
         };
-        let kind = match shared.checkpoints() {
+        Ok(match shared.checkpoints() {
             Checkpoints::KafkaTopic(k) => {
                 checkpoint::kafka::ensure_topic(k.consumer_config(), &c.kafka_topic).await?;
                 StoresKind::Kafka {
@@ -97,11 +115,6 @@ impl Stores {
                     .map_err(|e| store_err("file", &format!("{}: {e}", dir.display())))?;
                 StoresKind::Files(dir)
             }
-        };
-        Ok(Stores {
-            kind,
-            cluster: Some(cluster),
-            cluster_uid,
         })
     }
 

@@ -12,7 +12,7 @@ use super::limits::{
     SHARD_LEASE_DURATION_SECS, SHARD_RENEW_SECS, SHUTDOWN_DELAY_SECS, SHUTDOWN_GRACE_SECS,
 };
 use super::resource::{EventFormat, ResourceConfig, default_true};
-use super::sink::SinkConfig;
+use super::sink::{NatsCredentials, SinkConfig};
 
 /// The configuration file as written (camelCase keys, unknown keys rejected).
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
@@ -266,9 +266,13 @@ pub struct CheckpointConfig {
     /// NATS: the JetStream KV bucket holding checkpoints (created if missing).
     #[serde(default = "default_checkpoint_bucket")]
     pub nats_bucket: String,
-    /// stdout and http: a directory for checkpoint files; omitted, the stdout sink keeps no
-    /// checkpoint, and the http sink refuses to start while checkpoints are enabled.
+    /// stdout and http: a directory for checkpoint files, local to one replica; omitted (and
+    /// without `nats`), the stdout sink keeps no checkpoint, and the http sink refuses to start
+    /// while checkpoints are enabled.
     pub directory: Option<PathBuf>,
+    /// stdout and http: a JetStream key-value bucket (`natsBucket`) on this NATS server for the
+    /// checkpoints, which every replica reaches (leader election and sharding need one).
+    pub nats: Option<CheckpointNats>,
     /// How often a busy watch saves progress. Default 500 ms: a crash replays at most about that
     /// much; each save of a Kafka watch commits a transaction.
     #[serde(default = "default_checkpoint_interval_ms")]
@@ -283,9 +287,21 @@ impl Default for CheckpointConfig {
             kafka_topic: default_checkpoint_topic(),
             nats_bucket: default_checkpoint_bucket(),
             directory: None,
+            nats: None,
             interval_ms: default_checkpoint_interval_ms(),
         }
     }
+}
+
+/// A NATS server with JetStream holding the checkpoints of a sink that has no store of its own.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CheckpointNats {
+    /// Server URL (`nats://host:4222`, `tls://...`; several separated by commas).
+    pub url: String,
+    /// How to authenticate, as for `sink.nats.credentials`.
+    #[serde(default)]
+    pub credentials: NatsCredentials,
 }
 
 fn default_checkpoint_topic() -> String {

@@ -132,21 +132,59 @@ impl ConfigFile {
     }
 
     /// Checkpoints need acknowledgements (JetStream, not core NATS); the stdout and HTTP sinks
-    /// keep them in files, and the HTTP sink needs the directory for them.
+    /// keep them in files or in a NATS key-value bucket, and the HTTP sink needs one of them.
+    /// Replicas (leader election, sharding) need a store every replica reaches: a directory is
+    /// each pod's own, so a new owner would start from nothing.
     fn check_checkpoint(&self, sink: Option<&Sink>, errors: &mut Vec<String>) {
         let c = &self.checkpoint;
-        if c.enabled {
-            match sink {
-                Some(Sink::Nats { config, .. }) if config.jetstream.is_none() => errors.push(
-                    "checkpoint.enabled: core NATS has no acknowledgements to checkpoint; set sink.nats.jetstream or checkpoint.enabled: false".into(),
-                ),
-                Some(Sink::Kafka { .. } | Sink::Nats { .. }) if c.directory.is_some() => {
-                    errors.push("checkpoint.directory: only the stdout and http sinks keep checkpoint files".into())
-                }
-                Some(Sink::Http { .. }) if c.directory.is_none() => errors.push(
-                    "checkpoint.directory: the http sink keeps its checkpoints in files; set a directory on a persistent volume, or checkpoint.enabled: false (every start then lists and sends every object again)".into(),
-                ),
-                _ => {}
+        if !c.enabled {
+            return;
+        }
+        let own_store = matches!(sink, Some(Sink::Kafka { .. } | Sink::Nats { .. }));
+        match sink {
+            Some(Sink::Nats { config, .. }) if config.jetstream.is_none() => errors.push(
+                "checkpoint.enabled: core NATS has no acknowledgements to checkpoint; set sink.nats.jetstream or checkpoint.enabled: false".into(),
+            ),
+            _ if own_store && c.directory.is_some() => {
+                errors.push("checkpoint.directory: only the stdout and http sinks keep checkpoint files".into())
+            }
+            _ if own_store && c.nats.is_some() => errors.push(
+                "checkpoint.nats: only the stdout and http sinks keep checkpoints apart from their broker".into(),
+            ),
+            Some(Sink::Http { .. }) if c.directory.is_none() && c.nats.is_none() => errors.push(
+                "checkpoint.directory, checkpoint.nats: the http sink needs a checkpoint store; set nats (a JetStream key-value bucket every replica reaches) or a directory on a persistent volume, or checkpoint.enabled: false (every start then lists and sends every object again)".into(),
+            ),
+            _ => {}
+        }
+        if c.directory.is_some() && c.nats.is_some() {
+            errors
+                .push("checkpoint.directory, checkpoint.nats: choose one checkpoint store".into());
+        }
+        let replicas = if self.leader_election.enabled {
+            Some("leaderElection.enabled")
+        } else if self.sharding.enabled {
+            Some("sharding.enabled")
+        } else {
+            None
+        };
+        if let (Some(field), Some(_)) = (replicas, &c.directory) {
+            errors.push(format!(
+                "checkpoint.directory, {field}: each replica has a directory of its own, so the next owner of a watch would start from nothing and lose the changes made meanwhile; use checkpoint.nats, a key-value bucket every replica reaches"
+            ));
+        }
+        if let Some(n) = &c.nats {
+            if n.url.trim().is_empty() {
+                errors.push("checkpoint.nats.url: must not be empty".into());
+            }
+            let cr = &n.credentials;
+            if cr.password_file.is_some() != cr.user.is_some() {
+                errors.push(
+                    "checkpoint.nats.credentials: user and passwordFile must be given together"
+                        .into(),
+                );
+            }
+            if cr.tls_cert_file.is_some() != cr.tls_key_file.is_some() {
+                errors.push("checkpoint.nats.credentials: tlsCertFile and tlsKeyFile must be given together".into());
             }
         }
     }
@@ -297,6 +335,48 @@ mod tests {
         ] {
             assert!(e.contains(needle), "missing {needle:?} in {e}");
         }
+    }
+
+    #[test]
+    fn a_checkpoint_directory_is_refused_with_replicas_and_a_shared_bucket_is_taken() {
+        const HTTP: &str = "cluster: dev\nresources: [{apiVersion: v1, resource: pods}]\nsink: {http: {url: 'http://r/'}}\n";
+        for (replicas, field) in [
+            ("leaderElection: {enabled: true}", "leaderElection.enabled"),
+            ("sharding: {enabled: true}", "sharding.enabled"),
+        ] {
+            let e = invalid(&format!(
+                "{HTTP}{replicas}\ncheckpoint: {{directory: /var/lib/keb}}\n"
+            ));
+            assert!(
+                e.contains(&format!(
+                    "checkpoint.directory, {field}: each replica has a directory of its own"
+                )),
+                "{e}"
+            );
+            let ok = format!("{HTTP}{replicas}\ncheckpoint: {{nats: {{url: 'nats://n:4222'}}}}\n");
+            let cfg = ConfigFile::parse(&ok).unwrap().validate().unwrap();
+            assert!(cfg.keeps_checkpoints());
+        }
+        let e = invalid(&format!("{HTTP}checkpoint: {{intervalMs: 100}}\n"));
+        assert!(e.contains("the http sink needs a checkpoint store"), "{e}");
+        let e = invalid(&format!(
+            "{HTTP}checkpoint: {{directory: /d, nats: {{url: 'nats://n', credentials: {{user: u}}}}}}\n"
+        ));
+        assert!(
+            e.contains("checkpoint.directory, checkpoint.nats: choose one"),
+            "{e}"
+        );
+        assert!(
+            e.contains("checkpoint.nats.credentials: user and passwordFile"),
+            "{e}"
+        );
+        let e = invalid(
+            "cluster: dev\nresources: [{apiVersion: v1, resource: pods}]\nsink: {kafka: {bootstrapServers: 'k:9092'}}\ncheckpoint: {nats: {url: 'nats://n'}}\n",
+        );
+        assert!(
+            e.contains("checkpoint.nats: only the stdout and http sinks"),
+            "{e}"
+        );
     }
 
     #[test]

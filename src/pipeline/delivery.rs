@@ -139,7 +139,7 @@ impl Pipeline {
         if transactional && !matches!(delivered.outcome, Outcome::Acked) {
             return self.restart_transaction(Some(delivered), st).await;
         }
-        let Delivered { event, outcome } = self.retry_until_settled(delivered, st).await;
+        let Delivered { event, outcome } = self.retry_until_settled(delivered, st).await?;
         st.flight.settled(&event.uid);
         match outcome {
             Outcome::Acked => {
@@ -171,7 +171,13 @@ impl Pipeline {
     /// unchanged, so a copy the broker did store is recognised as a duplicate. An event too large
     /// for the broker is sent once more as a reference, marked truncated; a refusal of every
     /// event (authorization, a missing topic) pauses and stalls the watch until it is fixed.
-    async fn retry_until_settled(&self, mut delivered: Delivered, st: &mut State) -> Delivered {
+    /// Ownership is checked before every attempt: a replica paused past its Lease never sends
+    /// again from here (an HTTP receiver has no fencing of its own).
+    async fn retry_until_settled(
+        &self,
+        mut delivered: Delivered,
+        st: &mut State,
+    ) -> Result<Delivered> {
         // A broker refuses a whole batch when one record in it is too large: an event is cut to
         // a reference only when it is refused as too large a second time, alone.
         let mut too_large = 0;
@@ -202,9 +208,10 @@ impl Pipeline {
                     }
                     Duration::ZERO
                 }
-                _ => return delivered,
+                _ => return Ok(delivered),
             };
             tokio::time::sleep(delay).await;
+            self.check_leadership()?;
             delivered = self.sink.send(delivered.event).await.await;
         }
     }
@@ -323,6 +330,7 @@ impl Pipeline {
             "a delivery failed inside the kafka transaction: aborting it and sending its events again"
         );
         tokio::time::sleep(delay).await;
+        self.check_leadership()?;
         for event in resend {
             st.flight.push(self.sink.send(event).await);
         }
@@ -350,6 +358,7 @@ impl Pipeline {
         warn!(error = %error, events = st.flight.held.len(), retry_in_ms = delay.as_millis() as u64, "kafka transaction did not commit: aborting it and sending its events again");
         tokio::time::sleep(delay).await;
         self.recover_transaction(st).await?;
+        self.check_leadership()?;
         for event in st.flight.take_held() {
             st.flight.push(self.sink.send(event).await);
         }

@@ -15,6 +15,7 @@ use crate::change::ChangeKind;
 use crate::checkpoint::{Backend, FileStore, Store, WatchKey};
 use crate::config::SnapshotPolicy;
 use crate::encode::tests::configmaps;
+use crate::leader::Leadership;
 use crate::sink::AnySink;
 use crate::sink::scripted::{Script, ScriptedSink};
 use crate::watch::Item;
@@ -62,6 +63,17 @@ impl Run {
         store: Store,
         checkpoint_interval: Duration,
     ) -> Self {
+        Self::start_full(sink, items, store, checkpoint_interval, None)
+    }
+
+    /// Like [`Run::start_with`], publishing only while `leadership` is valid.
+    fn start_full(
+        sink: ScriptedSink,
+        items: Vec<Item>,
+        store: Store,
+        checkpoint_interval: Duration,
+        leadership: Option<Leadership>,
+    ) -> Self {
         let sink = Arc::new(sink);
         let status = Arc::new(Status::default());
         let pipeline = Pipeline {
@@ -74,7 +86,7 @@ impl Run {
             resume: None,
             snapshot: SnapshotPolicy::Initial,
             checkpoint_interval,
-            leadership: None,
+            leadership,
             heartbeat: None,
         };
         let (tx, rx) = mpsc::channel(items.len().max(1));
@@ -178,6 +190,36 @@ async fn retries_send_the_same_id_until_the_broker_stores_it() {
     assert_eq!(status.retried.load(Ordering::Relaxed), 2);
     assert_eq!(published(&status), 2);
     assert!(status.stall().is_none(), "a short failure does not stall");
+}
+
+/// A replica whose Lease lapsed while it waited to send an event again sends nothing more:
+/// ownership is checked before every retry, not only before the first send.
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_the_lease_lapsed_sends_nothing() {
+    let sink = ScriptedSink::new(true, false);
+    sink.script("a", &[Script::Retry, Script::Retry, Script::Retry]);
+    let leadership = Leadership::unrenewed();
+    leadership.renewed(Duration::from_secs(3600), std::time::Instant::now());
+    let store = Store::new(Backend::Memory);
+    let items = vec![event("a", "1")];
+    let run = Run::start_full(
+        sink,
+        items,
+        store,
+        Duration::from_secs(1),
+        Some(leadership.clone()),
+    );
+    until("the first send failed", || {
+        run.status.retried.load(Ordering::Relaxed) >= 1
+    })
+    .await;
+    leadership.lose();
+    let (sink, _, ended) = run.finish().await;
+    assert!(
+        matches!(ended, Err(Error::LeadershipLost { .. })),
+        "{ended:?}"
+    );
+    assert_eq!(sent_ids(&sink), [id("a", "1")], "no retry after the lapse");
 }
 
 /// The send histogram times each event once, when the broker client takes it (a retry is not

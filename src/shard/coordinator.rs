@@ -35,6 +35,11 @@ struct Held {
     keep_until: Instant,
 }
 
+/// How long a starting replica watches the member Leases before its first claims, at most (and
+/// at most one renewal period): the member Leases of replicas started together are written
+/// within it.
+const MEMBERS_SETTLE: Duration = Duration::from_secs(2);
+
 /// Stale Leases deleted per renewal period at most.
 const STALE_PER_RENEWAL: usize = 16;
 
@@ -67,6 +72,10 @@ pub(super) struct Coordinator {
     member: Option<Lease>,
     /// Waiting for the next reconciliation ([`Command::Settled`]).
     settled: Vec<oneshot::Sender<()>>,
+    /// No claim before then: replicas started together see each other's member Leases first,
+    /// so each claims its fair share at once instead of the first claiming everything, listing
+    /// it, and giving two thirds away at the next rebalance.
+    claim_after: tokio::time::Instant,
 }
 
 impl Coordinator {
@@ -94,6 +103,7 @@ impl Coordinator {
             epoch: 0,
             member: None,
             settled: Vec::new(),
+            claim_after: tokio::time::Instant::now() + MEMBERS_SETTLE,
         }
     }
 
@@ -106,10 +116,13 @@ impl Coordinator {
     ) {
         let mut first = Some(first);
         let mut next_renew = tokio::time::Instant::now() + self.s.renew;
+        self.claim_after = tokio::time::Instant::now() + self.s.renew.min(MEMBERS_SETTLE);
+        let mut claiming = false;
         loop {
             tokio::select! {
                 biased;
                 () = stop.cancelled(), if !self.leaving => self.leave().await,
+                () = tokio::time::sleep_until(self.claim_after), if !claiming => claiming = true,
                 Some(command) = commands.recv() => self.command(command).await,
                 () = tokio::time::sleep_until(next_renew) => {
                     next_renew = tokio::time::Instant::now() + self.s.renew;
@@ -132,7 +145,7 @@ impl Coordinator {
                     None => return,
                 },
             }
-            if first.is_none() {
+            if first.is_none() && (claiming || self.leaving) {
                 self.reconcile().await;
                 for done in self.settled.drain(..) {
                     let _ = done.send(());

@@ -219,7 +219,7 @@ impl Deployment {
             crate::support::env().kubeconfig,
             layout.resources_yaml(compacted.as_deref()),
         );
-        config.push_str(&checkpoint_yaml(sink, dir));
+        config.push_str(&checkpoint_yaml(sink, mode, dir));
         config.push_str(&match mode {
             Mode::Single => String::new(),
             Mode::Leader => format!(
@@ -350,13 +350,17 @@ impl Deployment {
     }
 }
 
-/// The `checkpoint:` section: Kafka and NATS keep checkpoints with their sink; the HTTP
-/// sink's replicas share one directory, as pods sharing a ReadWriteMany volume would.
-fn checkpoint_yaml(sink: Sink, dir: &Path) -> String {
-    match sink {
-        Sink::Http => format!(
+/// The `checkpoint:` section: Kafka and NATS keep checkpoints with their sink; the HTTP sink
+/// keeps them in files for one replica, in a NATS bucket every replica reaches for several.
+fn checkpoint_yaml(sink: Sink, mode: Mode, dir: &Path) -> String {
+    match (sink, mode) {
+        (Sink::Http, Mode::Single) => format!(
             "checkpoint: {{intervalMs: 200, directory: \"{}\"}}\n",
             dir.join("checkpoints").display()
+        ),
+        (Sink::Http, _) => format!(
+            "checkpoint: {{intervalMs: 200, nats: {{url: \"{}\"}}}}\n",
+            crate::support::env().nats_url
         ),
         _ => "checkpoint: {intervalMs: 200}\n".to_string(),
     }

@@ -147,7 +147,15 @@ async fn campaign() {
     for (i, (pairs, length)) in settings.rounds().into_iter().enumerate() {
         let seed = settings.seed.wrapping_mul(1_000_003).wrapping_add(i as u64);
         let dir = run_dir.join(format!("round-{i}"));
-        rounds.push(round::run(i, seed, &pairs, length, &dir).await);
+        let round = round::run(i, seed, &pairs, length, &dir).await;
+        println!(
+            "chaos: round {i} done: {} writes, {} faults, {} anomalies, settled {:?}",
+            round.writes,
+            round.faults.len(),
+            round.anomalies.len(),
+            round.settled_secs
+        );
+        rounds.push(round);
     }
     let report = report::Report::new(&settings, rounds);
     let path = report.write(&run_dir);

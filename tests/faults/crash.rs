@@ -330,8 +330,13 @@ pub async fn failover(sink: SinkKind, objects: usize) {
     let client = kube_client().await;
     let ns = unique_namespace(&client, "failover").await;
     let cluster = unique_name("c");
+    // The HTTP sink keeps its checkpoints in a NATS bucket every replica reaches.
+    let store = match sink {
+        SinkKind::Http => format!(", nats: {{url: \"{}\"}}", crate::support::env().nats_url),
+        _ => String::new(),
+    };
     let config = format!(
-        "cluster: {cluster}\ncheckpoint: {{intervalMs: 200}}\nleaderElection: {{enabled: true, namespace: {ns}, leaseDurationSecs: 4, retryPeriodSecs: 1}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n{}",
+        "cluster: {cluster}\ncheckpoint: {{intervalMs: 200{store}}}\nleaderElection: {{enabled: true, namespace: {ns}, leaseDurationSecs: 4, retryPeriodSecs: 1}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n{}",
         sink_yaml(sink, &cluster)
     );
     let topics = vec![format!("k8s.{cluster}.core.configmaps")];

@@ -345,6 +345,65 @@ async fn http_intermittent_failures_lose_nothing() {
 
 /// The receiver is down (connections refused) long enough for the watch to report itself
 /// stalled; once it is back, every change made meanwhile arrives and `/readyz` recovers.
+/// One receiver per namespace; one answers 429 with `Retry-After: 120` for ever while 300
+/// objects wait for it: the other receiver still gets its changes at once (a request waiting out
+/// its origin's `Retry-After` holds no request slot), and the bridge stops within its grace.
+#[tokio::test(flavor = "multi_thread")]
+async fn http_one_receivers_retry_after_never_starves_another() {
+    let (client, slow_ns, cluster, dir) = scene("httpslow").await;
+    let ok_ns = unique_namespace(&client, "httpok").await;
+    let (slow, ok) = (Receiver::start(), Receiver::start());
+    slow.script(|_| Reply::RetryAfter(429, "120".into()));
+    let config = format!(
+        "cluster: {cluster}\ncheckpoint: {{intervalMs: 200, directory: \"{}\"}}\ndelivery: {{shutdownGraceSecs: 5}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{slow_ns}], url: \"{}\"}}\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ok_ns}], url: \"{}\"}}\nsink:\n  http:\n    url: \"{}\"\n    maxInFlight: 16\n",
+        dir.path().display(),
+        slow.url(),
+        ok.url(),
+        ok.url(),
+    );
+    let mut bridge = Bridge::start(&config);
+    bridge.wait_synced(2).await;
+    let slow_cms: Api<ConfigMap> = Api::namespaced(client.clone(), &slow_ns);
+    for i in 0..300 {
+        slow_cms
+            .create(&PostParams::default(), &cm(&format!("s{i}"), "0"))
+            .await
+            .unwrap();
+    }
+    wait_until("the slow receiver is refusing", WAIT, || {
+        let n = slow.seen().len();
+        async move { (n >= 16).then_some(()) }
+    })
+    .await;
+    let ok_cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ok_ns);
+    let started = std::time::Instant::now();
+    let want = churn(&ok_cms, 5, 3).await;
+    let total: usize = want.values().map(Vec::len).sum();
+    wait_until(
+        "every change for the healthy receiver accepted",
+        Duration::from_secs(20),
+        || {
+            let ids: BTreeSet<String> = ok
+                .accepted()
+                .iter()
+                .map(|r| r.event.id().to_string())
+                .collect();
+            async move { (ids.len() >= total).then_some(()) }
+        },
+    )
+    .await;
+    eprintln!(
+        "healthy receiver: {total} changes in {:.1}s beside a receiver holding 300 objects off",
+        started.elapsed().as_secs_f64()
+    );
+    bridge.signal("TERM");
+    let status = bridge
+        .wait_exit(Duration::from_secs(15))
+        .await
+        .expect("the bridge stops within its grace period");
+    assert!(status.success(), "{status}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn http_receiver_down_for_a_while() {
     let (client, ns, cluster, dir) = scene("httpdown").await;

@@ -464,6 +464,27 @@ async fn share_and_hand_off(sink: SinkKind) {
     drop(r3);
 }
 
+/// Three replicas started together each claim a fair share from the start: no watch is listed
+/// by one replica and then given away at the first rebalance.
+#[tokio::test(flavor = "multi_thread")]
+async fn replicas_started_together_claim_fair_shares_at_once() {
+    let scene = Scene::new(SinkKind::Nats, 9, "create: true").await;
+    let bridges: Vec<Bridge> = ["r0", "r1", "r2"].iter().map(|n| scene.start(n)).collect();
+    scene.wait_fair(&["r0", "r1", "r2"]).await;
+    // Time for a rebalance to show, were any due.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let given_up: usize = bridges
+        .iter()
+        .map(|b| b.count_log("giving the watch up: draining it, then releasing its lease"))
+        .sum();
+    let listed: usize = bridges
+        .iter()
+        .map(|b| b.count_log("initial state published"))
+        .sum();
+    assert_eq!(given_up, 0, "no watch changes hands after a start together");
+    assert_eq!(listed, 9, "each watch lists once");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_replicas_share_the_watches_and_hand_them_off() {
     share_and_hand_off(SinkKind::Kafka).await;

@@ -60,6 +60,19 @@ pub(super) async fn connect_options(c: &NatsCredentials) -> Result<async_nats::C
     Ok(o)
 }
 
+/// A client of the NATS server at `url` with `credentials` (the sink's, or a checkpoint store's
+/// of its own).
+pub async fn connect_client(
+    url: &str,
+    credentials: &NatsCredentials,
+) -> Result<async_nats::Client> {
+    connect_options(credentials)
+        .await?
+        .connect(url)
+        .await
+        .map_err(|source| connect_error(credentials, url, source))
+}
+
 /// The error for a failed connection: a refused credential or a failed TLS handshake names the
 /// field behind it; anything else is a plain connection failure.
 pub(super) fn connect_error(

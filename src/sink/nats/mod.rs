@@ -5,5 +5,5 @@
 mod config;
 mod sink;
 
-pub use config::redact_url;
+pub use config::{connect_client, redact_url};
 pub use sink::{NatsSink, captures, classify, message};

@@ -55,13 +55,13 @@ kube-event-bridge:<release namespace>:<service account>.
 {{/*
 "true" when the bridge reads the cluster's identity, the uid of namespace kube-system, else "":
 when it keeps checkpoints somewhere durable (checkpoint.enabled, and a broker sink or a
-checkpoint.directory for stdout), which are tied to that identity, or when the audit extensions
+checkpoint.directory or checkpoint.nats for stdout), which are tied to that identity, or when the audit extensions
 are on (config.auditExtensions, default true), whose `clusterid` is that uid.
 */}}
 {{- define "kube-event-bridge.readsClusterIdentity" -}}
 {{- $enabled := dig "checkpoint" "enabled" true .Values.config }}
 {{- $stdout := not (or (dig "sink" "kafka" nil .Values.config) (dig "sink" "nats" nil .Values.config)) }}
-{{- $checkpoints := and $enabled (or (not $stdout) (dig "checkpoint" "directory" nil .Values.config)) }}
+{{- $checkpoints := and $enabled (or (not $stdout) (dig "checkpoint" "directory" nil .Values.config) (dig "checkpoint" "nats" nil .Values.config)) }}
 {{- if or $checkpoints (dig "auditExtensions" true .Values.config) }}true{{ end }}
 {{- end }}
 
