@@ -323,6 +323,7 @@ impl Deployment {
                     .find(|l| l.contains("\"level\":\"ERROR\""))
                     .unwrap_or_default()
                     .to_string();
+                let last_error = format!("{last_error}; last lines:\n{}", tail(&r.log_text(), 3));
                 self.unexpected_exits
                     .push((r.number, status.to_string(), last_error));
             }

@@ -354,6 +354,71 @@ impl GoneScene {
     }
 }
 
+/// A name deleted and created again while the bridge could not see it, on a topic keyed by name
+/// with tombstones: after the repair the last record of that key is the new object, not a
+/// tombstone (the old uid's end comes before the new uid's beginning), so compaction keeps it.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_repair_of_a_recreated_name_leaves_it_on_a_compacted_topic() {
+    use rdkafka::Message;
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    let _guard = EXCLUSIVE.lock().await;
+    let mut scene = GoneScene::new(SinkKind::Kafka, "gonekey").await;
+    scene.config = scene.config.replace(
+        "resource: configmaps, namespaces: [",
+        "resource: configmaps, key: namespacedName, tombstones: true, namespaces: [",
+    );
+    let topic = format!("k8s.{}.core.configmaps", scene.cluster);
+    support::create_topic(&topic, 3).await;
+    let mut bridge = Bridge::start(&scene.config);
+    bridge.wait_synced(1).await;
+    let (recreated, _) = scene.change_unseen_then_restart().await;
+    let consumer: StreamConsumer = support::kafka_consumer(&unique_name("compacted"));
+    consumer.subscribe(&[topic.as_str()]).unwrap();
+    let key = format!("{}/recreated", scene.ns);
+    let new_uid = recreated.metadata.uid.clone().unwrap();
+    // Per key, the last record: Some(uid) for an event, None for a tombstone.
+    let mut last: BTreeMap<String, Option<String>> = BTreeMap::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    let mut quiet_since = std::time::Instant::now();
+    while std::time::Instant::now() < deadline {
+        match tokio::time::timeout(Duration::from_millis(500), consumer.recv()).await {
+            Ok(Ok(m)) => {
+                let k = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+                let uid = m.payload().map(|_| {
+                    kube_event_bridge::tail::decode_kafka(&m)
+                        .unwrap()
+                        .extension("uid")
+                        .map(|v| v.to_string())
+                        .unwrap_or_default()
+                });
+                last.insert(k, uid);
+                quiet_since = std::time::Instant::now();
+            }
+            _ if last.get(&key).is_some_and(Option::is_some)
+                && quiet_since.elapsed() > Duration::from_secs(5) =>
+            {
+                break;
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        bridge.count_log("watch history lost, relisting") >= 1,
+        "the repair ran"
+    );
+    assert_eq!(
+        last.get(&key),
+        Some(&Some(new_uid)),
+        "the last record of {key} is the new object: {last:?}"
+    );
+    let deleted = format!("{}/deleted", scene.ns);
+    assert_eq!(
+        last.get(&deleted),
+        Some(&None),
+        "a deleted name ends in a tombstone"
+    );
+}
+
 /// Changes the bridge cannot see (its connection is held off), then an API server restart so its
 /// resourceVersion is gone (410): it relists, diffs against what it knew, and publishes exactly
 /// the differences, marked as repaired; unchanged objects produce nothing.

@@ -197,3 +197,69 @@ async fn kafka_truncated_event_flags_the_body_until_a_full_one() {
 async fn nats_truncated_event_flags_the_body_until_a_full_one() {
     truncated_body(SinkKind::Nats).await;
 }
+
+/// Under `read_committed` the end of a partition is its last stable offset, which stops before
+/// a transaction another producer left open: records committed after it are not readable yet.
+/// The consumer crate reports caught up only once it has read past the end the partition had
+/// when it started, so its store never claims completeness while committed records wait.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_caught_up_waits_for_records_behind_another_producers_open_transaction() {
+    use futures::StreamExt;
+    use kube_event_bridge_consumer::Input;
+    use kube_event_bridge_consumer::kafka::Subscription;
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+    let topic = unique_name("caughtup");
+    crate::support::create_topic(&topic, 1).await;
+    let transactional = |id: String| -> BaseProducer {
+        let producer: BaseProducer = crate::support::kafka_config()
+            .set("transactional.id", id)
+            .create()
+            .unwrap();
+        producer.init_transactions(Duration::from_secs(30)).unwrap();
+        producer.begin_transaction().unwrap();
+        producer
+    };
+    // A opens a transaction and leaves it open; B commits a record after it.
+    let open = transactional(unique_name("open"));
+    let tombstone = |key: &'static str| BaseRecord::<str, [u8]>::to(&topic).key(key);
+    open.send(tombstone("ns/a")).map_err(|(e, _)| e).unwrap();
+    open.flush(Duration::from_secs(10)).unwrap();
+    let committed = transactional(unique_name("committed"));
+    committed
+        .send(tombstone("ns/b"))
+        .map_err(|(e, _)| e)
+        .unwrap();
+    committed
+        .commit_transaction(Duration::from_secs(10))
+        .unwrap();
+
+    let mut inputs = Box::pin(
+        Subscription::new(crate::support::kafka_config(), [topic.clone()])
+            .start()
+            .await
+            .unwrap(),
+    );
+    let early = tokio::time::timeout(Duration::from_secs(5), inputs.next()).await;
+    assert!(
+        early.is_err(),
+        "nothing is readable and nothing caught up while the transaction is open: {early:?}"
+    );
+    open.commit_transaction(Duration::from_secs(10)).unwrap();
+    let mut keys = Vec::new();
+    loop {
+        let input = tokio::time::timeout(Duration::from_secs(30), inputs.next())
+            .await
+            .expect("caught up once the transaction ended")
+            .expect("the stream goes on")
+            .unwrap();
+        match input {
+            Input::Record(kube_event_bridge_consumer::Record::Tombstone { key, .. }) => {
+                keys.push(key)
+            }
+            Input::CaughtUp => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(keys, ["ns/a", "ns/b"], "caught up only after both records");
+}

@@ -61,16 +61,36 @@ pub(super) async fn connect_options(c: &NatsCredentials) -> Result<async_nats::C
 }
 
 /// A client of the NATS server at `url` with `credentials` (the sink's, or a checkpoint store's
-/// of its own).
+/// of its own). A server that cannot be reached (refused, timed out) is tried again with backoff
+/// for up to [`UNREACHABLE_FOR`], so a start during a broker's restart does not fail; refused
+/// credentials and TLS failures fail at once, naming the field.
 pub async fn connect_client(
     url: &str,
     credentials: &NatsCredentials,
 ) -> Result<async_nats::Client> {
-    connect_options(credentials)
-        .await?
-        .connect(url)
-        .await
-        .map_err(|source| connect_error(credentials, url, source))
+    let started = std::time::Instant::now();
+    let mut backoff = crate::backoff::Backoff::default();
+    loop {
+        let attempt = connect_options(credentials).await?.connect(url).await;
+        match attempt {
+            Ok(client) => return Ok(client),
+            Err(source) if unreachable(&source) && started.elapsed() < UNREACHABLE_FOR => {
+                let delay = backoff.next_delay();
+                warn!(url = %redact_url(url), error = %source, retry_in_ms = delay.as_millis() as u64, "cannot reach the nats server; retrying");
+                tokio::time::sleep(delay).await;
+            }
+            Err(source) => return Err(connect_error(credentials, url, source)),
+        }
+    }
+}
+
+/// How long a start waits for an unreachable NATS server before it fails.
+const UNREACHABLE_FOR: Duration = Duration::from_secs(30);
+
+/// Whether a failed connection only found no server (it may be restarting).
+fn unreachable(e: &async_nats::ConnectError) -> bool {
+    use async_nats::ConnectErrorKind as Kind;
+    matches!(e.kind(), Kind::TimedOut) || (matches!(e.kind(), Kind::Io) && !is_tls_failure(e))
 }
 
 /// The error for a failed connection: a refused credential or a failed TLS handshake names the

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use tracing::{info, warn};
 
-use super::config::{connect_error, connect_options};
+use super::config::connect_client;
 use crate::config::{ContentMode, NatsConfig};
 use crate::discovery::ResolvedResource;
 use crate::encode::{DATA_CONTENT_TYPE, Event, STRUCTURED_CONTENT_TYPE, ce_header, header_value};
@@ -40,11 +40,7 @@ struct StreamSettings {
 impl NatsSink {
     /// Connects; [`NatsSink::cover`] then prepares the JetStream stream for each resource.
     pub async fn connect(config: &NatsConfig, subject: Template) -> Result<Self> {
-        let options = connect_options(&config.credentials).await?;
-        let client = options
-            .connect(config.url.as_str())
-            .await
-            .map_err(|source| connect_error(&config.credentials, &config.url, source))?;
+        let client = connect_client(&config.url, &config.credentials).await?;
         let jetstream = match &config.jetstream {
             None => None,
             Some(js) => {
