@@ -2,10 +2,11 @@
 //! committed, caught up once each partition reached the end it had when reading started.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt, stream};
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -166,7 +167,7 @@ impl Subscription {
 
 /// One topic's consumer and the partitions not yet read up to their start-time end.
 struct TopicReader {
-    consumer: StreamConsumer,
+    consumer: Arc<StreamConsumer>,
     topic: String,
     /// Partition → end offset at start, for partitions not caught up yet.
     pending: HashMap<i32, i64>,
@@ -189,14 +190,22 @@ impl TopicReader {
             topic: topic.into(),
             source,
         })?;
+        // The ends at start are the high watermarks, every record written: a `read_committed`
+        // client's watermark query answers the last stable offset, which stops before a
+        // transaction still open although records committed after it are there to read.
+        let uncommitted: BaseConsumer = config
+            .clone()
+            .set("isolation.level", "read_uncommitted")
+            .create()
+            .map_err(|source| Error::Create {
+                topic: topic.into(),
+                source,
+            })?;
         let name = topic.to_string();
         // Metadata and watermark requests block: run them off the async threads.
-        let (consumer, ends) = tokio::task::spawn_blocking(move || {
-            let ends = end_offsets(&consumer, &name);
-            (consumer, ends)
-        })
-        .await
-        .map_err(|_| Error::Task(topic.into()))?;
+        let ends = tokio::task::spawn_blocking(move || end_offsets(&uncommitted, &name))
+            .await
+            .map_err(|_| Error::Task(topic.into()))?;
         let ends = ends?;
         let mut assignment = TopicPartitionList::new();
         let mut pending = HashMap::new();
@@ -224,7 +233,7 @@ impl TopicReader {
             "reading topic"
         );
         Ok(TopicReader {
-            consumer,
+            consumer: Arc::new(consumer),
             topic: topic.into(),
             pending,
             reported: false,
@@ -263,9 +272,9 @@ impl TopicReader {
                 // read yet. Caught up only once reading passed the end the partition had at
                 // start.
                 Err(KafkaError::PartitionEOF(partition)) => {
-                    let end = self.pending.get(&partition).copied();
-                    let position = self.position(partition);
-                    if end.is_none_or(|end| position.is_none_or(|p| p >= end)) {
+                    if let Some(end) = self.pending.get(&partition).copied()
+                        && self.stable_end(partition).await >= end
+                    {
                         self.pending.remove(&partition);
                     }
                 }
@@ -281,18 +290,23 @@ impl TopicReader {
 }
 
 impl TopicReader {
-    /// The next offset this reader will read in `partition`, if known.
-    fn position(&self, partition: i32) -> Option<i64> {
-        let positions = self.consumer.position().ok()?;
-        match positions.find_partition(&self.topic, partition)?.offset() {
-            Offset::Offset(n) => Some(n),
-            _ => None,
-        }
+    /// The last stable offset of `partition` now (this reader's `read_committed` watermark);
+    /// unknown (the query failed) counts as reached, as before the query existed.
+    async fn stable_end(&self, partition: i32) -> i64 {
+        let consumer = self.consumer.clone();
+        let topic = self.topic.clone();
+        tokio::task::spawn_blocking(move || {
+            consumer
+                .fetch_watermarks(&topic, partition, METADATA_TIMEOUT)
+                .map_or(i64::MAX, |(_, end)| end)
+        })
+        .await
+        .unwrap_or(i64::MAX)
     }
 }
 
 /// (partition, first offset, end offset) of every partition of `topic`.
-fn end_offsets(consumer: &StreamConsumer, topic: &str) -> Result<Vec<(i32, i64, i64)>> {
+fn end_offsets(consumer: &BaseConsumer, topic: &str) -> Result<Vec<(i32, i64, i64)>> {
     let metadata = consumer
         .fetch_metadata(Some(topic), METADATA_TIMEOUT)
         .map_err(|source| Error::Metadata {
