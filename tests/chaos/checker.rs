@@ -110,7 +110,7 @@ fn check_promises(
             .get(&first.watch)
             .is_some_and(|l| l.contains_key(uid));
         if seen.is_empty() && writes.iter().any(|w| w.promise().is_some()) {
-            if !(relisted && !exists) {
+            if !relisted || exists {
                 anomalies.push(Anomaly::of(
                     "lost-object",
                     &first.watch,

@@ -123,5 +123,8 @@ pub struct Evidence {
     pub store: BTreeMap<WatchKey, BTreeMap<String, u64>>,
     /// The compacted topic replayed from its start, if the deployment has one, and the live
     /// objects it must equal (key `namespace/name` to (uid, resourceVersion)).
-    pub compacted: Option<(Vec<KeyedRecord>, BTreeMap<String, (String, u64)>)>,
+    pub compacted: Option<(Vec<KeyedRecord>, ByName)>,
 }
+
+/// Objects by `namespace/name`: (uid, resourceVersion).
+pub type ByName = BTreeMap<String, (String, u64)>;

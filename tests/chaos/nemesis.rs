@@ -200,7 +200,7 @@ impl Nemesis {
         let mut n = 0u64;
         receivers[&d].script(move |_| {
             n += 1;
-            if n % share == 0 {
+            if n.is_multiple_of(share) {
                 Reply::Accept
             } else {
                 reply.clone()

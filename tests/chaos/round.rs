@@ -6,9 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams};
-use kube::core::GroupVersionKind;
+use kube::api::ListParams;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -436,16 +434,7 @@ async fn live_state(
     let mut live = BTreeMap::new();
     let mut by_name = BTreeMap::new();
     for watch in layout.watches() {
-        let resource = if watch.resource == CRD_PLURAL {
-            ApiResource::from_gvk_with_plural(
-                &GroupVersionKind::gvk(CRD_GROUP, "v1", "Gadget"),
-                CRD_PLURAL,
-            )
-        } else {
-            ApiResource::erase::<ConfigMap>(&())
-        };
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(client.clone(), &watch.namespace, &resource);
+        let api = crate::workload::api(client, &watch);
         let mut params = ListParams::default();
         if watch.resource == "configmaps" && watch.namespace == layout.selected {
             params = params.labels(&format!("{SELECT_LABEL}=in"));

@@ -71,6 +71,19 @@ impl Layout {
     }
 }
 
+/// The API of the objects of `watch` (ConfigMaps or the campaign's CRD) in its namespace.
+pub fn api(client: &kube::Client, watch: &WatchKey) -> Api<DynamicObject> {
+    let resource = if watch.resource == CRD_PLURAL {
+        ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(CRD_GROUP, "v1", "Gadget"),
+            CRD_PLURAL,
+        )
+    } else {
+        ApiResource::erase::<ConfigMap>(&())
+    };
+    Api::namespaced_with(client.clone(), &watch.namespace, &resource)
+}
+
 /// What one object looks like to the workload.
 #[derive(Debug, Clone)]
 struct Live {
@@ -180,15 +193,7 @@ impl Workload {
     }
 
     fn api(&self, watch: &WatchKey) -> Api<DynamicObject> {
-        let resource = if watch.resource == CRD_PLURAL {
-            ApiResource::from_gvk_with_plural(
-                &GroupVersionKind::gvk(CRD_GROUP, "v1", "Gadget"),
-                CRD_PLURAL,
-            )
-        } else {
-            ApiResource::erase::<ConfigMap>(&())
-        };
-        Api::namespaced_with(self.client.clone(), &watch.namespace, &resource)
+        api(&self.client, watch)
     }
 
     fn selects(&self, watch: &WatchKey) -> bool {
