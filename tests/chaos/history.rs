@@ -34,7 +34,7 @@ pub enum Op {
 /// One write the API server acknowledged.
 #[derive(Debug, Clone, Serialize)]
 pub struct Write {
-    /// Milliseconds since the round started.
+    /// When it was sent, milliseconds since the round started.
     pub at_ms: u64,
     /// The watch whose scope holds the object.
     pub watch: WatchKey,

@@ -155,6 +155,13 @@ async fn campaign() {
             round.anomalies.len(),
             round.settled_secs
         );
+        for a in &round.anomalies {
+            let detail: String = a.anomaly.detail.chars().take(400).collect();
+            println!(
+                "chaos:   ANOMALY {} {} {} {}: {detail}",
+                a.deployment, a.anomaly.kind, a.anomaly.watch, a.anomaly.object
+            );
+        }
         rounds.push(round);
     }
     let report = report::Report::new(&settings, rounds);

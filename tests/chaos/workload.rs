@@ -111,6 +111,8 @@ pub struct Workload {
     objects: BTreeMap<WatchKey, BTreeMap<String, Live>>,
     deleted_namespaces: BTreeSet<String>,
     next_name: u64,
+    /// When the write in progress was sent (milliseconds since the round started).
+    sent_ms: u64,
     /// The ledger.
     pub ledger: Arc<Mutex<Ledger>>,
     /// Set by the nemesis while the API server is down on purpose: no writes meanwhile.
@@ -128,6 +130,7 @@ impl Workload {
             objects: BTreeMap::new(),
             deleted_namespaces: BTreeSet::new(),
             next_name: 0,
+            sent_ms: 0,
             ledger: Arc::default(),
             hold: Arc::default(),
         }
@@ -224,6 +227,7 @@ impl Workload {
             field: {"v": value},
         }))
         .expect("object manifest");
+        self.mark_sent();
         let answer = self
             .api(watch)
             .create(&PostParams::default(), &object)
@@ -255,6 +259,7 @@ impl Workload {
             "metadata": {"labels": {SELECT_LABEL: if selected { "in" } else { "out" }}},
             field: {"v": self.rng.random::<u32>().to_string()},
         });
+        self.mark_sent();
         let answer = self
             .api(watch)
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -274,6 +279,7 @@ impl Workload {
         let Some(live) = self.objects.get(watch).and_then(|o| o.get(name)).cloned() else {
             return;
         };
+        self.mark_sent();
         let answer = self.api(watch).delete(name, &DeleteParams::default()).await;
         // The API server answers a delete with the object (its resourceVersion then is the
         // deletion's) or, for most built-in kinds, with a Status: the deletion's
@@ -400,6 +406,12 @@ impl Workload {
             .or_default() += 1;
     }
 
+    /// A write is about to be sent: its time is the one recorded (its event may arrive before
+    /// the API server's answer does).
+    fn mark_sent(&mut self) {
+        self.sent_ms = self.started.elapsed().as_millis() as u64;
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn record(
         &self,
@@ -418,7 +430,7 @@ impl Workload {
             .and_then(|r| r.parse().ok())
             .expect("a numeric resourceVersion in the API server's answer");
         self.ledger.lock().unwrap().writes.push(Write {
-            at_ms: self.started.elapsed().as_millis() as u64,
+            at_ms: self.sent_ms,
             watch: watch.clone(),
             name: name.to_string(),
             uid: uid.to_string(),
