@@ -97,9 +97,9 @@ fn check_promises(
         writes.entry(&w.uid).or_default().push(w);
     }
     // When each watch's last repaired event arrived (a relist happened before then).
-    let mut repaired_at: BTreeMap<&WatchKey, u64> = BTreeMap::new();
+    let mut repaired_at: BTreeMap<&WatchKey, Vec<u64>> = BTreeMap::new();
     for s in evidence.seen.iter().filter(|s| s.repaired) {
-        repaired_at.insert(&s.watch, s.at_ms);
+        repaired_at.entry(&s.watch).or_default().push(s.at_ms);
     }
     let mut anomalies = Vec::new();
     for (uid, writes) in writes {
@@ -127,7 +127,7 @@ fn check_promises(
         }
         let gap = Gap {
             exists,
-            repaired_after: repaired_at.get(&first.watch).copied(),
+            repaired_at: repaired_at.get(&first.watch).cloned().unwrap_or_default(),
             newest_written: writes.iter().map(|w| w.rv).max().unwrap_or(0),
         };
         for w in &writes {
@@ -164,17 +164,33 @@ fn unseen_to_its_end(w: &Write, seen: &[&Seen], gap: &Gap) -> bool {
     let rv = if w.rv == 0 { gap.newest_written } else { w.rv };
     let later = seen.iter().any(|s| s.rv > rv);
     let ends_deleted = seen.last().is_some_and(|s| s.change == Change::Deleted);
-    !later && ends_deleted && !gap.exists && gap.repaired_after.is_some_and(|t| t >= w.at_ms)
+    !later && ends_deleted && !gap.exists && gap.relisted_between(w.at_ms, u64::MAX)
 }
 
 /// What the checker knows of an object's watch at the end.
 struct Gap {
     /// Whether the object exists at the end.
     exists: bool,
-    /// When the watch's last repaired event arrived.
-    repaired_after: Option<u64>,
+    /// When the watch's repaired events arrived (a relist happened before each).
+    repaired_at: Vec<u64>,
     /// The newest resourceVersion the workload was told for the object.
     newest_written: u64,
+}
+
+impl Gap {
+    /// Whether the watch relisted between `from` and `to` (a repaired event of it arrived).
+    fn relisted_between(&self, from: u64, to: u64) -> bool {
+        self.repaired_at.iter().any(|t| (from..=to).contains(t))
+    }
+}
+
+/// Whether `next`, the first event after a missing version, is the object's first appearance
+/// to the consumer (nothing of it received before) after a relist of its watch that came after
+/// the missing write: the object was outside the watch (beyond a label selector) when the
+/// relist found it absent, so there was nothing to repair, and it appeared live later.
+fn first_seen_after_a_relist(w: &Write, next: &Seen, seen: &[&Seen], gap: &Gap) -> bool {
+    let earlier = seen.iter().any(|s| s.rv < next.rv);
+    !earlier && next.change == Change::Added && gap.relisted_between(w.at_ms, next.at_ms)
 }
 
 /// Whether the promise of one write was kept.
@@ -195,7 +211,7 @@ fn check_one_promise(w: &Write, seen: &[&Seen], gap: &Gap) -> Option<Anomaly> {
         // of the uid keeps it. A departure from a label selector superseded (the object came
         // back) while the history was lost is excused like any version.
         let kept = repaired_delete
-            || next.is_some_and(|n| n.repaired)
+            || next.is_some_and(|n| n.repaired || first_seen_after_a_relist(w, n, seen, gap))
             || seen.iter().any(|s| {
                 s.change == Change::Deleted
                     && (s.rv == w.rv || (w.rv == 0 && s.rv > gap.newest_written))
@@ -218,7 +234,7 @@ fn check_one_promise(w: &Write, seen: &[&Seen], gap: &Gap) -> Option<Anomaly> {
         return None;
     }
     let excused = match next {
-        Some(next) => next.repaired,
+        Some(next) => next.repaired || first_seen_after_a_relist(w, next, seen, gap),
         None => repaired_delete,
     };
     (!excused).then(|| {
@@ -583,6 +599,34 @@ mod tests {
         evidence.seen[2].repaired = true;
         evidence.seen[2].at_ms = 10;
         assert_eq!(kinds(&evidence), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn a_life_outside_the_selector_during_a_relist_is_excused_once_it_appears_live() {
+        let mut leave = write("a", 2, Op::Update);
+        leave.visible = false;
+        let mut back = write("a", 3, Op::Update);
+        back.was_visible = false;
+        let mut added = seen("a", 3, Change::Added, false);
+        added.at_ms = 20;
+        let mut repaired = seen("b", 9, Change::Added, true);
+        repaired.at_ms = 10;
+        let mut evidence = Evidence {
+            writes: vec![
+                write("a", 1, Op::Create),
+                leave,
+                back,
+                write("b", 9, Op::Create),
+            ],
+            seen: vec![added, repaired],
+            live: live(&[("a", 3), ("b", 9)]),
+            store: live(&[("a", 3), ("b", 9)]),
+            ..Evidence::default()
+        };
+        assert_eq!(kinds(&evidence), Vec::<&str>::new());
+        // Without a relist between the writes and the appearance, they were lost.
+        evidence.seen[1].at_ms = 30;
+        assert_eq!(kinds(&evidence), vec!["lost-version", "lost-delete"]);
     }
 
     #[test]
