@@ -148,7 +148,7 @@ async fn run(config: &str, file: &str, runs: usize) -> anyhow::Result<()> {
             resource,
             Some(&format!("saturate-{stamp}-{run}")),
         );
-        let (sink, mut store) = stores.for_watch(&shared, &key).await?;
+        let (sink, mut store) = stores.for_watch(&shared, &key, None).await?;
         let mut info = ResourceInfo::new(&config.cluster, resource, &api_server);
         if let Some(uid) = stores.cluster_uid().filter(|_| config.audit_extensions) {
             info = info.with_audit(uid);

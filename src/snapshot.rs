@@ -85,7 +85,7 @@ pub async fn reset_checkpoints(
             .filter(|s| namespace.is_none() || s.as_deref() == namespace)
         {
             let key = WatchKey::for_scope(&config.cluster, r, scope.as_deref());
-            let (_, mut store) = stores.for_watch(&shared, &key).await?;
+            let (_, mut store) = stores.for_watch(&shared, &key, None).await?;
             store.reset().await?;
             reset.push(key.description);
         }

@@ -11,6 +11,7 @@ use crate::checkpoint::{
     self, Backend, Cluster, FileStore, KafkaStore, NatsStore, Store, WatchKey,
 };
 use crate::config::Config;
+use crate::leader::Leadership;
 use crate::sink::kafka::Sharing;
 use crate::sink::{self, AnySink, Checkpoints};
 
@@ -125,11 +126,13 @@ impl Stores {
 
     /// The sink and checkpoint store of one watch. A Kafka watch gets its share of the sink's
     /// transactional producer, or with sharding one of its own (a transactional id fences an
-    /// older instance with the same id).
+    /// older instance with the same id); `owner` is valid while this process owns the watch
+    /// (its leader or watch Lease; `None` without either).
     pub async fn for_watch(
         &self,
         shared: &Arc<AnySink>,
         key: &WatchKey,
+        owner: Option<Leadership>,
     ) -> Result<(Arc<AnySink>, Store)> {
         let cluster = self.cluster.clone();
         let (sink, backend) = match &self.kind {
@@ -137,7 +140,7 @@ impl Stores {
                 let Checkpoints::KafkaTopic(kafka) = shared.checkpoints() else {
                     unreachable!("kafka stores need a kafka sink")
                 };
-                let producer = Arc::new(kafka.for_watch(&key.id, sharing).await?);
+                let producer = Arc::new(kafka.for_watch(&key.id, sharing, owner).await?);
                 let backend = Backend::Kafka(KafkaStore {
                     key: key.clone(),
                     sink: producer.clone(),

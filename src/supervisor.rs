@@ -563,9 +563,10 @@ impl Supervisor {
         ownership: Option<Ownership>,
     ) -> Result<Opened> {
         let span = info_span!("watch", resource = %r.label(), namespace = namespace.as_deref().unwrap_or("*"));
+        let owner = validity(ownership.as_ref(), self.leadership.as_ref());
         let (sink, mut store) = self
             .stores
-            .for_watch(&self.sink, &key)
+            .for_watch(&self.sink, &key, owner)
             .instrument(span.clone())
             .await?;
         let mut info = ResourceInfo::new(&self.config.cluster, &r, &self.api_server);
@@ -652,10 +653,7 @@ impl Supervisor {
             resume,
             snapshot: config.initial_snapshot,
             checkpoint_interval: Duration::from_millis(config.checkpoint.interval_ms),
-            leadership: ownership
-                .as_ref()
-                .map(|o| o.validity.clone())
-                .or_else(|| self.leadership.clone()),
+            leadership: validity(ownership.as_ref(), self.leadership.as_ref()),
             heartbeat: heartbeat(&config, &key),
         };
         let epoch = self.spawn_pipeline(&key.id, generation, pipeline, rx, ownership, span);
@@ -746,6 +744,14 @@ async fn run_owned(
         (None, _) => {}
     }
     result
+}
+
+/// What a watch's pipeline publishes under, and its producer owns the transactional id under:
+/// the watch's Lease with sharding, else the leader Lease with leader election, else nothing.
+fn validity(ownership: Option<&Ownership>, leadership: Option<&Leadership>) -> Option<Leadership> {
+    ownership
+        .map(|o| o.validity.clone())
+        .or_else(|| leadership.cloned())
 }
 
 /// Resolves when the watches held here change; never without sharding.

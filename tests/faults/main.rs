@@ -10,6 +10,7 @@ mod harness;
 mod receiver;
 #[path = "../integration/support.rs"]
 mod support;
+mod transactions;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
@@ -22,9 +23,6 @@ use serde_json::json;
 
 use harness::{Bridge, Proxy, Reader, Received, SinkKind, kubeconfig_via, sink_yaml, summary};
 use support::{kube_client, unique_name, unique_namespace};
-
-/// Objects created around the start of a long outage.
-const BACKGROUND: usize = 40;
 
 /// Serializes the tests of this binary: each one stops shared components.
 static EXCLUSIVE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -74,6 +72,40 @@ impl Drop for Stopped<'_> {
     }
 }
 
+/// A component paused with SIGSTOP for a fault (`scripts/testenv pause`). Resumed by
+/// [`Paused::resume`], or when dropped by a test that failed before it could.
+struct Paused<'a> {
+    component: &'a str,
+    resumed: bool,
+}
+
+impl<'a> Paused<'a> {
+    fn new(component: &'a str) -> Self {
+        testenv("pause", component);
+        Paused {
+            component,
+            resumed: false,
+        }
+    }
+
+    fn resume(mut self) {
+        self.resumed = true;
+        testenv("resume", self.component);
+    }
+}
+
+impl Drop for Paused<'_> {
+    fn drop(&mut self) {
+        if !self.resumed {
+            eprintln!("resuming {} after a failure", self.component);
+            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/testenv");
+            let _ = Command::new(script)
+                .args(["resume", self.component])
+                .status();
+        }
+    }
+}
+
 fn cm(name: &str, v: &str) -> ConfigMap {
     serde_json::from_value(json!({"metadata": {"name": name}, "data": {"v": v}})).unwrap()
 }
@@ -101,9 +133,10 @@ fn tally(events: Vec<Received>) -> Tally {
     }
 }
 
-/// The broker stops while objects keep changing, for at least `hold`; when it returns, every
-/// change arrives, in order per object, and the bridge never dropped one.
-async fn broker_outage(sink: SinkKind, component: &str, kafka_extra: &str, hold: Duration) {
+/// The broker stops while objects keep changing; when it returns, every change arrives, in
+/// order per object, and the bridge never dropped one. (Outages longer than Kafka's transaction
+/// timeout: [`transactions`].)
+async fn broker_outage(sink: SinkKind, component: &str) {
     let _guard = EXCLUSIVE.lock().await;
     let client = kube_client().await;
     let ns = unique_namespace(&client, "outage").await;
@@ -114,9 +147,6 @@ async fn broker_outage(sink: SinkKind, component: &str, kafka_extra: &str, hold:
     );
     if sink == SinkKind::Nats {
         config = config.replace("create: true}", "create: true, ackTimeoutSecs: 2}");
-    }
-    if sink == SinkKind::Kafka {
-        config.push_str(kafka_extra);
     }
     let topics = vec![format!("k8s.{cluster}.core.configmaps")];
     let mut bridge = Bridge::start(&config);
@@ -132,24 +162,7 @@ async fn broker_outage(sink: SinkKind, component: &str, kafka_extra: &str, hold:
             .await;
     }
 
-    // With a hold, changes keep coming while the broker stops, so that a transaction is open
-    // when it goes (the broker aborts it once the timeout passes).
-    let background = (!hold.is_zero()).then(|| {
-        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-        tokio::spawn(async move {
-            for i in 0..BACKGROUND {
-                cms.create(&PostParams::default(), &cm(&format!("bg{i}"), "0"))
-                    .await
-                    .unwrap();
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-    });
-    if background.is_some() {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
     let outage = Stopped::new(component);
-    let stopped = std::time::Instant::now();
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let pp = PostParams::default();
     for i in 0..10 {
@@ -168,42 +181,13 @@ async fn broker_outage(sink: SinkKind, component: &str, kafka_extra: &str, hold:
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
-    if !hold.is_zero() {
-        // Nothing is acknowledged for longer than the stall threshold (30 s): readiness names
-        // the unreachable broker while the watch waits.
-        let address = bridge.admin_address().await;
-        let why = support::wait_until("/readyz names the unreachable broker", hold, || async {
-            let (code, body) = harness::get(&address, "/readyz").await;
-            (code == 503 && body.contains("broker_unavailable")).then_some(body)
-        })
-        .await;
-        eprintln!("{component} outage: {why}");
-    }
-    tokio::time::sleep(hold.saturating_sub(stopped.elapsed())).await;
     assert!(
         bridge.wait_exit(Duration::from_millis(10)).await.is_none(),
         "the bridge must ride out the outage"
     );
     outage.start();
-    if !hold.is_zero() {
-        let address = bridge.admin_address().await;
-        support::wait_until(
-            "/readyz answers 200 again",
-            Duration::from_secs(120),
-            || async { (harness::get(&address, "/readyz").await.0 == 200).then_some(()) },
-        )
-        .await;
-    }
-    let background = match background {
-        Some(task) => {
-            task.await.unwrap();
-            BACKGROUND
-        }
-        None => 0,
-    };
 
-    // 1 + 10 adds + 10 modifies + 5 deletes (+ the background adds), read from the start by a
-    // fresh consumer.
+    // 1 + 10 adds + 10 modifies + 5 deletes, read from the start by a fresh consumer.
     let mut reader = Reader::for_sink(sink, &cluster, &topics, &bridge).await;
     let events = reader
         .read_until(Duration::from_secs(120), |got| {
@@ -211,7 +195,7 @@ async fn broker_outage(sink: SinkKind, component: &str, kafka_extra: &str, hold:
                 .map(|r| r.event.id().to_string())
                 .collect::<BTreeSet<_>>()
                 .len()
-                >= 26 + background
+                >= 26
         })
         .await;
     let mut all = events;
@@ -232,17 +216,8 @@ async fn broker_outage(sink: SinkKind, component: &str, kafka_extra: &str, hold:
             "{name}: resourceVersions go backwards: {rvs:?}"
         );
     }
-    for i in 0..background {
-        let changes: Vec<&str> = t.per_object[&format!("bg{i}")]
-            .iter()
-            .map(|r| r.change())
-            .collect();
-        assert_eq!(changes, ["added"], "bg{i}");
-    }
     eprintln!(
-        "{component} outage of {:.0} s: {} changes expected, {} objects, {} duplicates before dedup, {} transactions aborted and sent again",
-        hold.as_secs_f64().max(6.0),
-        26 + background,
+        "{component} outage: 26 changes expected, {} objects, {} duplicates before dedup, {} transactions aborted and sent again",
         t.per_object.len(),
         t.duplicates,
         bridge.count_log("kafka transaction did not commit: aborting it and sending its events again")
@@ -256,26 +231,43 @@ async fn broker_outage(sink: SinkKind, component: &str, kafka_extra: &str, hold:
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_outage_loses_nothing() {
-    broker_outage(SinkKind::Kafka, "kafka", "", Duration::ZERO).await;
-}
-
-/// The broker aborts every transaction left open past `transactionTimeoutSecs`: an outage seven
-/// times longer only pauses the watch (readiness names the unreachable broker meanwhile), which
-/// aborts on its side and sends everything again.
-#[tokio::test(flavor = "multi_thread")]
-async fn kafka_outage_longer_than_the_transaction_timeout_loses_nothing() {
-    broker_outage(
-        SinkKind::Kafka,
-        "kafka",
-        "    transactionTimeoutSecs: 6\ncheckpoint: {intervalMs: 200}\n",
-        Duration::from_secs(42),
-    )
-    .await;
+    broker_outage(SinkKind::Kafka, "kafka").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn nats_outage_loses_nothing() {
-    broker_outage(SinkKind::Nats, "nats", "", Duration::ZERO).await;
+    broker_outage(SinkKind::Nats, "nats").await;
+}
+
+/// Kafka stopped for seven times the transaction timeout while a transaction is open at the
+/// coordinator and its commit due: the bridge keeps running (readiness names the unreachable
+/// broker meanwhile), and once Kafka is back the resumed commit completes, or the producer the
+/// coordinator fenced when it aborted the transaction is replaced and the events sent again.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_outage_longer_than_the_transaction_timeout_loses_nothing() {
+    transactions::kafka_stopped().await;
+}
+
+/// As [`kafka_outage_longer_than_the_transaction_timeout_loses_nothing`], Kafka paused
+/// (SIGSTOP): connections stay open and nothing answers; the commit is resumed past its call
+/// timeout.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_paused_longer_than_the_transaction_timeout_loses_nothing() {
+    transactions::kafka_paused().await;
+}
+
+/// A commit unanswered past its call timeout is resumed, not aborted, and completes once Kafka
+/// answers: nothing is sent twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_commit_unanswered_past_its_call_timeout_is_resumed() {
+    transactions::commit_unanswered().await;
+}
+
+/// The bridge paused past the transaction timeout: the coordinator aborts the transaction and
+/// fences the producer; the bridge, the only instance, replaces its producer instead of exiting.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_bridge_paused_past_the_transaction_timeout_replaces_its_producer() {
+    transactions::bridge_paused().await;
 }
 
 /// The setting of a 410 repair: ConfigMaps `same`, `changed`, `deleted` and `recreated` in a new

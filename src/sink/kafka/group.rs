@@ -11,26 +11,33 @@
 //!
 //! A failed delivery, a failed commit or a member leaving with events in the open transaction
 //! dooms it: every member that sent in it is told ([`Member::voided`]), sends nothing more into
-//! it, and after [`Member::recover`] (the first one aborts) sends its events again.
+//! it, and after [`Member::recover`] (the first one aborts) sends its events again. A commit or
+//! abort that did not finish in time is resumed, and a producer that cannot abort is replaced
+//! ([`super::recovery`]).
 //!
 //! The producer's transactional id fences an older instance: a group per sink (`id` shared by
-//! every watch) or a group per watch (with sharding, where each watch has its own owner).
+//! every watch) or a group per watch (with sharding, where each watch has its own owner). A fence
+//! that is the coordinator aborting a transaction open past the transaction timeout, while this
+//! process still owns the id, replaces the producer instead ([`super::recovery::fence`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
-use super::sink::{CommitError, classify_commit, is_fenced, needs_new_producer};
+use super::recovery::{self, ABORT_ATTEMPTS, AfterAbort, COMMIT_ATTEMPTS, Failure, Fence};
+use super::sink::CommitError;
+use crate::leader::Leadership;
 
-/// How long transactional calls may block.
-pub(super) const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long one transactional call may block (a commit or abort that did not finish is resumed,
+/// see [`resuming`]).
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long [`Group::send_now`] keeps the producer sending at once: time enough for what it holds
 /// to leave (librdkafka returns as soon as all of it is acknowledged).
@@ -47,6 +54,13 @@ pub(super) struct Group {
     id: String,
     /// The producer's settings, `transactional.id` included.
     settings: ClientConfig,
+    /// The transaction timeout: the coordinator aborts a transaction open for longer.
+    timeout: Duration,
+    /// How long one transactional call may block.
+    call_timeout: Duration,
+    /// Valid while this process owns the transactional id (its leader Lease, or with sharding
+    /// the watch's Lease); `None` without either, where the process owns it.
+    owner: Option<Leadership>,
     producer: RwLock<FutureProducer>,
     /// Sends and arrivals hold it shared; a commit, an abort or a new producer holds it alone
     /// (librdkafka refuses records while a transaction is being committed or aborted).
@@ -66,6 +80,9 @@ struct State {
     txn: u64,
     /// The open transaction cannot commit any more: it is aborted before the next use.
     doomed: bool,
+    /// When the open transaction was handed its first record (the coordinator's timer starts
+    /// later, when that record reaches it).
+    opened: Option<Instant>,
     /// Members that sent in the open transaction, with their records once they arrived.
     participants: HashMap<u64, Option<(String, Records)>>,
     members: HashMap<u64, Signals>,
@@ -116,6 +133,7 @@ impl State {
         }
         self.participants.clear();
         self.doomed = false;
+        self.opened = None;
         self.txn += 1;
     }
 
@@ -132,17 +150,30 @@ impl State {
 impl Group {
     /// Creates the producer: `init_transactions` fences any older producer with the same id
     /// (a previous instance, a deposed leader) and completes or aborts what it left open.
+    /// `owner` is valid while this process owns the id (`None`: it always does).
     pub(super) async fn start(
         settings: &ClientConfig,
         id: &str,
         timeout: Duration,
+        owner: Option<Leadership>,
+    ) -> Result<Arc<Self>, KafkaError> {
+        Self::start_with(settings, id, timeout, owner, CALL_TIMEOUT).await
+    }
+
+    /// [`Group::start`], each transactional call blocking up to `call_timeout`.
+    async fn start_with(
+        settings: &ClientConfig,
+        id: &str,
+        timeout: Duration,
+        owner: Option<Leadership>,
+        call_timeout: Duration,
     ) -> Result<Arc<Self>, KafkaError> {
         let mut settings = settings.clone();
         settings
             .set("transactional.id", id)
             .set("transaction.timeout.ms", timeout.as_millis().to_string());
-        let started = std::time::Instant::now();
-        let producer = start_producer(&settings).await?;
+        let started = Instant::now();
+        let producer = start_producer(&settings, call_timeout).await?;
         PRODUCERS.fetch_add(1, Ordering::Relaxed);
         debug!(
             transactional_id = id,
@@ -152,6 +183,9 @@ impl Group {
         Ok(Arc::new(Self {
             id: id.to_string(),
             settings,
+            timeout,
+            call_timeout,
+            owner,
             producer: RwLock::new(producer),
             gate: tokio::sync::RwLock::new(()),
             state: Mutex::new(State::default()),
@@ -245,6 +279,8 @@ impl Group {
                 .drain()
                 .map(|(id, arrived)| (id, arrived.expect("all arrived")))
                 .collect();
+            // Checkpoint records alone open the transaction at the coordinator too.
+            state.opened.get_or_insert_with(Instant::now);
             (state.txn, batch)
         };
         let arrived: Vec<u64> = batch.iter().map(|(id, _)| *id).collect();
@@ -273,12 +309,15 @@ impl Group {
 
     /// Writes the members' records and commits. librdkafka's commit flushes first (`linger.ms`
     /// ignored), waiting for the events and the records to be acknowledged, and fails if any of
-    /// them was not stored; the whole commit is bounded by [`TRANSACTION_TIMEOUT`].
+    /// them was not stored. A commit that does not finish within the call timeout goes on in the
+    /// background and is resumed, [`COMMIT_ATTEMPTS`] calls at most: aborting it instead would be
+    /// refused for as long as it is under way.
     async fn write_and_commit(
         &self,
         batch: Vec<(u64, (String, Records))>,
     ) -> Result<(), CommitError> {
         let producer = self.producer();
+        let call_timeout = self.call_timeout;
         for (_, (topic, records)) in &batch {
             for (key, value) in records {
                 let mut record: FutureRecord<'_, String, Vec<u8>> =
@@ -290,29 +329,55 @@ impl Group {
                 drop(
                     producer
                         .send_result(record)
-                        .map_err(|(e, _)| classify_commit(e))?,
+                        .map_err(|(e, _)| self.classify(e))?,
                 );
             }
         }
         tokio::task::spawn_blocking(move || {
-            producer.commit_transaction(TRANSACTION_TIMEOUT)?;
+            resuming("commit", COMMIT_ATTEMPTS, || {
+                producer.commit_transaction(call_timeout)
+            })?;
             producer.begin_transaction()
         })
         .await
         .expect("commit task")
-        .map_err(classify_commit)
+        .map_err(|e| self.classify(e))
     }
 
-    /// Aborts a doomed transaction and opens the next (a producer that failed fatally is
-    /// replaced). Nothing to do when no transaction is doomed: another member aborted it.
+    /// Who fenced the producer, judged now ([`recovery::fence`]).
+    fn fence(&self) -> Fence {
+        let open_for = self.lock().opened.map(|at| at.elapsed());
+        let owned = self.owner.as_ref().is_none_or(Leadership::is_valid);
+        recovery::fence(open_for, self.timeout, owned)
+    }
+
+    /// The members' view of a failed commit: fenced by a rival, the transaction aborted by the
+    /// coordinator's timeout (recovered with a new producer), or failed.
+    fn classify(&self, e: KafkaError) -> CommitError {
+        if recovery::failure(&e) != Failure::Fenced {
+            return CommitError::Kafka(e);
+        }
+        match self.fence() {
+            Fence::Rival => CommitError::Fenced,
+            Fence::Timeout => CommitError::TimedOut(e),
+        }
+    }
+
+    /// Aborts a doomed transaction and opens the next; nothing to do when no transaction is
+    /// doomed (another member aborted it). A producer that failed fatally, or cannot abort, is
+    /// replaced; one fenced by a rival is not ([`recovery`]).
     async fn recover(&self) -> Result<(), CommitError> {
         let _alone = self.gate.write().await;
         let producer = self.producer();
         if let Some((code, reason)) = producer.client().fatal_error() {
-            if is_fenced(code) {
-                return Err(CommitError::Fenced);
+            if recovery::failure_of(code, false, true) == Failure::Fenced {
+                if self.fence() == Fence::Rival {
+                    return Err(CommitError::Fenced);
+                }
+                self.log_timed_out(&reason);
+            } else {
+                warn!(code = ?code, reason = %reason, "kafka producer failed fatally: creating a new one");
             }
-            warn!(code = ?code, reason = %reason, "kafka producer failed fatally: creating a new one");
             return self.replace_producer().await;
         }
         if !self.lock().doomed {
@@ -322,24 +387,44 @@ impl Group {
             transaction = self.lock().txn,
             "aborting the doomed transaction"
         );
+        let call_timeout = self.call_timeout;
         let aborted = tokio::task::spawn_blocking(move || {
-            producer.abort_transaction(TRANSACTION_TIMEOUT)?;
+            resuming("abort", ABORT_ATTEMPTS, || {
+                producer.abort_transaction(call_timeout)
+            })?;
             producer.begin_transaction()
         })
         .await
-        .expect("abort task")
-        .map_err(classify_commit);
-        match aborted {
-            Ok(()) => {
-                self.aborted();
-                Ok(())
+        .expect("abort task");
+        let Err(e) = aborted else {
+            self.aborted();
+            return Ok(());
+        };
+        let failure = recovery::failure(&e);
+        match recovery::after_abort(failure, self.fence()) {
+            AfterAbort::Replace if failure == Failure::Fenced => {
+                self.log_timed_out(&e.to_string());
+                self.replace_producer().await
             }
-            Err(CommitError::Kafka(e)) if needs_new_producer(&e) => {
+            AfterAbort::Replace => {
                 warn!(error = %e, "kafka transaction cannot be aborted: creating a new producer");
                 self.replace_producer().await
             }
-            Err(e) => Err(e),
+            AfterAbort::Fenced => Err(CommitError::Fenced),
+            AfterAbort::Later => Err(CommitError::Kafka(e)),
         }
+    }
+
+    /// Logs a fence read as the coordinator's timeout, before the producer is replaced.
+    fn log_timed_out(&self, reason: &str) {
+        let open_secs = self.lock().opened.map(|at| at.elapsed().as_secs());
+        warn!(
+            transactional_id = %self.id,
+            open_secs,
+            timeout_secs = self.timeout.as_secs(),
+            reason = %reason,
+            "kafka transaction outlived the transaction timeout and the broker aborted it: creating a new producer"
+        );
     }
 
     /// The doomed transaction is gone: the next one is open.
@@ -351,14 +436,20 @@ impl Group {
         self.wake();
     }
 
-    /// A new producer with the same transactional id (its `init_transactions` aborts what the
-    /// old one left open). The caller holds the gate alone.
+    /// A new producer with the same transactional id (its `init_transactions` completes or
+    /// aborts what the old one left open). The caller holds the gate alone.
     async fn replace_producer(&self) -> Result<(), CommitError> {
         self.lock().doom();
-        let producer = start_producer(&self.settings)
+        let producer = start_producer(&self.settings, self.call_timeout)
             .await
-            .map_err(classify_commit)?;
-        *self.producer.write().unwrap_or_else(|e| e.into_inner()) = producer;
+            .map_err(CommitError::Kafka)?;
+        let old = std::mem::replace(
+            &mut *self.producer.write().unwrap_or_else(|e| e.into_inner()),
+            producer,
+        );
+        // Destroying a producer waits for its threads: not on the runtime's.
+        tokio::task::spawn_blocking(move || drop(old));
+        debug!(transactional_id = %self.id, "transactional producer replaced");
         self.aborted();
         Ok(())
     }
@@ -531,6 +622,7 @@ impl Sending<'_> {
         let mut state = m.group.lock();
         let newcomer = !state.participants.contains_key(&m.id);
         state.participants.entry(m.id).or_insert(None);
+        state.opened.get_or_insert_with(Instant::now);
         if state.doomed {
             // Doomed since `sending`: the record goes down with the transaction.
             m.voided.send_replace(true);
@@ -557,15 +649,252 @@ impl Sending<'_> {
     }
 }
 
-/// Makes a transactional producer: `init_transactions`, then `begin_transaction`.
-async fn start_producer(settings: &ClientConfig) -> Result<FutureProducer, KafkaError> {
-    let producer: FutureProducer = settings.create()?;
-    let p = producer.clone();
+/// Makes a transactional producer: `init_transactions`, then `begin_transaction`. On a blocking
+/// thread, where a producer that failed to start is also destroyed.
+async fn start_producer(
+    settings: &ClientConfig,
+    call_timeout: Duration,
+) -> Result<FutureProducer, KafkaError> {
+    let settings = settings.clone();
     tokio::task::spawn_blocking(move || {
-        p.init_transactions(TRANSACTION_TIMEOUT)?;
-        p.begin_transaction()
+        let producer: FutureProducer = settings.create()?;
+        producer.init_transactions(call_timeout)?;
+        producer.begin_transaction()?;
+        Ok(producer)
     })
     .await
-    .expect("init_transactions task")?;
-    Ok(producer)
+    .expect("init_transactions task")
+}
+
+/// Calls `call`, a transactional call of librdkafka named `name`, until it succeeds, fails
+/// otherwise than by not finishing in time, or has been made `attempts` times: a call that did
+/// not finish goes on in the background, and calling it again resumes it ([`recovery`]).
+fn resuming(
+    name: &'static str,
+    attempts: u32,
+    mut call: impl FnMut() -> KafkaResult<()>,
+) -> KafkaResult<()> {
+    let mut attempt = 1;
+    loop {
+        match call() {
+            Err(e) if recovery::resume(recovery::failure(&e), attempt, attempts) => {
+                warn!(call = name, attempt, error = %e, "kafka transaction call did not finish in time: resuming it");
+                attempt += 1;
+            }
+            done => return done,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Against librdkafka's mock cluster: commits and aborts that do not finish in time, and
+    //! fences by a rival or by the coordinator's transaction timeout.
+
+    use std::time::{Duration, Instant};
+
+    use rdkafka::ClientConfig;
+    use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::producer::{DefaultProducerContext, FutureRecord, Producer};
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+
+    use super::{CommitError, Group, Member};
+    use crate::leader::Leadership;
+
+    const TOPIC: &str = "events";
+    const ID: &str = "kube-event-bridge.test";
+
+    fn cluster() -> MockCluster<'static, DefaultProducerContext> {
+        let cluster = MockCluster::new(1).unwrap();
+        cluster.create_topic(TOPIC, 1, 1).unwrap();
+        cluster
+    }
+
+    async fn group(
+        cluster: &MockCluster<'static, DefaultProducerContext>,
+        timeout: Duration,
+        owner: Option<Leadership>,
+        call_timeout: Duration,
+    ) -> std::sync::Arc<Group> {
+        let mut settings = ClientConfig::new();
+        settings.set("bootstrap.servers", cluster.bootstrap_servers());
+        Group::start_with(&settings, ID, timeout, owner, call_timeout)
+            .await
+            .unwrap()
+    }
+
+    /// Sends one record into the open transaction and waits for its acknowledgement.
+    async fn send(member: &Member) -> Result<(), KafkaError> {
+        let delivery = {
+            let sending = member.sending().await.expect("may send");
+            let record = FutureRecord::to(TOPIC).key("k").payload("v");
+            let delivery = sending.producer().send_result(record).map_err(|(e, _)| e)?;
+            sending.sent();
+            delivery
+        };
+        match delivery.await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err((e, _))) => Err(e),
+            Err(_) => Err(KafkaError::Canceled),
+        }
+    }
+
+    /// Sends and commits a transaction, as a watch does after recovering.
+    async fn send_and_commit(member: &Member) -> Result<(), CommitError> {
+        send(member).await.map_err(CommitError::Kafka)?;
+        member.commit("", Vec::new()).await
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_commit_that_did_not_finish_in_time_is_resumed() {
+        let cluster = cluster();
+        let g = group(
+            &cluster,
+            Duration::from_secs(30),
+            None,
+            Duration::from_secs(1),
+        )
+        .await;
+        let member = g.join();
+        send(&member).await.unwrap();
+        // The coordinator answers after the first call's timeout, within the second's.
+        cluster
+            .broker_round_trip_time(-1, Duration::from_millis(1500))
+            .unwrap();
+        let started = Instant::now();
+        member.commit("", Vec::new()).await.unwrap();
+        assert!(started.elapsed() >= Duration::from_secs(1));
+        cluster.broker_round_trip_time(-1, Duration::ZERO).unwrap();
+        send_and_commit(&member).await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_commit_that_never_finishes_is_given_up_and_the_producer_replaced() {
+        let cluster = cluster();
+        let g = group(
+            &cluster,
+            Duration::from_secs(30),
+            None,
+            Duration::from_secs(1),
+        )
+        .await;
+        let member = g.join();
+        send(&member).await.unwrap();
+        // Longer than the commit's attempts together.
+        cluster
+            .broker_round_trip_time(-1, Duration::from_secs(4))
+            .unwrap();
+        let gave_up = member.commit("", Vec::new()).await;
+        assert!(matches!(gave_up, Err(CommitError::Kafka(_))), "{gave_up:?}");
+        cluster.broker_round_trip_time(-1, Duration::ZERO).unwrap();
+        // The commit is still under way in librdkafka: an abort is refused (`_CONFLICT`), so
+        // recovering takes a new producer.
+        let producer = g.producer();
+        let refused =
+            tokio::task::spawn_blocking(move || producer.abort_transaction(Duration::from_secs(1)))
+                .await
+                .unwrap();
+        assert_eq!(
+            refused.unwrap_err().rdkafka_error_code(),
+            Some(RDKafkaErrorCode::Conflict)
+        );
+        // The new producer's `init_transactions` waits for the old commit to end at the
+        // coordinator: the pipeline calls `recover` until it succeeds.
+        let mut tries = 0;
+        while let Err(e) = member.recover().await {
+            tries += 1;
+            assert!(tries < 40, "{e:?}");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        member.settled_voided();
+        send_and_commit(&member).await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn an_abort_that_did_not_finish_in_time_is_resumed() {
+        let cluster = cluster();
+        let g = group(
+            &cluster,
+            Duration::from_secs(30),
+            None,
+            Duration::from_secs(1),
+        )
+        .await;
+        let member = g.join();
+        send(&member).await.unwrap();
+        let txn = g.lock().txn;
+        g.void(txn);
+        cluster
+            .broker_round_trip_time(-1, Duration::from_millis(1500))
+            .unwrap();
+        let started = Instant::now();
+        member.recover().await.unwrap();
+        assert!(started.elapsed() >= Duration::from_secs(1));
+        cluster.broker_round_trip_time(-1, Duration::ZERO).unwrap();
+        member.settled_voided();
+        send_and_commit(&member).await.unwrap();
+    }
+
+    /// What the coordinator answers a producer once it aborted the transaction and bumped the
+    /// epoch, or once a newer producer with the same id started (the mock cluster fences
+    /// nothing on its own).
+    fn fence_the_next_commit(cluster: &MockCluster<'static, DefaultProducerContext>) {
+        cluster.request_errors(
+            RDKafkaApiKey::EndTxn,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_PRODUCER_FENCED],
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_fence_within_the_transaction_timeout_is_a_rivals_and_stops_the_producer() {
+        let cluster = cluster();
+        let g = group(
+            &cluster,
+            Duration::from_secs(30),
+            None,
+            Duration::from_secs(5),
+        )
+        .await;
+        let member = g.join();
+        send(&member).await.unwrap();
+        fence_the_next_commit(&cluster);
+        let fenced = member.commit("", Vec::new()).await;
+        assert!(matches!(fenced, Err(CommitError::Fenced)), "{fenced:?}");
+        assert!(matches!(member.recover().await, Err(CommitError::Fenced)));
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_fence_past_the_transaction_timeout_replaces_the_producer() {
+        let cluster = cluster();
+        let timeout = Duration::from_secs(1);
+        let g = group(&cluster, timeout, None, Duration::from_secs(5)).await;
+        let member = g.join();
+        send(&member).await.unwrap();
+        tokio::time::sleep(timeout + Duration::from_millis(200)).await;
+        fence_the_next_commit(&cluster);
+        let aborted = member.commit("", Vec::new()).await;
+        assert!(
+            matches!(aborted, Err(CommitError::TimedOut(_))),
+            "{aborted:?}"
+        );
+        member.recover().await.unwrap();
+        member.settled_voided();
+        send_and_commit(&member).await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_fence_past_the_transaction_timeout_stops_a_producer_whose_lease_lapsed() {
+        let cluster = cluster();
+        let timeout = Duration::from_secs(1);
+        let lapsed = Leadership::unrenewed();
+        let g = group(&cluster, timeout, Some(lapsed), Duration::from_secs(5)).await;
+        let member = g.join();
+        send(&member).await.unwrap();
+        tokio::time::sleep(timeout + Duration::from_millis(200)).await;
+        fence_the_next_commit(&cluster);
+        let fenced = member.commit("", Vec::new()).await;
+        assert!(matches!(fenced, Err(CommitError::Fenced)), "{fenced:?}");
+        assert!(matches!(member.recover().await, Err(CommitError::Fenced)));
+    }
 }

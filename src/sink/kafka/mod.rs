@@ -5,6 +5,7 @@
 mod config;
 mod group;
 mod reads;
+mod recovery;
 mod sink;
 
 pub use config::{check_brokers, consumer_config, producer_config};

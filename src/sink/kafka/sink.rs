@@ -20,6 +20,7 @@ use super::reads::SharedReads;
 use crate::change::ChangeKind;
 use crate::config::{ContentMode, KafkaConfig};
 use crate::encode::{DATA_CONTENT_TYPE, Event, STRUCTURED_CONTENT_TYPE, ce_header};
+use crate::leader::Leadership;
 use crate::sink::{
     Checkpoints, Delivered, Error, Outcome, Pending, Result, Sink, Transactions, ready,
 };
@@ -39,6 +40,12 @@ pub enum CommitError {
     /// events in it): its records must be sent again after [`KafkaSink::recover`].
     #[error("kafka transaction aborted by another watch sharing it")]
     Aborted,
+    /// The broker aborted the transaction because it stayed open longer than
+    /// `transactionTimeoutSecs` (an outage, a pause), fencing the producer as it did, while this
+    /// process still owns the transactional id: [`KafkaSink::recover`] replaces the producer, and
+    /// the records must be sent again.
+    #[error("kafka transaction aborted by the broker: open longer than the transaction timeout")]
+    TimedOut(#[source] KafkaError),
 }
 
 /// How watches share transactional producers.
@@ -128,12 +135,20 @@ impl KafkaSink {
     /// The sink of one watch, with the settings of this sink: its share of the sink's
     /// transactional producer ([`Sharing::Sink`], made by the first watch), or a transactional
     /// producer of its own ([`Sharing::Watch`]). A producer's `init_transactions` fences an
-    /// older instance with the same transactional id.
-    pub async fn for_watch(&self, watch_id: &str, sharing: &Sharing) -> Result<Self> {
+    /// older instance with the same transactional id. `owner` is valid while this process owns
+    /// the transactional id (the leader Lease, or with sharding the watch's Lease; `None`
+    /// without either): a producer fenced while it does, by the broker aborting a transaction
+    /// open past its timeout, is replaced rather than stopped.
+    pub async fn for_watch(
+        &self,
+        watch_id: &str,
+        sharing: &Sharing,
+        owner: Option<Leadership>,
+    ) -> Result<Self> {
         let group = match sharing {
-            Sharing::Sink(id) => self.shared_group(id).await?,
+            Sharing::Sink(id) => self.shared_group(id, owner).await?,
             Sharing::Watch => {
-                self.start_group(&format!("kube-event-bridge.{watch_id}"))
+                self.start_group(&format!("kube-event-bridge.{watch_id}"), owner)
                     .await?
             }
         };
@@ -147,20 +162,21 @@ impl KafkaSink {
         ))
     }
 
-    /// The group with transactional id `id`, made if no watch holds it.
-    async fn shared_group(&self, id: &str) -> Result<Arc<Group>> {
+    /// The group with transactional id `id`, made if no watch holds it (the watches sharing
+    /// it share the process's leadership, so the first one's `owner` holds for all).
+    async fn shared_group(&self, id: &str, owner: Option<Leadership>) -> Result<Arc<Group>> {
         let mut groups = self.groups.lock().await;
         if let Some(group) = groups.get(id).and_then(Weak::upgrade) {
             return Ok(group);
         }
-        let group = self.start_group(id).await?;
+        let group = self.start_group(id, owner).await?;
         groups.insert(id.to_string(), Arc::downgrade(&group));
         Ok(group)
     }
 
-    async fn start_group(&self, id: &str) -> Result<Arc<Group>> {
+    async fn start_group(&self, id: &str, owner: Option<Leadership>) -> Result<Arc<Group>> {
         let timeout = Duration::from_secs(self.config.transaction_timeout_secs);
-        Group::start(&self.settings, id, timeout)
+        Group::start(&self.settings, id, timeout, owner)
             .await
             .map_err(Error::KafkaClient)
     }
@@ -171,9 +187,10 @@ impl KafkaSink {
     }
 
     /// Brings the shared transactional producer back to an open, empty transaction after a
-    /// failed delivery or commit (see [`Member::recover`]). Fails with [`CommitError::Fenced`]
-    /// when another instance owns the id, and with [`CommitError::Kafka`] while the broker
-    /// cannot be reached (call again later).
+    /// failed delivery or commit (see [`Member::recover`]), replacing it when it cannot abort or
+    /// the broker fenced it for a transaction open past its timeout. Fails with
+    /// [`CommitError::Fenced`] when another instance owns the id, and with
+    /// [`CommitError::Kafka`] while the broker cannot be reached (call again later).
     async fn recover(&self) -> Result<(), CommitError> {
         match &self.member {
             Some(m) => m.recover().await,
@@ -444,7 +461,7 @@ impl From<CommitError> for Error {
         match e {
             CommitError::Fenced => Error::Fenced,
             CommitError::Aborted => Error::TransactionAborted,
-            CommitError::Kafka(source) => Error::Transaction {
+            CommitError::Kafka(source) | CommitError::TimedOut(source) => Error::Transaction {
                 sink: "kafka",
                 source: Box::new(source),
             },
@@ -452,37 +469,12 @@ impl From<CommitError> for Error {
     }
 }
 
-/// Codes that mean another producer with the same transactional id took over.
-pub(super) fn is_fenced(code: RDKafkaErrorCode) -> bool {
+/// Codes that mean the producer was fenced (see [`super::recovery::fence`] for who did).
+fn is_fenced(code: RDKafkaErrorCode) -> bool {
     matches!(
         code,
         RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::Fenced
     )
-}
-
-/// Whether only a new producer gets out of this error: librdkafka's fatal errors, and "wrong
-/// state" (the producer is not where a transaction call expects it, for example after a commit
-/// whose outcome was lost), which a new producer's `init_transactions` resolves.
-pub(super) fn needs_new_producer(e: &KafkaError) -> bool {
-    match e {
-        KafkaError::Transaction(t) => t.is_fatal() || t.code() == RDKafkaErrorCode::State,
-        other => matches!(
-            other.rdkafka_error_code(),
-            Some(RDKafkaErrorCode::Fatal | RDKafkaErrorCode::State)
-        ),
-    }
-}
-
-pub(super) fn classify_commit(e: KafkaError) -> CommitError {
-    let fenced = match &e {
-        KafkaError::Transaction(t) => is_fenced(t.code()),
-        other => other.rdkafka_error_code().is_some_and(is_fenced),
-    };
-    if fenced {
-        CommitError::Fenced
-    } else {
-        CommitError::Kafka(e)
-    }
 }
 
 async fn settle(delivery: rdkafka::producer::DeliveryFuture) -> Outcome {
@@ -574,10 +566,6 @@ mod tests {
         ));
         let fenced = KafkaError::MessageProduction(RDKafkaErrorCode::Fenced);
         assert!(matches!(classify(&fenced), Outcome::Fatal { .. }));
-        assert!(matches!(classify_commit(fenced), CommitError::Fenced));
-        let state = KafkaError::MessageProduction(RDKafkaErrorCode::State);
-        assert!(needs_new_producer(&state));
-        assert!(!needs_new_producer(&too_large));
         let transient = KafkaError::MessageProduction(RDKafkaErrorCode::NotEnoughReplicas);
         assert!(matches!(classify(&transient), Outcome::Retry { .. }));
         for purged in [
