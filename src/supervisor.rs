@@ -366,7 +366,18 @@ impl Supervisor {
             }
         }
         let owned = self.owned(&desired);
-        let desired_ids: BTreeSet<String> = desired.keys().cloned().collect();
+        // The watches this replica is to run: desired and, with sharding, validly claimed here.
+        // An unstarted watch no longer among them is forgotten (its new owner starts it).
+        let runnable: BTreeSet<String> = desired
+            .keys()
+            .filter(|k| {
+                owned.as_ref().is_none_or(|o| {
+                    o.get(*k)
+                        .is_some_and(|o| o.validity.is_valid() && !o.giving_up)
+                })
+            })
+            .cloned()
+            .collect();
         let gone: Vec<String> = self
             .running
             .iter()
@@ -416,7 +427,7 @@ impl Supervisor {
             .buffered(OPEN_AT_ONCE)
             .collect()
             .await;
-        self.unstarted.retain(|id, _| desired_ids.contains(id));
+        self.unstarted.retain(|id, _| runnable.contains(id));
         let mut failure = None;
         for (id, handle, opened) in opened {
             match opened {

@@ -72,10 +72,6 @@ pub(super) struct Coordinator {
     member: Option<Lease>,
     /// Waiting for the next reconciliation ([`Command::Settled`]).
     settled: Vec<oneshot::Sender<()>>,
-    /// No claim before then: replicas started together see each other's member Leases first,
-    /// so each claims its fair share at once instead of the first claiming everything, listing
-    /// it, and giving two thirds away at the next rebalance.
-    claim_after: tokio::time::Instant,
 }
 
 impl Coordinator {
@@ -103,7 +99,6 @@ impl Coordinator {
             epoch: 0,
             member: None,
             settled: Vec::new(),
-            claim_after: tokio::time::Instant::now() + MEMBERS_SETTLE,
         }
     }
 
@@ -116,13 +111,16 @@ impl Coordinator {
     ) {
         let mut first = Some(first);
         let mut next_renew = tokio::time::Instant::now() + self.s.renew;
-        self.claim_after = tokio::time::Instant::now() + self.s.renew.min(MEMBERS_SETTLE);
+        // No claim before then: replicas started together see each other's member Leases first,
+        // so each claims its fair share at once instead of the first claiming everything,
+        // listing it, and giving two thirds away at the next rebalance.
+        let claim_after = tokio::time::Instant::now() + self.s.renew.min(MEMBERS_SETTLE);
         let mut claiming = false;
         loop {
             tokio::select! {
                 biased;
                 () = stop.cancelled(), if !self.leaving => self.leave().await,
-                () = tokio::time::sleep_until(self.claim_after), if !claiming => claiming = true,
+                () = tokio::time::sleep_until(claim_after), if !claiming => claiming = true,
                 Some(command) = commands.recv() => self.command(command).await,
                 () = tokio::time::sleep_until(next_renew) => {
                     next_renew = tokio::time::Instant::now() + self.s.renew;
