@@ -224,7 +224,7 @@ async fn a_core_wildcard_grants_list_and_watch_on_its_resources_and_nothing_dang
     let shop = unique_namespace(&client, "sar-shop").await;
     let other = unique_namespace(&client, "sar-other").await;
     let yaml = format!(
-        "cluster: dev\nleaderElection: {{enabled: true}}\ncheckpoint: {{directory: /tmp/keb}}\n\
+        "cluster: dev\nleaderElection: {{enabled: true}}\ncheckpoint: {{nats: {{url: \"nats://127.0.0.1:4222\"}}}}\n\
          resources:\n\
          - {{apiVersion: v1, resource: '*', exclude: [{{resource: Secret}}]}}\n\
          - {{apiVersion: apps/v1, resource: Deployment, namespaces: [{shop}]}}\n"

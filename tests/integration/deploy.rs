@@ -1399,7 +1399,7 @@ async fn rendered_rbac_with_fixed_namespaces_grants_reads_only_there() {
     let elsewhere = unique_namespace(&client, "rbac-fixed-elsewhere").await;
     // Kinds, not plurals: discovery resolves them and the rules name the plurals.
     let yaml = format!(
-        "cluster: dev\nleaderElection: {{enabled: true}}\ncheckpoint: {{directory: /tmp/keb}}\n\
+        "cluster: dev\nleaderElection: {{enabled: true}}\ncheckpoint: {{nats: {{url: \"nats://127.0.0.1:4222\"}}}}\n\
          resources:\n\
          - {{apiVersion: v1, resource: ConfigMap, namespaces: [{a}]}}\n\
          - {{apiVersion: v1, resource: Secret, namespaces: [{a}]}}\n\

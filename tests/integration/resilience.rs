@@ -156,10 +156,11 @@ async fn held_lease(client: &kube::Client, ns: &str) -> String {
     name
 }
 
-fn follower_config(ns: &str, lease: &str, dir: &std::path::Path, kubernetes: &str) -> String {
+/// Replicas keep their checkpoints where all of them reach them: the test environment's NATS.
+fn follower_config(ns: &str, lease: &str, _dir: &std::path::Path, kubernetes: &str) -> String {
     format!(
-        "cluster: dev\n{kubernetes}checkpoint: {{directory: {}}}\nleaderElection: {{enabled: true, namespace: {ns}, leaseName: {lease}, leaseDurationSecs: 4, retryPeriodSecs: 1}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\nsink: {{stdout: {{}}}}\n",
-        dir.display()
+        "cluster: dev\n{kubernetes}checkpoint: {{nats: {{url: \"{}\"}}}}\nleaderElection: {{enabled: true, namespace: {ns}, leaseName: {lease}, leaseDurationSecs: 4, retryPeriodSecs: 1}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\nsink: {{stdout: {{}}}}\n",
+        crate::support::env().nats_url
     )
 }
 
