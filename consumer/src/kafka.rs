@@ -291,7 +291,9 @@ impl TopicReader {
 
 impl TopicReader {
     /// The last stable offset of `partition` now (this reader's `read_committed` watermark);
-    /// unknown (the query failed) counts as reached, as before the query existed.
+    /// unknown (the query failed) counts as reached, as before the query existed. A transaction
+    /// that ends between the end-of-partition report and this query lets the partition count as
+    /// caught up a moment before the records it released are read (a window of one round trip).
     async fn stable_end(&self, partition: i32) -> i64 {
         let consumer = self.consumer.clone();
         let topic = self.topic.clone();
