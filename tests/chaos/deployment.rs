@@ -338,6 +338,14 @@ impl Deployment {
         self.gone.push(r);
     }
 
+    /// Whether the retired replica `number` has exited.
+    pub fn gone_exited(&mut self, number: usize) -> bool {
+        self.gone
+            .iter_mut()
+            .find(|r| r.number == number)
+            .is_none_or(|r| r.exited().is_some())
+    }
+
     /// Log lines of every replica mentioning `needle`, at most `max`, the newest last.
     pub fn log_lines(&self, needle: &str, max: usize) -> Vec<String> {
         let mut lines = Vec::new();

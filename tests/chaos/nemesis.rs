@@ -37,6 +37,10 @@ enum Undo {
     Restart {
         deployment: usize,
     },
+    RestartAfterExit {
+        deployment: usize,
+        number: usize,
+    },
     Component {
         verb: &'static str,
         name: &'static str,
@@ -172,8 +176,17 @@ impl Nemesis {
                 deployment.replicas[i].signal("TERM");
                 deployment.retire(i);
                 let after = self.secs(0.5, 3.0);
-                self.undo
-                    .push((Instant::now() + after, Undo::Restart { deployment: d }));
+                // One replica is replaced as the chart's Recreate strategy does: the new pod
+                // starts once the old one has exited.
+                let undo = if deployment.mode == Mode::Single {
+                    Undo::RestartAfterExit {
+                        deployment: d,
+                        number,
+                    }
+                } else {
+                    Undo::Restart { deployment: d }
+                };
+                self.undo.push((Instant::now() + after, undo));
                 self.note(
                     "replica-sigterm",
                     format!("{name} replica {number}, back after {after:.1?}"),
@@ -312,6 +325,22 @@ impl Nemesis {
                     }
                 }
                 Undo::Restart { deployment } => deployments[deployment].add_replica(),
+                Undo::RestartAfterExit { deployment, number } => {
+                    let deadline = Instant::now() + Duration::from_secs(30);
+                    while all
+                        && !deployments[deployment].gone_exited(number)
+                        && Instant::now() < deadline
+                    {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    if all || deployments[deployment].gone_exited(number) {
+                        deployments[deployment].add_replica();
+                    } else {
+                        let later = Instant::now() + Duration::from_millis(200);
+                        self.undo
+                            .push((later, Undo::RestartAfterExit { deployment, number }));
+                    }
+                }
                 Undo::Component { verb, name } => testenv(verb, name).await,
                 Undo::Receiver { deployment } => receivers[&deployment].script(|_| Reply::Accept),
             }
