@@ -142,12 +142,23 @@ pub struct Leadership {
 
 impl Leadership {
     /// A validity not renewed yet (invalid until [`Leadership::renewed`]): sharding keeps one
-    /// per watch Lease it holds.
+    /// for its member Lease.
     pub(crate) fn unrenewed() -> Self {
         Self {
             lost: CancellationToken::new(),
             epoch: Instant::now(),
             valid_until_ms: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// A validity that shares this one's renewals (it lapses when this one does, and a renewal
+    /// extends both) but can also be lost on its own: sharding gives one to each watch it holds,
+    /// all renewed through the replica's member Lease.
+    pub(crate) fn child(&self) -> Self {
+        Self {
+            lost: self.lost.child_token(),
+            epoch: self.epoch,
+            valid_until_ms: self.valid_until_ms.clone(),
         }
     }
 
@@ -364,6 +375,21 @@ async fn renew(api: Api<Lease>, s: Settings, leadership: Leadership) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_child_validity_lapses_and_renews_with_its_parent_and_is_lost_alone() {
+        let member = Leadership::unrenewed();
+        let (a, b) = (member.child(), member.child());
+        assert!(!a.is_valid(), "nothing renewed yet");
+        member.renewed(Duration::from_secs(10), Instant::now());
+        assert!(a.is_valid() && b.is_valid());
+        a.lose();
+        assert!(!a.is_valid() && b.is_valid() && member.is_valid());
+        // Four fifths of a short lease later, every child lapses with the parent.
+        member.renewed(Duration::from_millis(20), Instant::now());
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(!b.is_valid() && !member.is_valid());
+    }
 
     fn api(code: u16) -> kube::Error {
         kube::Error::Api(Box::new(

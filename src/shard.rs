@@ -6,13 +6,22 @@
 //! ([`assign`]). It claims the watches assigned to it whose Lease is free, expired or its own, and
 //! gives up the others in order: the supervisor stops the watch, the pipeline drains and saves its
 //! checkpoint, and only then is the Lease released ([`Ownership::release`]), so the next owner
-//! resumes from that checkpoint without a LIST. A replica that dies loses its Leases by expiry.
+//! resumes from that checkpoint without a LIST. A replica that dies loses its Leases when its
+//! member Lease expires.
+//!
+//! A watch Lease is written only when the watch changes hands: it stays held while its holder's
+//! member Lease is live, so a replica renews one Lease however many watches it holds (renewing
+//! each watch's Lease, a thousand watches over three replicas would need more requests per
+//! second than `kubernetes.qps` allows). A replica takes a watch Lease still naming another
+//! only after reading that replica's member Lease from the API server unchanged since it
+//! expired here.
 //!
 //! A Lease is not fencing by itself: like leader election, each held watch has a validity
-//! ([`Leadership`]) that lapses four fifths of the lease duration after its last successful
-//! renewal on the monotonic clock, and the pipeline publishes and checkpoints nothing without
-//! it; the brokers fence the rest (the Kafka transactional id per watch, the NATS checkpoint's
-//! compare-and-swap).
+//! ([`Leadership`], a child of the member Lease's) that lapses four fifths of the lease duration
+//! after the member Lease's last renewal on the monotonic clock, and the pipeline publishes and
+//! checkpoints nothing without it; a renewal that completes after the validity lapsed gives every
+//! watch up instead of extending it. The brokers fence the rest (the Kafka transactional id per
+//! watch, the NATS checkpoint's compare-and-swap).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -184,10 +193,16 @@ pub enum Reason {
     Shutdown = 2,
     /// Its Lease was lost (not renewed in time, taken over) or its pipeline was fenced.
     Lost = 3,
+    /// It could not start here: released so that another replica may try it.
+    CannotStart = 4,
 }
 
 /// The `reason` label values of hand-offs, in the order of [`Reason`].
-pub const REASONS: [&str; 4] = ["rebalance", "unselected", "shutdown", "lost"];
+pub const REASONS: [&str; 5] = ["rebalance", "unselected", "shutdown", "lost", "cannot_start"];
+
+/// Lease durations a replica leaves a watch it could not start before claiming it again, so
+/// that another replica may try it meanwhile ([`Ownership::decline`]).
+pub const DECLINE_HOLD_OFF: u32 = 6;
 
 /// Upper bounds of the time-without-owner histogram, in seconds.
 pub const UNOWNED_BUCKETS: [f64; 10] = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 60.0, 300.0];
@@ -260,6 +275,15 @@ impl Ownership {
         }
     }
 
+    /// Releases the Lease of a watch that could not start here, and claims it again only after
+    /// a hold-off of six lease durations, so that another replica may try it meanwhile.
+    pub fn decline(&self) {
+        let _ = self.commands.send(Command::Decline {
+            id: self.id.clone(),
+            epoch: self.epoch,
+        });
+    }
+
     /// Forgets the claim without releasing the Lease: the pipeline stopped without draining
     /// (fenced, or the Lease lapsed).
     pub fn abandon(&self) {
@@ -286,8 +310,9 @@ pub struct Shard {
 impl Shard {
     /// Joins the replicas of `config` (with a Kubernetes client of its own): writes this
     /// replica's member Lease and lists the group's Leases, then keeps coordinating in the
-    /// background until the process ends. When `stop` is cancelled it leaves: deletes its member
-    /// Lease, claims nothing more, and keeps renewing what it holds until each is released.
+    /// background until the process ends. When `stop` is cancelled it leaves: marks its member
+    /// Lease leaving, claims nothing more, keeps renewing it until every watch is released, then
+    /// deletes it.
     /// Transient API errors are retried with backoff (logged, and `/readyz` says starting);
     /// missing RBAC, a missing namespace or a bad client configuration end the start.
     pub async fn join(config: &Config, stop: CancellationToken) -> Result<Self> {
@@ -402,6 +427,8 @@ enum Command {
     },
     /// A watch stopped without draining: forget it.
     Abandon { id: String, epoch: u64 },
+    /// A watch could not start: release its Lease and hold off claiming it again.
+    Decline { id: String, epoch: u64 },
     /// Answer once the desired watches told so far have been reconciled.
     Settled(oneshot::Sender<()>),
 }

@@ -150,6 +150,9 @@ pub(crate) struct Supervisor {
     /// not be opened), each with a status stalled `cannot_start` naming why: readiness, the
     /// `watch_stalled` metric and the log name them, and they are tried again with backoff.
     unstarted: BTreeMap<String, WatchHandle>,
+    /// With sharding: unstarted watches whose Lease was released for another replica to try
+    /// (their status stays here until the hold-off ends, when this replica may claim them again).
+    declined: BTreeMap<String, tokio::time::Instant>,
     /// When to try the unstarted watches again, and the backoff to it.
     retry: Backoff,
     tasks: JoinSet<Finished>,
@@ -203,6 +206,7 @@ impl Supervisor {
             started: BTreeSet::new(),
             running: BTreeMap::new(),
             unstarted: BTreeMap::new(),
+            declined: BTreeMap::new(),
             retry: Backoff::default(),
             tasks: JoinSet::new(),
             generation: 0,
@@ -427,7 +431,11 @@ impl Supervisor {
             .buffered(OPEN_AT_ONCE)
             .collect()
             .await;
-        self.unstarted.retain(|id, _| runnable.contains(id));
+        let now = tokio::time::Instant::now();
+        self.declined.retain(|_, until| now < *until);
+        let declined = &self.declined;
+        self.unstarted
+            .retain(|id, _| runnable.contains(id) || declined.contains_key(id));
         let mut failure = None;
         for (id, handle, opened) in opened {
             match opened {
@@ -438,6 +446,12 @@ impl Supervisor {
                     self.launch(opened);
                 }
                 Err(e) => {
+                    if let Some(o) = owned.as_ref().and_then(|o| o.get(&id)) {
+                        let hold_off = Duration::from_secs(self.config.sharding.lease_duration_secs)
+                            * crate::shard::DECLINE_HOLD_OFF;
+                        self.declined.insert(id.clone(), now + hold_off);
+                        o.decline();
+                    }
                     self.cannot_start(id, handle, &e);
                     if !e.is_transient() {
                         failure = failure.or(Some(e));

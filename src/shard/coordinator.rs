@@ -1,6 +1,7 @@
 //! The coordinator: the one task that holds this replica's Leases. It follows every Lease of the
-//! group, renews what it holds, claims what the assignment gives it and gives up the rest in
-//! order (see the parent module), and deletes Leases nobody needs any more.
+//! group, renews its member Lease (which keeps every watch Lease it holds valid, see
+//! [`membership`]), claims what the assignment gives it and gives up the rest in order (see the
+//! parent module), and deletes Leases nobody needs any more.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -17,8 +18,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::lease::{self, Names, Seen, holder};
+use super::membership::{watch_free_since, watch_holder};
 use super::{
-    Command, Metrics, Owned, Ownership, REASONS, Reason, Settings, assign, membership, stale,
+    Command, DECLINE_HOLD_OFF, Metrics, Owned, Ownership, REASONS, Reason, Settings, assign,
+    membership, stale,
 };
 use crate::leader::Leadership;
 
@@ -26,6 +29,7 @@ use crate::leader::Leadership;
 #[derive(Debug)]
 struct Held {
     epoch: u64,
+    /// The member Lease's validity, lost on its own when the watch is.
     validity: Leadership,
     /// The Lease as last written.
     lease: Lease,
@@ -43,12 +47,6 @@ const MEMBERS_SETTLE: Duration = Duration::from_secs(2);
 /// Stale Leases deleted per renewal period at most.
 const STALE_PER_RENEWAL: usize = 16;
 
-/// How a renewal went.
-enum Renewal {
-    Renewed(Box<Lease>, Instant),
-    Lost,
-    Failed(kube::Error),
-}
 
 /// The task that holds the Leases: one loop, so its state needs no lock.
 pub(super) struct Coordinator {
@@ -70,6 +68,12 @@ pub(super) struct Coordinator {
     epoch: u64,
     /// This replica's member Lease as last written.
     member: Option<Lease>,
+    /// The member Lease's validity: every watch held shares it ([`Leadership::child`]).
+    member_validity: Leadership,
+    /// Leaving, and the member Lease is deleted.
+    left: bool,
+    /// Watches that could not start here, not claimed again before then.
+    declined: BTreeMap<String, Instant>,
     /// Waiting for the next reconciliation ([`Command::Settled`]).
     settled: Vec<oneshot::Sender<()>>,
 }
@@ -98,6 +102,9 @@ impl Coordinator {
             leaving: false,
             epoch: 0,
             member: None,
+            member_validity: Leadership::unrenewed(),
+            left: false,
+            declined: BTreeMap::new(),
             settled: Vec::new(),
         }
     }
@@ -199,6 +206,7 @@ impl Coordinator {
                 if self.held.get(&id).is_some_and(|h| h.epoch == epoch) {
                     self.release(&id).await;
                 }
+                self.delete_member_once_left().await;
                 let _ = done.send(());
             }
             Command::Abandon { id, epoch } => {
@@ -206,13 +214,27 @@ impl Coordinator {
                     warn!(watch = %id, "watch stopped without draining: its lease is given up");
                     self.forget(&id, Reason::Lost);
                 }
+                self.delete_member_once_left().await;
+            }
+            Command::Decline { id, epoch } => {
+                if self.held.get(&id).is_some_and(|h| h.epoch == epoch) {
+                    let hold_off = self.s.lease_duration * DECLINE_HOLD_OFF;
+                    self.declined.insert(id.clone(), Instant::now() + hold_off);
+                    if let Some(held) = self.held.get_mut(&id) {
+                        held.giving_up = Some(Reason::CannotStart);
+                    }
+                    warn!(watch = %id, hold_off_secs = hold_off.as_secs(), "watch cannot start here: releasing its lease so that another replica may try it");
+                    self.release(&id).await;
+                }
             }
             Command::Settled(done) => self.settled.push(done),
         }
     }
 
-    /// Gives up what the assignment no longer gives this replica, then claims what it does.
+    /// Drops the watches whose Lease another replica took (it judged this one gone), gives up
+    /// what the assignment no longer gives this replica, then claims what it does.
     async fn reconcile(&mut self) {
+        self.drop_taken();
         let members = membership::live(&self.view, &self.s.identity, self.leaving);
         let ids: Vec<String> = self.desired.keys().cloned().collect();
         let owners = assign::assign(&members, &ids);
@@ -245,19 +267,41 @@ impl Coordinator {
                 }
             });
         }
-        if self.leaving {
+        // Claims need a valid member Lease: the others judge every watch Lease this replica
+        // holds by it.
+        if self.leaving || !self.member_validity.is_valid() {
             return;
         }
         self.absent_since
             .retain(|id, _| self.desired.contains_key(id));
+        self.declined.retain(|_, until| now < *until);
+        let mut gone = BTreeMap::new();
         for id in ids {
-            if self.held.contains_key(&id) {
+            if self.held.contains_key(&id) || self.declined.contains_key(&id) {
                 continue;
             }
             let assigned = owners.get(&id).is_some_and(|o| *o == me.as_str());
             if let Some(orphan) = self.claimable(&id, assigned, now) {
-                self.claim(&id, orphan).await;
+                self.claim(&id, orphan, &mut gone).await;
             }
+        }
+    }
+
+    /// Forgets the watches held whose Lease, as seen now, names another holder or is gone.
+    fn drop_taken(&mut self) {
+        let me = self.s.identity.as_str();
+        let taken: Vec<String> = self
+            .held
+            .keys()
+            .filter(|id| {
+                let seen = self.view.get(&self.names.watch(id));
+                seen.and_then(Seen::holder_identity) != Some(me)
+            })
+            .cloned()
+            .collect();
+        for id in taken {
+            warn!(watch = %id, "watch lease taken over: stopping the watch");
+            self.forget(&id, Reason::Lost);
         }
     }
 
@@ -270,10 +314,10 @@ impl Coordinator {
         let free_since = match self.view.get(&name) {
             Some(seen) => {
                 self.absent_since.remove(id);
-                match seen.holder() {
+                match watch_holder(&self.view, &self.names, seen) {
                     Some(h) if h == self.s.identity => return Some(false),
                     Some(_) => return None,
-                    None => seen.free_since().unwrap_or(now),
+                    None => watch_free_since(&self.view, &self.names, seen).unwrap_or(now),
                 }
             }
             None => *self.absent_since.entry(id.to_string()).or_insert(now),
@@ -284,15 +328,36 @@ impl Coordinator {
         (free_since.elapsed() >= self.s.lease_duration * 2).then_some(true)
     }
 
-    /// Takes the Lease of watch `id` (creating it if need be).
-    async fn claim(&mut self, id: &str, orphan: bool) {
+    /// Takes the Lease of watch `id` (creating it if need be). A Lease still naming another
+    /// replica is taken only once that replica's member Lease is read unchanged (`gone` keeps
+    /// the answers of this reconciliation).
+    async fn claim(&mut self, id: &str, orphan: bool, gone: &mut BTreeMap<String, bool>) {
         let name = self.names.watch(id);
         let (me, d) = (self.s.identity.clone(), self.s.lease_duration);
         let description = self.desired.get(id).cloned().unwrap_or_default();
+        let previous = self
+            .view
+            .get(&name)
+            .and_then(Seen::holder_identity)
+            .filter(|h| *h != me)
+            .map(str::to_string);
+        if let Some(previous) = previous {
+            let confirmed = match gone.get(&previous) {
+                Some(confirmed) => *confirmed,
+                None => {
+                    let confirmed = self.member_gone(&previous).await;
+                    gone.insert(previous, confirmed);
+                    confirmed
+                }
+            };
+            if !confirmed {
+                return;
+            }
+        }
         let (lease, unowned) = match self.view.get(&name) {
             Some(seen) => (
                 lease::held_by(&seen.lease, &me, d),
-                seen.free_since().map(|t| t.elapsed()),
+                watch_free_since(&self.view, &self.names, seen).map(|t| t.elapsed()),
             ),
             None => (
                 self.names.lease(&name, &me, d, Some((id, &description))),
@@ -309,6 +374,29 @@ impl Coordinator {
         }
     }
 
+    /// Whether the member Lease of `holder`, judged expired here, is still unchanged when read
+    /// from the API server (or gone): this replica's view of it may lag, and a watch Lease is
+    /// never renewed itself, so its compare-and-swap alone cannot tell a live holder.
+    async fn member_gone(&mut self, holder: &str) -> bool {
+        let name = self.names.member(holder);
+        match self.api.get_opt(&name).await {
+            Ok(None) => true,
+            Ok(Some(lease)) => {
+                let seen = self.view.get(&name).map(|s| &s.lease.metadata.resource_version);
+                if seen == Some(&lease.metadata.resource_version) {
+                    return true;
+                }
+                debug!(member = %holder, "member lease renewed meanwhile: its watches stay its own");
+                self.seen(name, lease, Instant::now());
+                false
+            }
+            Err(e) => {
+                warn!(member = %holder, error = %e, "cannot read a member lease before taking its watches; retrying");
+                false
+            }
+        }
+    }
+
     fn claimed(
         &mut self,
         id: &str,
@@ -317,8 +405,7 @@ impl Coordinator {
         unowned: Option<Duration>,
         orphan: bool,
     ) {
-        let validity = Leadership::unrenewed();
-        validity.renewed(self.s.lease_duration, at);
+        let validity = self.member_validity.child();
         self.epoch += 1;
         let name = self.names.watch(id);
         self.seen(name.clone(), written.clone(), at);
@@ -403,45 +490,31 @@ impl Coordinator {
         }
     }
 
-    /// Renews the member Lease and every watch Lease held; a watch whose Lease was taken over or
-    /// not renewed in time is lost.
+    /// Renews the member Lease, which keeps every watch Lease held valid; once it has lapsed,
+    /// every watch held is lost (another replica may have judged this one gone).
     async fn renew_all(&mut self) {
-        if !self.leaving
+        if !self.left
             && let Err(e) = self.renew_member().await
         {
             warn!(error = %e, "cannot renew the member lease; retrying");
         }
-        let ids: Vec<String> = self.held.keys().cloned().collect();
-        let renewals = ids.iter().map(|id| {
-            let current = self.held[id].lease.clone();
-            renew(&self.api, current, &self.s)
-        });
-        let results = futures::future::join_all(renewals).await;
-        for (id, result) in ids.into_iter().zip(results) {
-            match result {
-                Renewal::Renewed(lease, at) => {
-                    let lease = *lease;
-                    if let Some(held) = self.held.get_mut(&id) {
-                        held.validity.renewed(self.s.lease_duration, at);
-                        held.lease = lease.clone();
-                    }
-                    self.seen(self.names.watch(&id), lease, at);
-                }
-                Renewal::Lost => {
-                    warn!(watch = %id, "watch lease taken over: stopping the watch");
-                    self.forget(&id, Reason::Lost);
-                }
-                Renewal::Failed(e) => {
-                    warn!(watch = %id, error = %e, "cannot renew the watch's lease; retrying");
-                    if self.held.get(&id).is_some_and(|h| !h.validity.is_valid()) {
-                        warn!(watch = %id, "watch lease not renewed in time: stopping the watch");
-                        self.forget(&id, Reason::Lost);
-                    }
-                }
-            }
+        if !self.member_validity.is_valid() {
+            self.lose_all();
         }
-        // After the renewals, so that many stale Leases never delay them.
+        // After the renewal, so that many stale Leases never delay it.
         self.delete_stale().await;
+    }
+
+    /// Forgets every watch held: the member Lease lapsed.
+    fn lose_all(&mut self) {
+        if self.held.is_empty() {
+            return;
+        }
+        warn!(watches = self.held.len(), "member lease not renewed in time: stopping every watch held (another replica may take them)");
+        let ids: Vec<String> = self.held.keys().cloned().collect();
+        for id in ids {
+            self.forget(&id, Reason::Lost);
+        }
     }
 
     /// Deletes the Leases nobody needs: members of replicas gone (killed, so they could not
@@ -450,7 +523,7 @@ impl Coordinator {
     async fn delete_stale(&mut self) {
         let desired: BTreeSet<String> =
             self.desired.keys().map(|id| self.names.watch(id)).collect();
-        let stale = stale::leases(&self.view, &desired, self.s.lease_duration);
+        let stale = stale::leases(&self.view, &self.names, &desired, self.s.lease_duration);
         // A few per renewal period: a selector dropping hundreds of namespaces at once does
         // not hold the coordinator up.
         for (name, rv) in stale.into_iter().take(STALE_PER_RENEWAL) {
@@ -469,56 +542,55 @@ impl Coordinator {
             Some(lease) => Some(lease),
             None => self.api.get_opt(&name).await?,
         };
-        let lease = match current {
+        let mut lease = match current {
             Some(current) => lease::held_by(&current, &me, d),
             None => self.names.lease(&name, &me, d, None),
         };
+        if self.leaving {
+            lease = lease::leaving(&lease);
+        }
         let at = Instant::now();
+        let written = lease::write(&self.api, &lease).await?;
+        // A renewal that lands after the validity lapsed revives no watch: meanwhile another
+        // replica may have judged this one gone and taken them.
+        if !self.member_validity.is_valid() {
+            self.lose_all();
+        }
         // A lost race leaves `member` empty: the next renewal reads the Lease again.
-        if let Some(written) = lease::write(&self.api, &lease).await? {
+        if let Some(written) = written {
             self.member = Some(written.clone());
             self.seen(name, written, at);
+            self.member_validity.renewed(d, at);
         }
         Ok(())
     }
 
-    /// Leaves the replicas: the member Lease goes first, so the others count this replica out
-    /// at once; every held watch is given up (the supervisor drains them all).
+    /// Leaves the replicas: the member Lease is marked leaving first, so the others count this
+    /// replica out at once; every held watch is given up (the supervisor drains them all) and
+    /// stays valid until released; then the member Lease is deleted.
     async fn leave(&mut self) {
         self.leaving = true;
+        if let Err(e) = self.renew_member().await {
+            warn!(error = %e, "cannot mark the member lease leaving; the others count this replica out when it expires");
+        }
+        info!(identity = %self.s.identity, watches = self.held.len(), "leaving the replicas: handing the watches over");
+        self.delete_member_once_left().await;
+    }
+
+    /// Deletes the member Lease once leaving and every watch is released.
+    async fn delete_member_once_left(&mut self) {
+        if !self.leaving || self.left || !self.held.is_empty() {
+            return;
+        }
+        self.left = true;
         let name = self.names.member(&self.s.identity);
         let rv = self
             .member
-            .as_ref()
-            .and_then(|l| l.metadata.resource_version.clone());
+            .take()
+            .and_then(|l| l.metadata.resource_version);
         lease::delete(&self.api, &name, rv).await;
-        info!(identity = %self.s.identity, watches = self.held.len(), "left the replicas: handing the watches over");
+        info!(identity = %self.s.identity, "left the replicas: every watch released, member lease deleted");
     }
-}
-
-/// One renewal of a watch Lease held: a compare-and-swap on the copy last written; after a
-/// conflict, read it again and renew it if it is still ours.
-async fn renew(api: &Api<Lease>, current: Lease, s: &Settings) -> Renewal {
-    let at = Instant::now();
-    let name = current.metadata.name.clone().unwrap_or_default();
-    let mut current = current;
-    for _ in 0..2 {
-        match lease::write(
-            api,
-            &lease::held_by(&current, &s.identity, s.lease_duration),
-        )
-        .await
-        {
-            Ok(Some(lease)) => return Renewal::Renewed(Box::new(lease), at),
-            Ok(None) => match api.get_opt(&name).await {
-                Ok(Some(lease)) if holder(&lease) == Some(&s.identity) => current = lease,
-                Ok(_) => return Renewal::Lost,
-                Err(e) => return Renewal::Failed(e),
-            },
-            Err(e) => return Renewal::Failed(e),
-        }
-    }
-    Renewal::Lost
 }
 
 /// Whether `a` is an older copy than `b` (resourceVersions compared as numbers, as the API

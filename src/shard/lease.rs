@@ -22,6 +22,10 @@ pub(crate) const WATCH: &str = "watch";
 pub(crate) const WATCH_ID: &str = "kube-event-bridge/watch-id";
 /// Annotation of a watch Lease: the watch, readable.
 pub(crate) const WATCH_DESCRIPTION: &str = "kube-event-bridge/watch";
+/// Annotation of a member Lease: the replica is leaving (it gives its watches up, then deletes
+/// the Lease). The others count it out of the assignment at once, while the watch Leases it
+/// still holds stay valid until it releases them.
+pub(crate) const LEAVING: &str = "kube-event-bridge/leaving";
 
 /// The names of the Leases of one configuration.
 #[derive(Debug, Clone)]
@@ -142,6 +146,20 @@ impl Seen {
         (self.changed_at.elapsed() < lease_duration(&self.lease)).then_some(holder)
     }
 
+    /// When the Lease expires or expired, as seen here: one duration after it last changed.
+    pub(crate) fn expires_at(&self) -> Instant {
+        self.changed_at + lease_duration(&self.lease)
+    }
+
+    /// Whether the Lease is a member Lease of a replica that is leaving.
+    pub(crate) fn is_leaving(&self) -> bool {
+        self.lease
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(LEAVING))
+    }
+
     /// The holder written in the Lease, valid or not.
     pub(crate) fn holder_identity(&self) -> Option<&str> {
         let spec = self.lease.spec.as_ref()?;
@@ -193,6 +211,17 @@ pub(crate) fn held_by(current: &Lease, holder: &str, duration: Duration) -> Leas
     }
     spec.lease_duration_seconds = Some(duration.as_secs() as i32);
     spec.renew_time = Some(now());
+    lease
+}
+
+/// `current` marked as the member Lease of a replica that is leaving ([`LEAVING`]).
+pub(crate) fn leaving(current: &Lease) -> Lease {
+    let mut lease = current.clone();
+    lease
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(LEAVING.to_string(), "true".to_string());
     lease
 }
 

@@ -1,17 +1,24 @@
-//! Who takes part: every replica keeps a member Lease renewed; a member is live while its Lease
-//! is (as judged here, [`Seen::holder`]). A replica leaving in order deletes its member Lease
-//! first, so the others count it out at once; a killed one is counted out when its Lease expires.
+//! Who takes part, and who holds what: every replica keeps a member Lease renewed; a member is
+//! live while its Lease is (as judged here, [`Seen::holder`]). A watch Lease names its holder
+//! and is written only when the watch changes hands; it is held while its holder's member Lease
+//! is live, so a replica renews one Lease however many watches it owns.
+//!
+//! A replica leaving in order marks its member Lease [`LEAVING`](super::lease::LEAVING): the
+//! others count it out of the assignment at once, while the watches it still holds stay its own
+//! until it releases them; then it deletes the Lease. A killed one is counted out, and its
+//! watches freed, when its member Lease expires.
 
 use std::collections::BTreeMap;
+use std::time::Instant;
 
-use super::lease::{MEMBER, ROLE_LABEL, Seen};
+use super::lease::{MEMBER, Names, ROLE_LABEL, Seen};
 
-/// The identities of the live members among `view` (Leases by name), sorted; `me` counts unless
-/// `leaving`, whatever its Lease says (it may not be written yet).
+/// The identities of the live members among `view` (Leases by name) that take watches, sorted;
+/// `me` counts unless `leaving`, whatever its Lease says (it may not be written yet).
 pub(crate) fn live(view: &BTreeMap<String, Seen>, me: &str, leaving: bool) -> Vec<String> {
     let mut members: Vec<String> = view
         .values()
-        .filter(|s| is_member(s))
+        .filter(|s| is_member(s) && !s.is_leaving())
         .filter_map(|s| s.holder())
         .filter(|holder| *holder != me)
         .map(str::to_string)
@@ -22,6 +29,36 @@ pub(crate) fn live(view: &BTreeMap<String, Seen>, me: &str, leaving: bool) -> Ve
     members.sort_unstable();
     members.dedup();
     members
+}
+
+/// Who holds the watch Lease `watch`, as judged here: the holder it names while that holder's
+/// member Lease is live.
+pub(crate) fn watch_holder<'a>(
+    view: &'a BTreeMap<String, Seen>,
+    names: &Names,
+    watch: &'a Seen,
+) -> Option<&'a str> {
+    let holder = watch.holder_identity()?;
+    let member = view.get(&names.member(holder))?;
+    (member.holder() == Some(holder)).then_some(holder)
+}
+
+/// When the watch Lease `watch` became free, as seen here: released (no holder) since it last
+/// changed; since its holder's member Lease expired; since it changed when that member Lease is
+/// gone. `None` while it is held.
+pub(crate) fn watch_free_since(
+    view: &BTreeMap<String, Seen>,
+    names: &Names,
+    watch: &Seen,
+) -> Option<Instant> {
+    let Some(holder) = watch.holder_identity() else {
+        return Some(watch.changed_at);
+    };
+    match view.get(&names.member(holder)) {
+        Some(member) if member.holder() == Some(holder) => None,
+        Some(member) => Some(member.expires_at().max(watch.changed_at)),
+        None => Some(watch.changed_at),
+    }
 }
 
 /// Whether `seen` is a member Lease.
@@ -68,5 +105,48 @@ mod tests {
         view.insert(names.watch("w"), Seen::first(watch, now));
         assert_eq!(live(&view, "me", false), ["a", "b", "me"]);
         assert_eq!(live(&view, "a", true), ["b"]);
+        // A member leaving is counted out of the assignment at once.
+        let leaving = super::super::lease::leaving(&view[&names.member("b")].lease);
+        view.insert(names.member("b"), Seen::first(leaving, now));
+        assert_eq!(live(&view, "me", false), ["a", "me"]);
+    }
+
+    #[test]
+    fn a_watch_lease_is_held_while_its_holders_member_lease_is_live() {
+        let names = Names::new("p");
+        let d = Duration::from_secs(5);
+        let now = Instant::now();
+        let ago = |secs| now.checked_sub(Duration::from_secs(secs)).unwrap();
+        let mut view = BTreeMap::new();
+        let member = |who: &str, changed_at| Seen {
+            lease: names.lease(&names.member(who), who, d, None),
+            changed_at,
+        };
+        view.insert(names.member("live"), member("live", ago(4)));
+        view.insert(names.member("dead"), member("dead", ago(7)));
+        // The watch Leases were written long ago: only the member Leases' renewals count.
+        let watch = |holder: &str| Seen {
+            lease: names.lease(&names.watch(holder), holder, d, Some((holder, holder))),
+            changed_at: ago(60),
+        };
+        let held = watch("live");
+        assert_eq!(watch_holder(&view, &names, &held), Some("live"));
+        assert_eq!(watch_free_since(&view, &names, &held), None);
+        let orphan = watch("dead");
+        assert_eq!(watch_holder(&view, &names, &orphan), None);
+        assert_eq!(watch_free_since(&view, &names, &orphan), Some(ago(2)));
+        let unknown = watch("gone");
+        assert_eq!(watch_holder(&view, &names, &unknown), None);
+        assert_eq!(watch_free_since(&view, &names, &unknown), Some(ago(60)));
+        // A leaving member still holds its watches until it releases them.
+        let leaving = super::super::lease::leaving(&view[&names.member("live")].lease);
+        view.insert(names.member("live"), Seen::first(leaving, now));
+        assert_eq!(watch_holder(&view, &names, &held), Some("live"));
+        let released = Seen {
+            lease: super::super::lease::released(&held.lease),
+            changed_at: ago(1),
+        };
+        assert_eq!(watch_holder(&view, &names, &released), None);
+        assert_eq!(watch_free_since(&view, &names, &released), Some(ago(1)));
     }
 }

@@ -5,13 +5,14 @@
 //! A Lease counts as stale only well after it became free, so that a replica paused for a
 //! while or a moment when replicas see different desired watches does not cost a Lease: a
 //! member Lease unchanged for [`MEMBER_GRACE`] lease durations (expired for two), a watch
-//! Lease [`WATCH_GRACE`] lease durations after it was released or last renewed.
+//! Lease [`WATCH_GRACE`] lease durations after it was released or its holder's member Lease
+//! expired ([`watch_free_since`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use super::lease::{Seen, WATCH};
-use super::membership::role;
+use super::lease::{Names, Seen, WATCH};
+use super::membership::{role, watch_free_since};
 
 /// Lease durations a member Lease stays unchanged before it is deleted.
 pub(crate) const MEMBER_GRACE: u32 = 3;
@@ -22,18 +23,18 @@ pub(crate) const WATCH_GRACE: u32 = 5;
 /// on it; `desired` holds the names of the watch Leases of the desired watches, which stay.
 pub(crate) fn leases(
     view: &BTreeMap<String, Seen>,
+    names: &Names,
     desired: &BTreeSet<String>,
     lease_duration: Duration,
 ) -> Vec<(String, Option<String>)> {
     view.iter()
         .filter(|(name, seen)| {
-            let grace = match role(seen) {
+            let (free_since, grace) = match role(seen) {
                 Some(WATCH) if desired.contains(*name) => return false,
-                Some(WATCH) => WATCH_GRACE,
-                _ => MEMBER_GRACE,
+                Some(WATCH) => (watch_free_since(view, names, seen), WATCH_GRACE),
+                _ => (seen.free_since(), MEMBER_GRACE),
             };
-            seen.free_since()
-                .is_some_and(|t| t.elapsed() >= lease_duration * grace)
+            free_since.is_some_and(|t| t.elapsed() >= lease_duration * grace)
         })
         .map(|(name, seen)| (name.clone(), seen.lease.metadata.resource_version.clone()))
         .collect()
@@ -74,8 +75,17 @@ mod tests {
         view.insert(names.watch("recent"), watch("recent", ago(9), true));
         view.insert(names.watch("old"), watch("old", ago(11), true));
         view.insert(names.watch("dead"), watch("dead", ago(60), false));
+        // Undesired, written long ago, but its holder's member Lease is live: still held.
+        let running = names.lease(&names.watch("running"), "live", d, Some(("r", "r")));
+        view.insert(
+            names.watch("running"),
+            Seen {
+                lease: running,
+                changed_at: ago(60),
+            },
+        );
         let desired = [names.watch("held"), names.watch("kept")].into();
-        let mut stale: Vec<String> = leases(&view, &desired, d)
+        let mut stale: Vec<String> = leases(&view, &names, &desired, d)
             .into_iter()
             .map(|(name, _)| name)
             .collect();
@@ -87,7 +97,7 @@ mod tests {
         ];
         expected.sort();
         assert_eq!(stale, expected);
-        let gone = leases(&view, &desired, d)
+        let gone = leases(&view, &names, &desired, d)
             .into_iter()
             .find(|(name, _)| *name == names.member("gone"));
         assert_eq!(gone.and_then(|(_, rv)| rv).as_deref(), Some("gone1"));

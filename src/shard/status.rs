@@ -28,9 +28,10 @@ pub struct LeaseRow {
     pub lease: String,
     /// The replica the assignment gives it to.
     pub assigned: Option<String>,
-    /// Who holds its Lease now (valid by the wall clock), if anyone.
+    /// Who holds its Lease now (named in it, with a member Lease valid by the wall clock), if
+    /// anyone.
     pub holder: Option<String>,
-    /// Seconds since the Lease was renewed.
+    /// Seconds since the holder's member Lease was renewed.
     pub renewed_secs_ago: Option<u64>,
     /// How many times the Lease changed hands.
     pub transitions: i32,
@@ -165,9 +166,13 @@ fn rows(
         .map(|(id, description)| {
             let name = names.watch(id);
             let l = leases.get(&name);
-            let holder = l
-                .filter(|l| valid(l))
-                .and_then(|l| super::holder(l).map(str::to_string));
+            // A watch Lease is held while its holder's member Lease is valid.
+            let member = l
+                .and_then(|l| super::holder(l))
+                .and_then(|h| leases.get(&names.member(h)));
+            let holder = member
+                .filter(|m| valid(m))
+                .and_then(|m| super::holder(m).map(str::to_string));
             if let Some(h) = &holder {
                 *held.entry(h.clone()).or_default() += 1;
             }
@@ -176,7 +181,9 @@ fn rows(
                 lease: name,
                 assigned: owners.get(id).map(|m| m.to_string()),
                 holder,
-                renewed_secs_ago: l.and_then(lease::renew_age).map(|d: Duration| d.as_secs()),
+                renewed_secs_ago: member
+                    .and_then(lease::renew_age)
+                    .map(|d: Duration| d.as_secs()),
                 transitions: l
                     .and_then(|l| l.spec.as_ref()?.lease_transitions)
                     .unwrap_or(0),
@@ -200,6 +207,9 @@ mod tests {
         }
         let held = names.lease(&names.watch("w1"), "b", d, Some(("w1", "dev/v1/x/ns1")));
         leases.insert(names.watch("w1"), held);
+        // Named in a watch Lease, but without a member Lease: held by nobody.
+        let orphan = names.lease(&names.watch("w2"), "z", d, Some(("w2", "dev/v1/x/ns2")));
+        leases.insert(names.watch("w2"), orphan);
         let watches: BTreeMap<String, String> = [("w1", "dev/v1/x/ns1"), ("w2", "dev/v1/x/ns2")]
             .into_iter()
             .map(|(a, b)| (a.to_string(), b.to_string()))

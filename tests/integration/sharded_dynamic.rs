@@ -93,8 +93,14 @@ impl Replicas {
 
     /// How many watch Leases of this group have a valid holder.
     async fn held_leases(&self) -> Option<usize> {
+        let members = group_leases(&self.client, &self.lease_ns, &self.prefix, "member").await?;
         let leases = group_leases(&self.client, &self.lease_ns, &self.prefix, "watch").await?;
-        Some(leases.iter().filter(|l| valid_holder(l).is_some()).count())
+        Some(
+            leases
+                .iter()
+                .filter(|l| valid_holder(l, &members).is_some())
+                .count(),
+        )
     }
 
     /// The descriptions of this group's watch Leases (annotation `kube-event-bridge/watch`).

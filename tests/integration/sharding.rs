@@ -80,16 +80,18 @@ impl Scene {
         group_leases(&self.client, &self.lease_ns, &self.prefix, role).await
     }
 
-    /// The valid holder of every watch Lease (by its name), judged by its renew time; `None`
-    /// for a watch Lease without one. Replicas are named by the `POD_NAME` they were given.
-    /// `None` when the API server did not answer (the caller reads again).
+    /// The valid holder of every watch Lease (by its name), judged by the renew time of the
+    /// holder's member Lease; `None` for a watch Lease without one. Replicas are named by the
+    /// `POD_NAME` they were given. `None` when the API server did not answer (the caller reads
+    /// again).
     async fn holders(&self) -> Option<BTreeMap<String, Option<String>>> {
+        let members = self.leases("member").await?;
         let leases = self.leases("watch").await?;
         let holders = leases
             .into_iter()
             .map(|l| {
                 let name = l.metadata.name.clone().unwrap_or_default();
-                (name, valid_holder(&l))
+                (name, valid_holder(&l, &members))
             })
             .collect();
         Some(holders)
@@ -149,11 +151,16 @@ pub(crate) async fn group_leases(
     Some(leases.items.into_iter().filter(ours).collect())
 }
 
-/// The holder of `lease` while it is valid (renewed within its duration), named by the replica's
-/// `POD_NAME` (the identity without its `-pid`).
-pub(crate) fn valid_holder(lease: &Lease) -> Option<String> {
+/// The holder of the watch Lease `lease` while it is valid (its holder's member Lease among
+/// `members` renewed within its duration, by the wall clock), named by the replica's `POD_NAME`
+/// (the identity without its `-pid`).
+pub(crate) fn valid_holder(lease: &Lease, members: &[Lease]) -> Option<String> {
     let spec = lease.spec.as_ref()?;
     let holder = spec.holder_identity.as_deref().filter(|h| !h.is_empty())?;
+    let member = members
+        .iter()
+        .find(|m| m.spec.as_ref().and_then(|s| s.holder_identity.as_deref()) == Some(holder))?;
+    let spec = member.spec.as_ref()?;
     let renewed = spec.renew_time.as_ref()?.0;
     let age = k8s_openapi::jiff::Timestamp::now().duration_since(renewed);
     let valid = age.as_secs_f64() < spec.lease_duration_seconds.unwrap_or(15) as f64;
