@@ -317,13 +317,18 @@ impl Shard {
     /// missing RBAC, a missing namespace or a bad client configuration end the start.
     pub async fn join(config: &Config, stop: CancellationToken) -> Result<Self> {
         let client = kubernetes::client(&config.kubernetes).await?;
+        // The member Lease's renewals and the Lease watch get a client (and a `qps` budget) of
+        // their own: hundreds of claims or releases must never delay a renewal, nor hold the
+        // watch's requests back while the view it feeds goes stale.
+        let renewals = kubernetes::client(&config.kubernetes).await?;
         let settings = Settings::new(&config.sharding, &config.cluster, |name| {
             std::env::var(name).ok()
         });
         let api: Api<Lease> = Api::namespaced(client, &settings.namespace);
+        let renew_api: Api<Lease> = Api::namespaced(renewals, &settings.namespace);
         let mut backoff = Backoff::default();
         loop {
-            match Self::try_join(&api, &settings, stop.clone()).await {
+            match Self::try_join(&api, &renew_api, &settings, stop.clone()).await {
                 Ok(shard) => return Ok(shard),
                 Err(e) if e.is_transient() => {
                     let delay = backoff.next_delay();
@@ -337,17 +342,17 @@ impl Shard {
 
     async fn try_join(
         api: &Api<Lease>,
+        renew_api: &Api<Lease>,
         settings: &Settings,
         stop: CancellationToken,
     ) -> Result<Self> {
         let names = Names::new(&settings.prefix);
-        let config = watcher::Config::default().labels(&names.selector());
-        let leases = watcher::watcher(api.clone(), config).boxed();
+        let leases = follow(renew_api.clone(), &names.selector());
         let (owned_tx, owned) = watch::channel(Owned::new());
         let (commands, commands_rx) = mpsc::unbounded_channel();
         let metrics = Arc::new(Metrics::default());
         let mut coordinator = Coordinator::new(
-            api.clone(),
+            [api.clone(), renew_api.clone()],
             names,
             settings.clone(),
             owned_tx,
@@ -431,6 +436,29 @@ enum Command {
     Decline { id: String, epoch: u64 },
     /// Answer once the desired watches told so far have been reconciled.
     Settled(oneshot::Sender<()>),
+}
+
+/// The Lease watch, read by a task of its own into a channel: the coordinator awaits claims and
+/// releases for seconds at a time, and a watch whose response is read only between them
+/// delivers about one event each time (the connection reads the next chunk only once the last
+/// was taken), so its view of the Leases would lag further and further. After an error the
+/// task waits a second before the watcher tries again.
+fn follow(api: Api<Lease>, selector: &str) -> mpsc::UnboundedReceiver<watcher::Result<watcher::Event<Lease>>> {
+    let config = watcher::Config::default().labels(selector);
+    let mut leases = watcher::watcher(api, config).boxed();
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(event) = leases.next().await {
+            let failed = event.is_err();
+            if tx.send(event).is_err() {
+                return;
+            }
+            if failed {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    });
+    rx
 }
 
 /// The error for a Lease request that retrying will not fix, or a transient one as it is.

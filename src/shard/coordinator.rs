@@ -4,12 +4,11 @@
 //! parent module), and deletes Leases nobody needs any more.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-use futures::stream::BoxStream;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use kube::runtime::watcher::{self, Event as WatcherEvent};
@@ -47,10 +46,16 @@ const MEMBERS_SETTLE: Duration = Duration::from_secs(2);
 /// Stale Leases deleted per renewal period at most.
 const STALE_PER_RENEWAL: usize = 16;
 
+/// Claims written per pass of the loop at most: between two passes the member Lease's renewal
+/// comes first, however many watches are still to claim.
+const CLAIMS_PER_PASS: usize = 16;
+
 
 /// The task that holds the Leases: one loop, so its state needs no lock.
 pub(super) struct Coordinator {
     api: Api<Lease>,
+    /// For the member Lease's renewals only: a client of their own.
+    renew_api: Api<Lease>,
     names: Names,
     s: Settings,
     /// Every Lease of the group, by name.
@@ -74,13 +79,16 @@ pub(super) struct Coordinator {
     left: bool,
     /// Watches that could not start here, not claimed again before then.
     declined: BTreeMap<String, Instant>,
+    /// The last pass stopped at [`CLAIMS_PER_PASS`]: reconcile again soon.
+    more_to_claim: bool,
     /// Waiting for the next reconciliation ([`Command::Settled`]).
     settled: Vec<oneshot::Sender<()>>,
 }
 
 impl Coordinator {
+    /// A coordinator writing through `api`, its member Lease's renewals through `renew_api`.
     pub(super) fn new(
-        api: Api<Lease>,
+        [api, renew_api]: [Api<Lease>; 2],
         names: Names,
         s: Settings,
         owned: watch::Sender<Owned>,
@@ -89,6 +97,7 @@ impl Coordinator {
     ) -> Self {
         Self {
             api,
+            renew_api,
             names,
             s,
             view: BTreeMap::new(),
@@ -105,13 +114,14 @@ impl Coordinator {
             member_validity: Leadership::unrenewed(),
             left: false,
             declined: BTreeMap::new(),
+            more_to_claim: false,
             settled: Vec::new(),
         }
     }
 
     pub(super) async fn run(
         mut self,
-        mut leases: BoxStream<'static, watcher::Result<WatcherEvent<Lease>>>,
+        mut leases: mpsc::UnboundedReceiver<watcher::Result<WatcherEvent<Lease>>>,
         mut commands: mpsc::UnboundedReceiver<Command>,
         stop: CancellationToken,
         first: oneshot::Sender<Result<(), watcher::Error>>,
@@ -127,28 +137,27 @@ impl Coordinator {
             tokio::select! {
                 biased;
                 () = stop.cancelled(), if !self.leaving => self.leave().await,
-                () = tokio::time::sleep_until(claim_after), if !claiming => claiming = true,
-                Some(command) = commands.recv() => self.command(command).await,
+                // The renewal before anything else: every watch held depends on it.
                 () = tokio::time::sleep_until(next_renew) => {
                     next_renew = tokio::time::Instant::now() + self.s.renew;
                     self.renew_all().await;
                 }
-                event = leases.next() => match event {
-                    Some(Ok(event)) => {
-                        if self.observe(event) && let Some(tx) = first.take() {
-                            let _ = tx.send(Ok(()));
-                        }
-                    }
-                    Some(Err(error)) => {
-                        if let Some(tx) = first.take() {
-                            let _ = tx.send(Err(error));
+                () = tokio::time::sleep_until(claim_after), if !claiming => claiming = true,
+                event = leases.recv() => {
+                    // Every event already there before reconciling: claims judged on a view
+                    // that lags by hundreds of Leases would fail or take what is held.
+                    let mut event = Some(event);
+                    while let Some(next) = event {
+                        if self.lease_event(next, &mut first).is_break() {
                             return;
                         }
-                        warn!(error = %error, "lease watch failed; retrying");
-                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        event = leases.try_recv().ok().map(Some);
                     }
-                    None => return,
-                },
+                }
+                // After the Lease watch: each claim changes what is owned, and the supervisor
+                // answers every change with a command, which must not starve the watch.
+                Some(command) = commands.recv() => self.command(command).await,
+                () = std::future::ready(()), if self.more_to_claim => {}
             }
             if first.is_none() && (claiming || self.leaving) {
                 self.reconcile().await;
@@ -156,6 +165,35 @@ impl Coordinator {
                     let _ = done.send(());
                 }
             }
+        }
+    }
+
+    /// Takes one item of the Lease watch (`None`: it ended); the first complete listing or the
+    /// error before it answers `first`. Breaks when the coordinator must stop: the watch ended
+    /// or failed before its first listing.
+    fn lease_event(
+        &mut self,
+        event: Option<watcher::Result<WatcherEvent<Lease>>>,
+        first: &mut Option<oneshot::Sender<Result<(), watcher::Error>>>,
+    ) -> ControlFlow<()> {
+        match event {
+            Some(Ok(event)) => {
+                if self.observe(event)
+                    && let Some(tx) = first.take()
+                {
+                    let _ = tx.send(Ok(()));
+                }
+                ControlFlow::Continue(())
+            }
+            Some(Err(error)) => {
+                if let Some(tx) = first.take() {
+                    let _ = tx.send(Err(error));
+                    return ControlFlow::Break(());
+                }
+                warn!(error = %error, "lease watch failed; retrying");
+                ControlFlow::Continue(())
+            }
+            None => ControlFlow::Break(()),
         }
     }
 
@@ -276,12 +314,19 @@ impl Coordinator {
             .retain(|id, _| self.desired.contains_key(id));
         self.declined.retain(|_, until| now < *until);
         let mut gone = BTreeMap::new();
+        let mut claims = 0;
+        self.more_to_claim = false;
         for id in ids {
             if self.held.contains_key(&id) || self.declined.contains_key(&id) {
                 continue;
             }
             let assigned = owners.get(&id).is_some_and(|o| *o == me.as_str());
             if let Some(orphan) = self.claimable(&id, assigned, now) {
+                if claims == CLAIMS_PER_PASS {
+                    self.more_to_claim = true;
+                    break;
+                }
+                claims += 1;
                 self.claim(&id, orphan, &mut gone).await;
             }
         }
@@ -540,7 +585,7 @@ impl Coordinator {
         let (me, d) = (self.s.identity.clone(), self.s.lease_duration);
         let current = match self.member.take() {
             Some(lease) => Some(lease),
-            None => self.api.get_opt(&name).await?,
+            None => self.renew_api.get_opt(&name).await?,
         };
         let mut lease = match current {
             Some(current) => lease::held_by(&current, &me, d),
@@ -550,7 +595,7 @@ impl Coordinator {
             lease = lease::leaving(&lease);
         }
         let at = Instant::now();
-        let written = lease::write(&self.api, &lease).await?;
+        let written = lease::write(&self.renew_api, &lease).await?;
         // A renewal that lands after the validity lapsed revives no watch: meanwhile another
         // replica may have judged this one gone and taken them.
         if !self.member_validity.is_valid() {
