@@ -220,9 +220,9 @@ pub struct ShardingConfig {
     #[serde(default = "default_shard_lease_duration_secs")]
     #[schemars(range(min = SHARD_LEASE_DURATION_SECS.min, max = SHARD_LEASE_DURATION_SECS.max))]
     pub lease_duration_secs: u64,
-    /// How often a replica renews its Leases (its member Lease and every watch Lease it holds)
-    /// and looks again at the assignment: well below the lease duration, so that a slow renewal
-    /// or two does not cost the watches.
+    /// How often a replica renews its member Lease (which keeps every watch Lease it holds
+    /// valid: one write per period however many watches) and looks again at the assignment:
+    /// well below the lease duration, so that a slow renewal or two does not cost the watches.
     #[serde(default = "default_shard_renew_secs")]
     #[schemars(range(min = SHARD_RENEW_SECS.min, max = SHARD_RENEW_SECS.max))]
     pub renew_secs: u64,

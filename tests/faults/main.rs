@@ -4,6 +4,7 @@
 //! take a global lock so they never overlap each other.
 
 mod crash;
+mod shard;
 #[path = "../integration/harness.rs"]
 mod harness;
 #[path = "../integration/receiver.rs"]
