@@ -198,7 +198,13 @@ pub enum Reason {
 }
 
 /// The `reason` label values of hand-offs, in the order of [`Reason`].
-pub const REASONS: [&str; 5] = ["rebalance", "unselected", "shutdown", "lost", "cannot_start"];
+pub const REASONS: [&str; 5] = [
+    "rebalance",
+    "unselected",
+    "shutdown",
+    "lost",
+    "cannot_start",
+];
 
 /// Lease durations a replica leaves a watch it could not start before claiming it again, so
 /// that another replica may try it meanwhile ([`Ownership::decline`]).
@@ -443,7 +449,10 @@ enum Command {
 /// delivers about one event each time (the connection reads the next chunk only once the last
 /// was taken), so its view of the Leases would lag further and further. After an error the
 /// task waits a second before the watcher tries again.
-fn follow(api: Api<Lease>, selector: &str) -> mpsc::UnboundedReceiver<watcher::Result<watcher::Event<Lease>>> {
+fn follow(
+    api: Api<Lease>,
+    selector: &str,
+) -> mpsc::UnboundedReceiver<watcher::Result<watcher::Event<Lease>>> {
     let config = watcher::Config::default().labels(selector);
     let mut leases = watcher::watcher(api, config).boxed();
     let (tx, rx) = mpsc::unbounded_channel();

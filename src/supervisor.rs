@@ -447,8 +447,9 @@ impl Supervisor {
                 }
                 Err(e) => {
                     if let Some(o) = owned.as_ref().and_then(|o| o.get(&id)) {
-                        let hold_off = Duration::from_secs(self.config.sharding.lease_duration_secs)
-                            * crate::shard::DECLINE_HOLD_OFF;
+                        let hold_off =
+                            Duration::from_secs(self.config.sharding.lease_duration_secs)
+                                * crate::shard::DECLINE_HOLD_OFF;
                         self.declined.insert(id.clone(), now + hold_off);
                         o.decline();
                     }

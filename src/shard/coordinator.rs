@@ -50,11 +50,11 @@ const STALE_PER_RENEWAL: usize = 16;
 /// comes first, however many watches are still to claim.
 const CLAIMS_PER_PASS: usize = 16;
 
-
 /// The task that holds the Leases: one loop, so its state needs no lock.
 pub(super) struct Coordinator {
     api: Api<Lease>,
-    /// For the member Lease's renewals only: a client of their own.
+    /// For the member Lease's renewals only: a client of their own (shared with the Lease
+    /// watch), whose `qps` budget claims and releases never spend.
     renew_api: Api<Lease>,
     names: Names,
     s: Settings,
@@ -332,7 +332,8 @@ impl Coordinator {
         }
     }
 
-    /// Forgets the watches held whose Lease, as seen now, names another holder or is gone.
+    /// Forgets the watches held whose Lease, as seen now, names another holder. (A Lease missing
+    /// from the view may be one this replica just created, not yet in a relisting.)
     fn drop_taken(&mut self) {
         let me = self.s.identity.as_str();
         let taken: Vec<String> = self
@@ -340,7 +341,7 @@ impl Coordinator {
             .keys()
             .filter(|id| {
                 let seen = self.view.get(&self.names.watch(id));
-                seen.and_then(Seen::holder_identity) != Some(me)
+                seen.is_some_and(|s| s.holder_identity() != Some(me))
             })
             .cloned()
             .collect();
@@ -427,7 +428,10 @@ impl Coordinator {
         match self.api.get_opt(&name).await {
             Ok(None) => true,
             Ok(Some(lease)) => {
-                let seen = self.view.get(&name).map(|s| &s.lease.metadata.resource_version);
+                let seen = self
+                    .view
+                    .get(&name)
+                    .map(|s| &s.lease.metadata.resource_version);
                 if seen == Some(&lease.metadata.resource_version) {
                     return true;
                 }
@@ -555,7 +559,10 @@ impl Coordinator {
         if self.held.is_empty() {
             return;
         }
-        warn!(watches = self.held.len(), "member lease not renewed in time: stopping every watch held (another replica may take them)");
+        warn!(
+            watches = self.held.len(),
+            "member lease not renewed in time: stopping every watch held (another replica may take them)"
+        );
         let ids: Vec<String> = self.held.keys().cloned().collect();
         for id in ids {
             self.forget(&id, Reason::Lost);
@@ -629,10 +636,7 @@ impl Coordinator {
         }
         self.left = true;
         let name = self.names.member(&self.s.identity);
-        let rv = self
-            .member
-            .take()
-            .and_then(|l| l.metadata.resource_version);
+        let rv = self.member.take().and_then(|l| l.metadata.resource_version);
         lease::delete(&self.api, &name, rv).await;
         info!(identity = %self.s.identity, "left the replicas: every watch released, member lease deleted");
     }

@@ -4,11 +4,11 @@
 //! take a global lock so they never overlap each other.
 
 mod crash;
-mod shard;
 #[path = "../integration/harness.rs"]
 mod harness;
 #[path = "../integration/receiver.rs"]
 mod receiver;
+mod shard;
 #[path = "../integration/support.rs"]
 mod support;
 mod transactions;

@@ -128,10 +128,9 @@ async fn sharded_watch_that_cannot_start_releases_its_lease_and_starts_later() {
         .await
         .unwrap_or_default();
     assert!(
-        handoffs
-            .lines()
-            .any(|l| l.starts_with("kube_event_bridge_shard_handoffs_total{reason=\"cannot_start\"}")
-                && !l.ends_with(" 0")),
+        handoffs.lines().any(|l| l
+            .starts_with("kube_event_bridge_shard_handoffs_total{reason=\"cannot_start\"}")
+            && !l.ends_with(" 0")),
         "the hand-off is counted: {handoffs}"
     );
 }
