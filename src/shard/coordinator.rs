@@ -81,6 +81,8 @@ pub(super) struct Coordinator {
     declined: BTreeMap<String, Instant>,
     /// The last pass stopped at [`CLAIMS_PER_PASS`]: reconcile again soon.
     more_to_claim: bool,
+    /// Since when the member Lease's renewals succeed without a failure between.
+    answering_since: Option<Instant>,
     /// Waiting for the next reconciliation ([`Command::Settled`]).
     settled: Vec<oneshot::Sender<()>>,
 }
@@ -115,6 +117,7 @@ impl Coordinator {
             left: false,
             declined: BTreeMap::new(),
             more_to_claim: false,
+            answering_since: None,
             settled: Vec::new(),
         }
     }
@@ -542,16 +545,28 @@ impl Coordinator {
     /// Renews the member Lease, which keeps every watch Lease held valid; once it has lapsed,
     /// every watch held is lost (another replica may have judged this one gone).
     async fn renew_all(&mut self) {
-        if !self.left
-            && let Err(e) = self.renew_member().await
-        {
-            warn!(error = %e, "cannot renew the member lease; retrying");
+        if !self.left {
+            match self.renew_member().await {
+                Ok(()) => {
+                    self.answering_since.get_or_insert_with(Instant::now);
+                }
+                Err(e) => {
+                    self.answering_since = None;
+                    warn!(error = %e, "cannot renew the member lease; retrying");
+                }
+            }
         }
         if !self.member_validity.is_valid() {
             self.lose_all();
         }
-        // After the renewal, so that many stale Leases never delay it.
-        self.delete_stale().await;
+        // After the renewal, so that many stale Leases never delay it; and only once the API
+        // server has answered for as long as a member Lease takes to turn stale: after an
+        // outage every member Lease looks unchanged (nobody could renew), and deleting them
+        // would take every replica's watches away at once.
+        let settled = self.s.lease_duration * stale::MEMBER_GRACE;
+        if self.answering_since.is_some_and(|t| t.elapsed() >= settled) {
+            self.delete_stale().await;
+        }
     }
 
     /// Forgets every watch held: the member Lease lapsed.

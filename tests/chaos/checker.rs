@@ -184,13 +184,18 @@ impl Gap {
     }
 }
 
-/// Whether `next`, the first event after a missing version, is the object's first appearance
-/// to the consumer (nothing of it received before) after a relist of its watch that came after
-/// the missing write: the object was outside the watch (beyond a label selector) when the
-/// relist found it absent, so there was nothing to repair, and it appeared live later.
-fn first_seen_after_a_relist(w: &Write, next: &Seen, seen: &[&Seen], gap: &Gap) -> bool {
-    let earlier = seen.iter().any(|s| s.rv < next.rv);
-    !earlier && next.change == Change::Added && gap.relisted_between(w.at_ms, next.at_ms)
+/// Whether `next`, the first event after a missing version, is an appearance to a consumer
+/// for whom the object was absent (nothing of it received before, or its last event before
+/// `next` a delete: it had left the label selector) after a relist of its watch that came
+/// after the missing write: the object was outside the watch (beyond a label selector) when
+/// the relist found it absent, so there was nothing to repair, and it appeared live later.
+fn appeared_after_a_relist(w: &Write, next: &Seen, seen: &[&Seen], gap: &Gap) -> bool {
+    let before = seen
+        .iter()
+        .filter(|s| s.rv < next.rv)
+        .max_by_key(|s| (s.rv, s.at_ms));
+    let absent = before.is_none_or(|s| s.change == Change::Deleted);
+    absent && next.change == Change::Added && gap.relisted_between(w.at_ms, next.at_ms)
 }
 
 /// Whether the promise of one write was kept.
@@ -211,7 +216,7 @@ fn check_one_promise(w: &Write, seen: &[&Seen], gap: &Gap) -> Option<Anomaly> {
         // of the uid keeps it. A departure from a label selector superseded (the object came
         // back) while the history was lost is excused like any version.
         let kept = repaired_delete
-            || next.is_some_and(|n| n.repaired || first_seen_after_a_relist(w, n, seen, gap))
+            || next.is_some_and(|n| n.repaired || appeared_after_a_relist(w, n, seen, gap))
             || seen.iter().any(|s| {
                 s.change == Change::Deleted
                     && (s.rv == w.rv || (w.rv == 0 && s.rv > gap.newest_written))
@@ -234,7 +239,7 @@ fn check_one_promise(w: &Write, seen: &[&Seen], gap: &Gap) -> Option<Anomaly> {
         return None;
     }
     let excused = match next {
-        Some(next) => next.repaired || first_seen_after_a_relist(w, next, seen, gap),
+        Some(next) => next.repaired || appeared_after_a_relist(w, next, seen, gap),
         None => repaired_delete,
     };
     (!excused).then(|| {
@@ -627,6 +632,51 @@ mod tests {
         // Without a relist between the writes and the appearance, they were lost.
         evidence.seen[1].at_ms = 30;
         assert_eq!(kinds(&evidence), vec!["lost-version", "lost-delete"]);
+    }
+
+    #[test]
+    fn a_return_and_departure_inside_a_relist_gap_after_a_departure_are_excused() {
+        // In, out (its departure arrives), in and out again while the history is lost, then
+        // in for good after the relist: the consumer saw it gone, then added.
+        let mut leave = write("a", 2, Op::Update);
+        leave.visible = false;
+        let mut back = write("a", 3, Op::Update);
+        back.was_visible = false;
+        let mut again = write("a", 4, Op::Update);
+        again.visible = false;
+        let mut last = write("a", 5, Op::Update);
+        last.was_visible = false;
+        let mut added = seen("a", 5, Change::Added, false);
+        added.at_ms = 20;
+        let mut repaired = seen("b", 9, Change::Added, true);
+        repaired.at_ms = 10;
+        let mut evidence = Evidence {
+            writes: vec![
+                write("a", 1, Op::Create),
+                leave,
+                back,
+                again,
+                last,
+                write("b", 9, Op::Create),
+            ],
+            seen: vec![
+                seen("a", 1, Change::Added, false),
+                seen("a", 2, Change::Deleted, false),
+                added,
+                repaired,
+            ],
+            live: live(&[("a", 5), ("b", 9)]),
+            store: live(&[("a", 5), ("b", 9)]),
+            ..Evidence::default()
+        };
+        assert_eq!(kinds(&evidence), Vec::<&str>::new());
+        // Without a relist between the writes and the return, they were lost.
+        evidence.seen[3].at_ms = 30;
+        assert_eq!(kinds(&evidence), vec!["lost-version", "lost-delete"]);
+        // Nor is a version lost while the consumer still holds the object excused.
+        evidence.seen[3].at_ms = 10;
+        evidence.seen.remove(1);
+        assert!(kinds(&evidence).contains(&"lost-version"));
     }
 
     #[test]
