@@ -62,9 +62,20 @@ pub enum Error {
     /// A watch's checkpoint could not be loaded.
     #[error(transparent)]
     Checkpoint(#[from] checkpoint::Error),
+    /// The checkpoint store did not answer a watch's load in time (unreachable, and its client
+    /// waits for it to come back rather than failing).
+    #[error("loading the watch's checkpoint: no answer from the checkpoint store within {secs} s")]
+    CheckpointUnanswered {
+        /// How long it waited.
+        secs: u64,
+    },
     /// The sink could not prepare the destinations of new resources.
     #[error(transparent)]
     Sink(#[from] sink::Error),
+    /// The sink could not prepare the destinations of a new watch's resource (its broker
+    /// unreachable): the watch cannot start for now.
+    #[error("the sink could not prepare this watch's destination")]
+    Unprepared(#[source] Arc<Error>),
     /// A running watch or pipeline failed for good (fenced, checkpoint store lost).
     #[error(transparent)]
     Watch(crate::pipeline::Error),
@@ -86,7 +97,9 @@ impl Error {
         };
         match self {
             Error::Stores(stores::Error::Checkpoint(e)) | Error::Checkpoint(e) => transient(e),
-            Error::Stores(stores::Error::Sink(_)) => true,
+            Error::Stores(stores::Error::Sink(_))
+            | Error::CheckpointUnanswered { .. }
+            | Error::Unprepared(_) => true,
             _ => false,
         }
     }
@@ -97,6 +110,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Watches and pipelines sized per resource.
 const PAGE_SIZE: u32 = 500;
+/// How long loading a watch's checkpoint may take before the watch counts as one that cannot
+/// start.
+const LOAD_TIMEOUT: Duration = Duration::from_secs(20);
 /// Below the API server's 5-minute limit, like client-go's reflector.
 const WATCH_TIMEOUT_SECS: u32 = 290;
 
@@ -413,9 +429,14 @@ impl Supervisor {
                     .map(|o| (v, Some(o.clone()))),
             })
             .collect();
+        // Destinations the sink could not prepare (its broker unreachable): every new watch
+        // counts as one that cannot start, named in readiness and retried.
+        let mut unprepared = None;
         if !new.is_empty() {
             let fresh: Vec<ResolvedResource> = new.iter().map(|((_, r, _), _)| r.clone()).collect();
-            self.sink.prepare(&self.config.cluster, &fresh).await?;
+            if let Err(e) = self.sink.prepare(&self.config.cluster, &fresh).await {
+                unprepared = Some(Arc::new(Error::Sink(e)));
+            }
         }
         let opened: Vec<(String, WatchHandle, Result<Opened>)> = futures::stream::iter(new)
             .map(|((key, r, ns), ownership)| {
@@ -425,8 +446,15 @@ impl Supervisor {
                     namespace: ns.clone(),
                     status: Arc::new(Status::default()),
                 };
+                let unprepared = unprepared.clone();
                 let open = self.open(key, r, ns, ownership);
-                async move { (id, handle, open.await) }
+                async move {
+                    let opened = match unprepared {
+                        Some(e) => Err(Error::Unprepared(e)),
+                        None => open.await,
+                    };
+                    (id, handle, opened)
+                }
             })
             .buffered(OPEN_AT_ONCE)
             .collect()
@@ -604,10 +632,16 @@ impl Supervisor {
         store.set_redacted(info.redacts());
         let status = new_status(ownership.as_ref());
         // A checkpoint that cannot be decoded comes back as a repair (no resourceVersion: list).
-        let resume = store
-            .load(&status.checkpoints_corrupt)
+        // A store that does not answer (a NATS client waiting to reconnect) makes the watch
+        // one that cannot start, named in readiness and retried, rather than holding up every
+        // other watch's start behind it.
+        let load = store.load(&status.checkpoints_corrupt);
+        let resume = tokio::time::timeout(LOAD_TIMEOUT, load)
             .instrument(span.clone())
-            .await?;
+            .await
+            .map_err(|_| Error::CheckpointUnanswered {
+                secs: LOAD_TIMEOUT.as_secs(),
+            })??;
         Ok(Opened {
             key,
             r,
