@@ -82,7 +82,10 @@ async fn sharded_watch_that_cannot_start_releases_its_lease_and_starts_later() {
         .wait_log("watch cannot start here: releasing its lease so that another replica may try it")
         .await;
     wait_until("the watch's lease is released", WAIT, || async {
-        (watch_lease_holder(&client, &lease_ns, &stuck).await? == "").then_some(())
+        watch_lease_holder(&client, &lease_ns, &stuck)
+            .await?
+            .is_empty()
+            .then_some(())
     })
     .await;
     let (code, body) = readyz(&admin).await;
@@ -95,7 +98,10 @@ async fn sharded_watch_that_cannot_start_releases_its_lease_and_starts_later() {
 
     nats.start();
     wait_until("the watch is claimed again", WAIT, || async {
-        (watch_lease_holder(&client, &lease_ns, &stuck).await? != "").then_some(())
+        (!watch_lease_holder(&client, &lease_ns, &stuck)
+            .await?
+            .is_empty())
+        .then_some(())
     })
     .await;
     let mut reader = Reader::nats(&cluster).await;
