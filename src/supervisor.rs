@@ -127,6 +127,9 @@ pub struct WatchHandle {
     pub status: Arc<Status>,
 }
 
+/// A desired watch: its key, resource and namespace scope (`None`: all or cluster scope).
+type Scope = (WatchKey, ResolvedResource, Option<String>);
+
 /// Called with the running watches whenever they change (the admin server's view).
 pub type OnChange = Box<dyn Fn(Vec<WatchHandle>) + Send + Sync>;
 
@@ -429,36 +432,7 @@ impl Supervisor {
                     .map(|o| (v, Some(o.clone()))),
             })
             .collect();
-        // Destinations the sink could not prepare (its broker unreachable): every new watch
-        // counts as one that cannot start, named in readiness and retried.
-        let mut unprepared = None;
-        if !new.is_empty() {
-            let fresh: Vec<ResolvedResource> = new.iter().map(|((_, r, _), _)| r.clone()).collect();
-            if let Err(e) = self.sink.prepare(&self.config.cluster, &fresh).await {
-                unprepared = Some(Arc::new(Error::Sink(e)));
-            }
-        }
-        let opened: Vec<(String, WatchHandle, Result<Opened>)> = futures::stream::iter(new)
-            .map(|((key, r, ns), ownership)| {
-                let id = key.id.clone();
-                let handle = WatchHandle {
-                    resource: r.label(),
-                    namespace: ns.clone(),
-                    status: Arc::new(Status::default()),
-                };
-                let unprepared = unprepared.clone();
-                let open = self.open(key, r, ns, ownership);
-                async move {
-                    let opened = match unprepared {
-                        Some(e) => Err(Error::Unprepared(e)),
-                        None => open.await,
-                    };
-                    (id, handle, opened)
-                }
-            })
-            .buffered(OPEN_AT_ONCE)
-            .collect()
-            .await;
+        let opened = self.open_new(new).await;
         let now = tokio::time::Instant::now();
         self.declined.retain(|_, until| now < *until);
         let declined = &self.declined;
@@ -495,6 +469,44 @@ impl Supervisor {
             self.release_unstarted(&owned);
         }
         failure.map_or(Ok(()), Err)
+    }
+
+    /// Prepares the sink's destinations for the new watches, then opens them (a few at once):
+    /// each with its id, handle and what opening gave. When the sink could not prepare their
+    /// destinations (its broker unreachable), every new watch counts as one that cannot start,
+    /// named in readiness and retried.
+    async fn open_new(
+        &self,
+        new: Vec<(Scope, Option<Ownership>)>,
+    ) -> Vec<(String, WatchHandle, Result<Opened>)> {
+        let mut unprepared = None;
+        if !new.is_empty() {
+            let fresh: Vec<ResolvedResource> = new.iter().map(|((_, r, _), _)| r.clone()).collect();
+            if let Err(e) = self.sink.prepare(&self.config.cluster, &fresh).await {
+                unprepared = Some(Arc::new(Error::Sink(e)));
+            }
+        }
+        futures::stream::iter(new)
+            .map(|((key, r, ns), ownership)| {
+                let id = key.id.clone();
+                let handle = WatchHandle {
+                    resource: r.label(),
+                    namespace: ns.clone(),
+                    status: Arc::new(Status::default()),
+                };
+                let unprepared = unprepared.clone();
+                let open = self.open(key, r, ns, ownership);
+                async move {
+                    let opened = match unprepared {
+                        Some(e) => Err(Error::Unprepared(e)),
+                        None => open.await,
+                    };
+                    (id, handle, opened)
+                }
+            })
+            .buffered(OPEN_AT_ONCE)
+            .collect()
+            .await
     }
 
     /// Records a desired watch that could not start: its status is stalled `cannot_start`
