@@ -15,6 +15,7 @@
 //! A checkpoint that cannot be decoded never keeps the bridge down: [`Store::load`] logs it,
 //! counts it and hands the watch a repair (see [`Checkpoint::resource_version`]).
 
+pub mod announce;
 pub mod file;
 pub mod journal;
 pub mod kafka;
@@ -25,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use k8s_openapi::api::core::v1::Namespace;
 use serde::{Deserialize, Serialize};
-use tracing::error;
+use tracing::{error, warn};
 
 pub use file::FileStore;
 pub use kafka::KafkaStore;
@@ -33,7 +34,7 @@ pub use nats::{NatsStore, nats_bucket};
 
 use journal::{Journal, Plan, Record, Segment, Stored};
 
-use crate::known::{BUCKETS, Encoding, KnownObjects};
+use crate::known::{BUCKETS, Encoding, KnownObjects, StoredEntry};
 
 /// Errors of loading or saving checkpoints.
 #[derive(Debug, thiserror::Error)]
@@ -196,6 +197,9 @@ pub struct Checkpoint {
     pub resource_version: Option<String>,
     /// The objects known at that point.
     pub known: KnownObjects,
+    /// Objects that may have been published past that point, which `known` does not know
+    /// ([`announce`]).
+    pub announced: Vec<StoredEntry>,
 }
 
 /// The version of the meta records (and bucket encoding) this build writes: version 4 stores a
@@ -471,6 +475,7 @@ impl Found {
         Found::Intact(Checkpoint {
             resource_version: Some(meta.resource_version),
             known,
+            announced: Vec::new(),
         })
     }
 }
@@ -615,14 +620,41 @@ impl Store {
     pub async fn load(&mut self, corrupt: &AtomicU64) -> Result<Option<Checkpoint>> {
         self.journal.forget();
         let journal = &mut self.journal;
-        let found = match &mut self.backend {
-            Backend::Kafka(s) => s.load(journal).await?,
+        let (found, announced, problems) = match &mut self.backend {
+            Backend::Kafka(s) => (s.load(journal).await?, Vec::new(), Vec::new()),
             Backend::Nats(s) => s.load(journal).await?,
             Backend::File(s) => s.load(journal).await?,
-            Backend::Memory => None,
+            Backend::Memory => (None, Vec::new(), Vec::new()),
         };
+        for problem in problems {
+            // Only a write cut short by a crash leaves one: what it announced was not sent.
+            warn!(error = %problem, "announcement cannot be decoded, skipped");
+        }
+        let checkpoint = match found {
+            None if announced.is_empty() => return Ok(None),
+            // Published before any checkpoint was saved: the watch lists as after a lost
+            // history and publishes the deletes of those that are gone.
+            None => Checkpoint {
+                resource_version: None,
+                known: KnownObjects::default(),
+                announced: Vec::new(),
+            },
+            Some(found) => self.found(found, corrupt),
+        };
+        let announced = announced
+            .into_iter()
+            .filter(|e| checkpoint.known.get(&e.0).is_none())
+            .collect();
+        Ok(Some(Checkpoint {
+            announced,
+            ..checkpoint
+        }))
+    }
+
+    /// The checkpoint a load found.
+    fn found(&mut self, found: Found, corrupt: &AtomicU64) -> Checkpoint {
         let digests = self.digests;
-        Ok(found.map(|found| match found {
+        match found {
             Found::Intact(mut checkpoint) => {
                 if !digests && checkpoint.known.has_digests() {
                     // Written before the resource redacted: rewritten without them at the first save.
@@ -644,9 +676,10 @@ impl Store {
                 Checkpoint {
                     resource_version: None,
                     known,
+                    announced: Vec::new(),
                 }
             }
-        }))
+        }
     }
 
     /// Saves progress up to `resource_version`: a journal record of the objects changed since
@@ -746,6 +779,22 @@ impl Store {
     /// save (see [`journal`]).
     pub fn journal_records(&self) -> u64 {
         self.journal.records()
+    }
+
+    /// Whether the objects a watch publishes first must be announced before they are sent
+    /// ([`announce`]): the sink's events are not stored with the checkpoint.
+    pub fn announces(&self) -> bool {
+        matches!(self.backend, Backend::Nats(_) | Backend::File(_))
+    }
+
+    /// Stores announcements of `entries` (see [`announce`]); called only when
+    /// [`Store::announces`] and no save is being written.
+    pub async fn announce(&mut self, entries: &[StoredEntry]) -> Result<()> {
+        match &mut self.backend {
+            Backend::Nats(s) => s.announce(entries).await,
+            Backend::File(s) => s.announce(&self.journal, entries).await,
+            Backend::Kafka(_) | Backend::Memory => Ok(()),
+        }
     }
 
     /// Whether checkpoints survive a restart.

@@ -31,13 +31,14 @@ use crate::sink::AnySink;
 use crate::status::{STALL_AFTER, Status, count, kind_index};
 use crate::watch::Item;
 
+mod announce;
 mod classify;
 mod delivery;
 mod save;
 #[cfg(test)]
 mod tests;
 
-use classify::Classifier;
+use classify::{Classifier, Step};
 use delivery::{Failing, Flight, HELD_BYTES_MAX};
 use save::Saving;
 
@@ -210,7 +211,7 @@ impl Pipeline {
                 () = tokio::time::sleep_until(heartbeat_wake.unwrap_or(wake)), if heartbeat_wake.is_some() && idle && !listing && rx.is_empty() => {}
                 item = rx.recv(), if room && !due => {
                     let Some((item, reservation)) = item else { break };
-                    self.take(item, reservation, &mut st).await?;
+                    self.take(item, reservation, &mut rx, &mut st).await?;
                 }
             }
         }
@@ -255,8 +256,15 @@ impl Pipeline {
         let committed = resumed.as_ref().and_then(|c| c.resource_version.clone());
         // A repair (a checkpoint that could not be decoded) lists as after a lost history.
         let repairs = resumed.is_some();
-        let known = resumed.map(|c| c.known).unwrap_or_default();
-        let classifier = Classifier::new(self.info.clone(), self.snapshot, known, repairs);
+        let (known, announced) = resumed.map(|c| (c.known, c.announced)).unwrap_or_default();
+        let mut classifier = Classifier::new(self.info.clone(), self.snapshot, known, repairs);
+        if !announced.is_empty() {
+            info!(
+                objects = announced.len(),
+                "objects announced past the checkpoint: carried until the watch names them again"
+            );
+            classifier.carry(announced);
+        }
         let mut st = State {
             classifier,
             position: committed.clone(),
@@ -283,9 +291,8 @@ impl Pipeline {
         st
     }
 
-    /// Takes one item from the watch: classifies it, counts what the classification found, and
-    /// publishes what it produced.
-    async fn take(&self, item: Item, reservation: Reservation, st: &mut State) -> Result<()> {
+    /// Classifies one item from the watch and counts what the classification found.
+    fn classify(&self, item: Item, st: &mut State) -> Step {
         // A list that begins (or is abandoned) proves nothing: a LIST failing again and again
         // sends those too.
         if !matches!(item, Item::ListBegin | Item::ListAbort)
@@ -303,6 +310,11 @@ impl Pipeline {
         if step.suppressed {
             self.status.suppressed.fetch_add(1, Ordering::Relaxed);
         }
+        step
+    }
+
+    /// Publishes what classifying one item produced, and moves the position.
+    async fn apply(&self, step: Step, reservation: Reservation, st: &mut State) -> Result<()> {
         if step.listed && !self.status.synced.load(Ordering::Relaxed) {
             st.sync_pending = true;
             // The starting point is saved at once: the watch reports itself synced only once a

@@ -11,13 +11,17 @@
 //! A crash at any point therefore loads a checkpoint that was completely saved: lines of an
 //! older base are skipped, and so are the lines of a checkpoint cut short; the next save then
 //! compacts.
+//!
+//! Announcements ([`super::announce`]) go to `{base}.announced`, one record per line, appended
+//! and fsynced; a save deletes the file once it is stored (it covers them), and a load counts
+//! only the lines tied to the checkpoint it found (its base and number of journal lines).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::journal::{Journal, Plan, RECORD_BYTES, Record, Segment, Stored};
-use super::{Cluster, Found, Meta, Parts, Result, WatchKey};
-use crate::known::{BUCKETS, Encoding, KnownObjects};
+use super::{Cluster, Found, Meta, Parts, Result, WatchKey, announce};
+use crate::known::{BUCKETS, Encoding, KnownObjects, StoredEntry};
 
 /// A checkpoint file.
 #[derive(Debug)]
@@ -45,7 +49,27 @@ impl FileStore {
         PathBuf::from(path)
     }
 
-    pub(super) async fn load(&self, journal: &mut Journal) -> Result<Option<Found>> {
+    /// The announcements beside the base: `{path}.announced`.
+    fn announced_path(&self) -> PathBuf {
+        let mut path = self.path.clone().into_os_string();
+        path.push(".announced");
+        PathBuf::from(path)
+    }
+
+    /// Loads the checkpoint, if any, and the announcements tied to it (or, without one, to no
+    /// checkpoint) with the problems of the lines that could not be decoded.
+    pub(super) async fn load(
+        &self,
+        journal: &mut Journal,
+    ) -> Result<(Option<Found>, Vec<StoredEntry>, Vec<String>)> {
+        let found = self.load_checkpoint(journal).await?;
+        let lines = self.read_announced().await?;
+        let (entries, problems) =
+            announce::entries_tied(&tie(journal), lines.split(|&c| c == b'\n'));
+        Ok((found, entries, problems))
+    }
+
+    async fn load_checkpoint(&self, journal: &mut Journal) -> Result<Option<Found>> {
         let stored = match tokio::fs::read(&self.path).await {
             Ok(stored) => stored,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -97,11 +121,58 @@ impl FileStore {
                 journal.appended(reserved.as_ref(), &records);
             }
         }
-        Ok(())
+        // The save covers every announcement: they are tied to the checkpoint before it.
+        match tokio::fs::remove_file(self.announced_path()).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
+    /// Appends announcements of `entries`, tied to the stored checkpoint, and fsyncs them.
+    pub(super) async fn announce(&self, journal: &Journal, entries: &[StoredEntry]) -> Result<()> {
+        let mut out = Vec::new();
+        for record in announce::encode(&tie(journal), entries) {
+            // A JSON record never holds a raw line break.
+            out.extend_from_slice(&record);
+            out.push(b'\n');
+        }
+        let path = self.announced_path();
+        tokio::task::spawn_blocking(move || append(&path, &out))
+            .await
+            .map_err(|e| self.err(e))?
+            .map_err(|e| self.err(e))
+    }
+
+    /// The announcement lines, whole: a last line cut short by a crash is cut off the file
+    /// (durably), so that the next line appended starts a line of its own.
+    async fn read_announced(&self) -> Result<Vec<u8>> {
+        let path = self.announced_path();
+        let mut lines = match tokio::fs::read(&path).await {
+            Ok(lines) => lines,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(self.err(e)),
+        };
+        let whole = lines
+            .iter()
+            .rposition(|&c| c == b'\n')
+            .map_or(0, |at| at + 1);
+        if whole < lines.len() {
+            lines.truncate(whole);
+            tokio::task::spawn_blocking(move || truncate(&path, whole as u64))
+                .await
+                .map_err(|e| self.err(e))?
+                .map_err(|e| self.err(e))?;
+        }
+        Ok(lines)
     }
 
     pub(super) async fn reset(&self) -> Result<()> {
-        for path in [self.journal_path(), self.path.clone()] {
+        for path in [
+            self.announced_path(),
+            self.journal_path(),
+            self.path.clone(),
+        ] {
             match tokio::fs::remove_file(&path).await {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -145,6 +216,22 @@ fn append(lines: &Path, content: &[u8]) -> std::io::Result<()> {
         sync_dir(lines)?;
     }
     Ok(())
+}
+
+/// Cuts the file at `path` to `len` bytes, durably.
+fn truncate(path: &Path, len: u64) -> std::io::Result<()> {
+    let f = std::fs::OpenOptions::new().write(true).open(path)?;
+    f.set_len(len)?;
+    f.sync_data()
+}
+
+/// What announcements are tied to: the stored base and the number of its journal lines (`-`
+/// when no checkpoint is stored).
+fn tie(journal: &Journal) -> String {
+    match journal.base() {
+        Some(base) => format!("{base}.{}", journal.records()),
+        None => "-".into(),
+    }
 }
 
 /// Makes a rename or creation in the directory of `path` durable.

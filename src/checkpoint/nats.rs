@@ -9,6 +9,10 @@
 //! meta record no longer names are purged afterwards. Until the swap the previous meta record
 //! names only records that are still there, so a crash or a failed write at any point leaves the
 //! previous checkpoint whole.
+//!
+//! Announcements ([`super::announce`]) are records `{id}.a.{revision}.{writer}.{sequence}`,
+//! tied to the meta record's revision they extend (0: none stored); a save purges them with
+//! what its meta record no longer names.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -17,8 +21,8 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 
 use super::journal::{Journal, Plan, RECORD_BYTES, Segment, Stored};
-use super::{Cluster, Error, Found, Meta, Parts, Result, WatchKey};
-use crate::known::KnownObjects;
+use super::{Cluster, Error, Found, Meta, Parts, Result, WatchKey, announce};
+use crate::known::{KnownObjects, StoredEntry};
 
 /// Records written (or purged) at once by a save.
 const WRITES_AT_ONCE: usize = 64;
@@ -211,6 +215,10 @@ pub struct NatsStore {
     /// A meta record whose write failed with an unknown outcome (its reply was lost), and the
     /// buckets and journal records it names: the store may hold it.
     unconfirmed: Option<Unconfirmed>,
+    /// This instance's name for its announcements, and the number of the next.
+    announcer: (String, u64),
+    /// The announcement keys stored (found at load or written since), purged by the next save.
+    announced: BTreeSet<String>,
 }
 
 /// A meta record that may or may not be stored.
@@ -241,6 +249,8 @@ impl NatsStore {
             revision: None,
             buckets: BTreeMap::new(),
             unconfirmed: None,
+            announcer: (format!("{:016x}", super::random_u64()), 1),
+            announced: BTreeSet::new(),
         }
     }
 
@@ -260,9 +270,84 @@ impl NatsStore {
         format!("{}.j.{writer}.{seq}", self.key.id)
     }
 
-    pub(super) async fn load(&mut self, journal: &mut Journal) -> Result<Option<Found>> {
+    /// The prefix of this watch's announcement keys.
+    fn announced_prefix(&self) -> String {
+        format!("{}.a.", self.key.id)
+    }
+
+    /// Loads the checkpoint, if any, and the announcements tied to it (or, without one, to no
+    /// checkpoint) with the problems of those that could not be decoded.
+    pub(super) async fn load(
+        &mut self,
+        journal: &mut Journal,
+    ) -> Result<(Option<Found>, Vec<StoredEntry>, Vec<String>)> {
+        let found = self.load_checkpoint(journal).await?;
+        let prefix = self.announced_prefix();
+        let filter = format!("{}{prefix}>", self.kv.prefix);
+        let mut subjects = self
+            .kv
+            .stream
+            .info_with_subjects(&filter)
+            .await
+            .map_err(store_err)?;
+        self.announced.clear();
+        while let Some((subject, _)) = subjects.try_next().await.map_err(store_err)? {
+            if let Some(key) = subject.strip_prefix(&self.kv.prefix) {
+                self.announced.insert(key.to_owned());
+            }
+        }
+        let tie = self.revision.unwrap_or(0).to_string();
+        let mut stored = Vec::new();
+        for key in &self.announced {
+            if key[prefix.len()..].split('.').next() == Some(tie.as_str())
+                && let Some(record) = self.kv.get(key).await.map_err(store_err)?
+            {
+                stored.push(record);
+            }
+        }
+        let (entries, problems) = announce::entries_tied(&tie, stored.iter().map(|r| &r[..]));
+        Ok((found, entries, problems))
+    }
+
+    /// Stores announcements of `entries`, tied to the meta record stored.
+    pub(super) async fn announce(&mut self, entries: &[StoredEntry]) -> Result<()> {
+        let tie = self.tie().await?;
+        let prefix = self.announced_prefix();
+        let records: Vec<(String, Bytes)> = announce::encode(&tie.to_string(), entries)
+            .into_iter()
+            .map(|record| {
+                let (writer, seq) = &mut self.announcer;
+                let key = format!("{prefix}{tie}.{writer}.{seq}");
+                *seq += 1;
+                (key, Bytes::from(record))
+            })
+            .collect();
+        self.announced
+            .extend(records.iter().map(|(k, _)| k.clone()));
+        put_all(&self.kv, records).await
+    }
+
+    /// The revision of the meta record stored (0: none). After a save whose outcome is unknown
+    /// it is read back: either that save's record or the one before it, else another instance
+    /// wrote it (fenced).
+    async fn tie(&self) -> Result<u64> {
+        let Some(unconfirmed) = &self.unconfirmed else {
+            return Ok(self.revision.unwrap_or(0));
+        };
+        let current = self.kv.entry(self.meta_key()).await.map_err(store_err)?;
+        match current.filter(|e| e.operation == kv::Operation::Put) {
+            Some(c) if c.value == unconfirmed.value || Some(c.revision) == self.revision => {
+                Ok(c.revision)
+            }
+            None if self.revision.is_none() => Ok(0),
+            _ => Err(self.fenced()),
+        }
+    }
+
+    async fn load_checkpoint(&mut self, journal: &mut Journal) -> Result<Option<Found>> {
         let entry = self.kv.entry(self.meta_key()).await.map_err(store_err)?;
         let Some(entry) = entry.filter(|e| e.operation == kv::Operation::Put) else {
+            self.revision = None;
             return Ok(None);
         };
         // Even a corrupt meta record is replaced by compare-and-swap on its revision.
@@ -413,6 +498,8 @@ impl NatsStore {
         self.revision = Some(revision);
         self.buckets = layout.buckets;
         self.unconfirmed = None;
+        // Purged with the stale records: the save covers them.
+        self.announced.clear();
         match layout.done {
             Done::Compacted(written) => journal.compacted(written, None),
             Done::Appended(reserved, records) => journal.appended(reserved.as_ref(), &records),
@@ -466,7 +553,8 @@ impl NatsStore {
 
     /// The keys named by no meta record once the one naming `buckets` and `segments` is
     /// stored: buckets replaced, the journal records of the previous meta record (after a
-    /// compaction), and those of an unconfirmed write (whether or not it happened).
+    /// compaction), those of an unconfirmed write (whether or not it happened), and every
+    /// announcement (tied to an earlier meta record).
     fn stale_after(
         &self,
         buckets: &Named,
@@ -494,6 +582,7 @@ impl NatsStore {
                 keys.insert(self.journal_key(writer, seq));
             }
         }
+        keys.extend(self.announced.iter().cloned());
         keys
     }
 

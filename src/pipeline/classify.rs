@@ -3,7 +3,12 @@
 //! before it, so an object listed again unchanged is a duplicate, one that changed is a
 //! `modified`, and one known before but not listed was deleted while the history was lost (a
 //! synthetic delete). A list after a lost history (HTTP 410) marks its events repaired.
+//!
+//! Objects announced past the loaded checkpoint ([`crate::checkpoint::announce`]) are *carried*
+//! apart from the index until the watch names them again: a live event or a listing makes them
+//! ordinary objects, and a list that ends without them publishes their deletes.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -12,7 +17,7 @@ use kube::api::{DynamicObject, ObjectMeta, TypeMeta};
 use crate::change::{Change, ChangeKind, Origin};
 use crate::config::SnapshotPolicy;
 use crate::encode::ResourceInfo;
-use crate::known::{Entry, KnownObjects, Seen};
+use crate::known::{Entry, KnownObjects, Seen, StoredEntry};
 use crate::payload;
 use crate::watch::Item;
 
@@ -32,6 +37,8 @@ pub(crate) struct Step {
     pub suppressed: bool,
     /// A list completed.
     pub listed: bool,
+    /// `change` is the first of an object the index did not know.
+    pub first: bool,
 }
 
 /// Owns the known-object index of one watch and classifies the watch's items against it.
@@ -41,6 +48,8 @@ pub(crate) struct Classifier {
     /// What the first list publishes when nothing was known.
     snapshot: SnapshotPolicy,
     known: KnownObjects,
+    /// Objects announced past the loaded checkpoint, not yet named again by the watch.
+    carried: HashMap<Box<str>, Entry>,
     /// Origin of the list in progress, if any, and whether its findings are published.
     listing: Option<(Origin, bool)>,
     /// Whether a list completed before (or a checkpoint was resumed): the next list repairs.
@@ -62,10 +71,30 @@ impl Classifier {
             info,
             snapshot,
             known,
+            carried: HashMap::new(),
             listing: None,
             listed_once: resumed,
             scratch: Vec::new(),
         }
+    }
+
+    /// Carries the objects announced past the loaded checkpoint (see the module's notes).
+    pub fn carry(&mut self, announced: Vec<StoredEntry>) {
+        for (uid, rv, ns, name, _) in announced {
+            let entry = Entry {
+                resource_version: rv,
+                namespace: ns.map(Into::into),
+                name,
+                digest: 0,
+            };
+            self.carried.insert(uid, entry);
+        }
+    }
+
+    /// How many announced objects are still carried: until none is, no checkpoint may be saved
+    /// (it would drop their announcements).
+    pub fn carried(&self) -> usize {
+        self.carried.len()
     }
 
     /// The index, for checkpoints.
@@ -99,7 +128,8 @@ impl Classifier {
             }
             Item::Listed(object, observed) => self.listed(object, observed),
             Item::ListEnd(rv) => {
-                let gone = self.known.finish_relist();
+                let mut gone = self.known.finish_relist();
+                gone.extend(self.carried.drain());
                 self.listing = None;
                 self.listed_once = true;
                 Step {
@@ -122,7 +152,8 @@ impl Classifier {
                 // Every object still known is gone, also one a list in progress had found.
                 self.listing = None;
                 self.known.begin_relist();
-                let gone = self.known.finish_relist();
+                let mut gone = self.known.finish_relist();
+                gone.extend(self.carried.drain());
                 Step {
                     deletes: self.synthetic_deletes(gone),
                     position: rv,
@@ -143,6 +174,7 @@ impl Classifier {
         let Some((uid, rv, ns, name)) = identity(&object.metadata) else {
             return Step::default();
         };
+        self.carried.remove(uid);
         let position = Some(rv.to_string());
         let seen = match kind {
             ChangeKind::Deleted => {
@@ -161,6 +193,7 @@ impl Classifier {
             }),
             position,
             suppressed: seen == Seen::Touched,
+            first: publish && kind != ChangeKind::Deleted && seen == Seen::New,
             ..Step::default()
         }
     }
@@ -174,6 +207,7 @@ impl Classifier {
         let Some((uid, rv, ns, name)) = identity(&object.metadata) else {
             return Step::default();
         };
+        self.carried.remove(uid);
         let mut deletes = Vec::new();
         let kind = match self.known.observe(uid, rv, ns, name, digest) {
             Seen::New => {
@@ -203,6 +237,7 @@ impl Classifier {
                 observed,
             }),
             deletes,
+            first: publish && kind == ChangeKind::Added,
             ..Step::default()
         }
     }
@@ -393,6 +428,59 @@ pub(super) mod tests {
             ]
         );
         assert_eq!(c.known().len(), 3);
+    }
+
+    /// A classifier resumed from a checkpoint that knows `a` at 5 and carries `b` (at 7) and
+    /// `c` (at 8), announced past it.
+    fn carrying() -> Classifier {
+        let mut known = KnownObjects::default();
+        known.observe("a", "5", Some("ns"), "cm-a", 0);
+        let mut c = Classifier::new(configmaps(""), SnapshotPolicy::None, known, true);
+        let entry = |uid: &str, rv: &str| -> StoredEntry {
+            (
+                uid.into(),
+                rv.into(),
+                Some("ns".into()),
+                format!("cm-{uid}").into(),
+                0,
+            )
+        };
+        c.carry(vec![entry("b", "7"), entry("c", "8")]);
+        c
+    }
+
+    #[test]
+    fn carried_objects_a_list_does_not_show_are_deleted_as_repaired() {
+        let mut c = carrying();
+        assert_eq!(c.carried(), 2);
+        let (changes, end) = list(&mut c, &[("a", "5"), ("c", "9")], "10");
+        assert_eq!(changes, [(ChangeKind::Added, Origin::Repaired, "c".into())]);
+        let deletes: Vec<Summary> = end.deletes.into_iter().map(summary).collect();
+        assert_eq!(
+            deletes,
+            [(ChangeKind::Deleted, Origin::Repaired, "b".into())]
+        );
+        assert_eq!(c.carried(), 0);
+        assert_eq!(c.known().len(), 2, "a and c");
+    }
+
+    #[test]
+    fn a_carried_object_named_by_a_live_event_is_an_ordinary_first_event() {
+        let mut c = carrying();
+        let step = c.classify(event(ChangeKind::Added, "b", "7", "v"));
+        assert!(
+            step.first,
+            "published as the object's first event, announced again"
+        );
+        assert_eq!(
+            step.change.map(summary),
+            Some((ChangeKind::Added, Origin::Live, "b".into()))
+        );
+        let step = c.classify(event(ChangeKind::Deleted, "c", "11", "v"));
+        assert!(!step.first, "a delete is never announced");
+        assert_eq!(c.carried(), 0);
+        let (_, end) = list(&mut c, &[("a", "5"), ("b", "7")], "12");
+        assert!(end.deletes.is_empty(), "nothing carried is left to delete");
     }
 
     #[test]

@@ -32,7 +32,7 @@ const HELD_ROOM_KEPT: usize = 256;
 const RETRY_DELAY_MAX: Duration = Duration::from_secs(5);
 
 /// The stall reported while the broker answers nothing: a call unanswered, or no acknowledgement.
-const UNANSWERED: &str = "broker_unavailable";
+pub(super) const UNANSWERED: &str = "broker_unavailable";
 
 /// What was sent and is not settled yet.
 pub(super) struct Flight {
@@ -505,7 +505,12 @@ pub(super) async fn awaiting_broker<A: Answer>(
 
 /// Reports the watch stalled for `reason`, with an error log the first time (until the stall is
 /// cleared), naming the object whose event failed where there is one.
-fn report_stall(status: &Status, reason: &'static str, error: &str, object: Option<&str>) {
+pub(super) fn report_stall(
+    status: &Status,
+    reason: &'static str,
+    error: &str,
+    object: Option<&str>,
+) {
     if status.set_stall(reason, error) {
         error!(reason, error = %error, object, "watch stalled: cannot publish; retrying until the cause is fixed");
     }
@@ -529,7 +534,7 @@ impl Answer for Written {
 }
 
 /// The line saying a stalled watch publishes again.
-fn log_resumed(stall: &Stall) {
+pub(super) fn log_resumed(stall: &Stall) {
     info!(
         reason = stall.reason,
         stalled_secs = stall.since.elapsed().as_secs(),

@@ -43,6 +43,10 @@ impl Pipeline {
         // completed and the interval has passed.
         st.last_commit = Instant::now();
         self.check_leadership()?;
+        if st.classifier.carried() > 0 {
+            // Saving would drop their announcements: not before the watch has named them all.
+            return Ok(());
+        }
         let planned = match self.store.stage(&rv, st.classifier.known()) {
             Staging::Staged(staged) => {
                 let status = self.status.clone();

@@ -12,7 +12,7 @@ use super::classify::tests::object;
 use super::{Error, Pipeline, Status};
 use crate::budget::Reservation;
 use crate::change::ChangeKind;
-use crate::checkpoint::{Backend, FileStore, Store, WatchKey};
+use crate::checkpoint::{Backend, Checkpoint, FileStore, Store, WatchKey};
 use crate::config::SnapshotPolicy;
 use crate::encode::tests::configmaps;
 use crate::leader::Leadership;
@@ -74,6 +74,18 @@ impl Run {
         checkpoint_interval: Duration,
         leadership: Option<Leadership>,
     ) -> Self {
+        Self::resume(sink, items, store, checkpoint_interval, leadership, None)
+    }
+
+    /// Like [`Run::start_full`], resuming from `resume`.
+    fn resume(
+        sink: ScriptedSink,
+        items: Vec<Item>,
+        store: Store,
+        checkpoint_interval: Duration,
+        leadership: Option<Leadership>,
+        resume: Option<Checkpoint>,
+    ) -> Self {
         let sink = Arc::new(sink);
         let status = Arc::new(Status::default());
         let pipeline = Pipeline {
@@ -83,7 +95,7 @@ impl Run {
             max_in_flight: 8,
             status: status.clone(),
             store,
-            resume: None,
+            resume,
             snapshot: SnapshotPolicy::Initial,
             checkpoint_interval,
             leadership,
@@ -540,4 +552,122 @@ async fn a_due_commit_has_what_is_in_flight_sent_now_once() {
     assert_eq!(acked, 4);
     let (_, _, ended) = run.finish().await;
     ended.expect("the pipeline ends cleanly");
+}
+
+fn file_store(path: &std::path::Path) -> Store {
+    Store::new(Backend::File(FileStore {
+        key: WatchKey::new("c", "v1", "configmaps", None, None, None),
+        path: path.to_path_buf(),
+        cluster: None,
+    }))
+}
+
+/// An object first published past the checkpoint is announced before it is sent. The watch
+/// stops without saving (killed); whoever resumes carries the announcement, and when the
+/// object is gone from the list that follows a lost history, publishes its delete.
+#[tokio::test(start_paused = true)]
+async fn an_object_published_past_the_checkpoint_is_deleted_by_whoever_resumes_without_it() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("watch.checkpoint");
+    let sink = ScriptedSink::new(true, false);
+    sink.script("b", &[Script::Hold]);
+    let listed = Item::Listed(object("a", "5", "5"), SystemTime::now());
+    let items = vec![Item::ListBegin, listed, Item::ListEnd("5".into())];
+    let run = Run::start_with(sink, items, file_store(&path), Duration::from_secs(3600));
+    let status = run.status.clone();
+    until("the starting point is saved", || {
+        status.checkpoint_resource_version().as_deref() == Some("5")
+    })
+    .await;
+    let announced = dir.path().join("watch.checkpoint.announced");
+    assert!(
+        !announced.exists(),
+        "the save covers the snapshot's announcements"
+    );
+    run.watch
+        .send((event("b", "1"), Reservation::none()))
+        .await
+        .expect("the pipeline takes it");
+    run.sink.sent(2).await;
+    let lines = std::fs::read_to_string(&announced).expect("b was announced before its send");
+    assert!(lines.contains("\"b\""), "{lines}");
+    // Killed before b is acknowledged and saved.
+    run.task.abort();
+
+    let mut store = file_store(&path);
+    let resumed = store
+        .load(&Default::default())
+        .await
+        .expect("loads")
+        .expect("a checkpoint");
+    assert_eq!(resumed.resource_version.as_deref(), Some("5"));
+    assert_eq!(resumed.announced.len(), 1);
+    // b was deleted while the history was lost: the list after the 410 does not show it.
+    let listed = Item::Listed(object("a", "5", "5"), SystemTime::now());
+    let items = vec![Item::ListBegin, listed, Item::ListEnd("9".into())];
+    let sink = ScriptedSink::new(true, false);
+    let run = Run::resume(
+        sink,
+        items,
+        store,
+        Duration::from_secs(1),
+        None,
+        Some(resumed),
+    );
+    let (sink, status, ended) = run.finish().await;
+    ended.expect("the pipeline ends cleanly");
+    assert_eq!(sent_ids(&sink), ["b:1:deleted"]);
+    assert_eq!(status.checkpoint_resource_version().as_deref(), Some("9"));
+    assert!(
+        !announced.exists(),
+        "the save covers the announcement it resolved"
+    );
+}
+
+/// A watch carrying announcements saves nothing until the watch has named them all: a save
+/// would drop them.
+#[tokio::test(start_paused = true)]
+async fn a_watch_carrying_announcements_saves_only_once_the_watch_named_them() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("watch.checkpoint");
+    let mut store = file_store(&path);
+    let mut known = crate::known::KnownObjects::default();
+    known.observe("a", "5", Some("ns"), "cm-a", 0);
+    store.save("5", &mut known).await.expect("saved");
+    store
+        .announce(&[("b".into(), "7".into(), Some("ns".into()), "cm-b".into(), 0)])
+        .await
+        .expect("announced");
+    let resumed = store.load(&Default::default()).await.expect("loads");
+    let items = vec![event("a", "6"), Item::Progress("7".into())];
+    let run = Run::resume(
+        ScriptedSink::new(true, false),
+        items,
+        store,
+        Duration::from_secs(1),
+        None,
+        resumed,
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let status = run.status.clone();
+    assert_eq!(
+        status.checkpoint_resource_version().as_deref(),
+        Some("5"),
+        "b is not named yet: nothing saved past 5"
+    );
+    run.watch
+        .send((event("b", "1"), Reservation::none()))
+        .await
+        .expect("the pipeline takes it");
+    run.watch
+        .send((Item::Progress("8".into()), Reservation::none()))
+        .await
+        .expect("the pipeline takes it");
+    until("the checkpoint moves on", || {
+        status.checkpoint_resource_version().as_deref() == Some("8")
+    })
+    .await;
+    let (sink, _, ended) = run.finish().await;
+    ended.expect("the pipeline ends cleanly");
+    assert_eq!(sent_ids(&sink), ["a:6:modified", "b:1:added"]);
 }

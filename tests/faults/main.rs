@@ -3,6 +3,7 @@
 //! components, so they live in their own test binary (cargo runs binaries one after another) and
 //! take a global lock so they never overlap each other.
 
+mod announce;
 mod crash;
 #[path = "../integration/harness.rs"]
 mod harness;
@@ -541,6 +542,16 @@ async fn nats_failover_between_replicas() {
 async fn http_failover_with_a_shared_checkpoint_bucket_loses_nothing() {
     let _guard = EXCLUSIVE.lock().await;
     crash::failover(SinkKind::Http, 250).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_object_published_past_the_checkpoint_is_deleted_after_a_crash_and_a_410() {
+    announce::published_past_the_checkpoint(SinkKind::Nats).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn http_object_published_past_the_checkpoint_is_deleted_after_a_crash_and_a_410() {
+    announce::published_past_the_checkpoint(SinkKind::Http).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
