@@ -64,8 +64,10 @@ impl FileStore {
     ) -> Result<(Option<Found>, Vec<StoredEntry>, Vec<String>)> {
         let found = self.load_checkpoint(journal).await?;
         let lines = self.read_announced().await?;
-        let (entries, problems) =
-            announce::entries_tied(&tie(journal), lines.split(|&c| c == b'\n'));
+        let (entries, problems) = announce::entries_tied(
+            &tie(journal),
+            lines.split(|&c| c == b'\n').filter(|l| !l.is_empty()),
+        );
         Ok((found, entries, problems))
     }
 

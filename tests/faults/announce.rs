@@ -15,9 +15,10 @@ pub async fn published_past_the_checkpoint(sink: SinkKind) {
     let _guard = EXCLUSIVE.lock().await;
     let scene = GoneScene::new(sink, "past").await;
     let cluster = &scene.cluster;
-    // Only the starting point is saved: every later event is published past it.
+    // The starting point is saved at once, the next checkpoint 10 s later: the object created
+    // and read meanwhile is published past the checkpoint when the bridge is killed.
     let config = format!(
-        "{}checkpoint: {{intervalMs: 3600000{}}}\n",
+        "{}checkpoint: {{intervalMs: 10000{}}}\n",
         scene.config,
         checkpoint_extra(sink, cluster)
     );
@@ -78,6 +79,13 @@ pub async fn published_past_the_checkpoint(sink: SinkKind) {
     assert!(
         bridge.count_log("watch history lost, relisting") >= 1,
         "the resumed watch met 410"
+    );
+    assert_eq!(
+        bridge.count_log(
+            "objects announced past the checkpoint: carried until the watch names them again"
+        ),
+        1,
+        "the object was announced, not saved"
     );
     if sink == SinkKind::Http {
         let dir = std::env::temp_dir().join(format!("keb-checkpoints-{cluster}"));
