@@ -106,7 +106,7 @@ mod tests {
 
     #[test]
     fn records_round_trip_bounded_and_without_digests() {
-        let entries: Vec<StoredEntry> = (0..6000).map(entry).collect();
+        let entries: Vec<StoredEntry> = (0..20_000).map(entry).collect();
         let records = encode("7", &entries);
         assert!(records.len() > 1, "split into several records");
         assert!(records.iter().all(|r| r.len() <= RECORD_BYTES));
