@@ -416,10 +416,9 @@ const fn default_max_queue_bytes() -> usize {
     64 << 20
 }
 
-/// Enough that acknowledgements never hold a LIST back: with 256, a Kafka snapshot waited a linger
-/// and a round trip for every 256 events (10,000 ConfigMaps of 1 KiB published at 15.8k to 21.8k
-/// events/s, 4096: 18.1k to 26.0k, 6 interleaved runs each, 2026-11-25); NATS, bound by CPU, did
-/// not move. Memory stays bounded by `maxQueueBytes`, which events in flight still hold.
+/// Enough that acknowledgements never hold a LIST back (with 256, a Kafka snapshot waited a
+/// linger and a round trip for every 256 events; docs/benchmarks.md, "Figures behind defaults").
+/// Memory stays bounded by `maxQueueBytes`, which events in flight still hold.
 const fn default_max_in_flight() -> usize {
     4096
 }

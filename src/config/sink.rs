@@ -80,14 +80,9 @@ const fn default_transaction_timeout_secs() -> u64 {
 }
 
 /// 50 milliseconds: events visible to `read_committed` consumers within a few tens of
-/// milliseconds, at most twenty commits per second. A commit costs the bridge about 1 ms of CPU
-/// whatever it holds (librdkafka's threads hand each other the transaction's requests), so the
-/// interval sets the CPU per live event: `scripts/bench peers 5000 3` (2026-11-25, about 1,100
-/// changes/s) gave 0.82 CPU s per 10,000 live events at 25 ms (284 commits per 10,000), 0.74 at
-/// 50 ms (146) and 0.60 at 100 ms (74). Visibility at 1,000 changes/s (`scripts/bench latency`,
-/// a machine the broker and API server share, median of the runs): p50 44 ms at 25 ms, 61 ms at
-/// 50 ms; p99 281 and 323 ms; 10 ms was worse on both counts (p50 81 to 94 ms, p99 508 to 622
-/// ms), its commits back to back stopping intake half the time.
+/// milliseconds, at most twenty commits per second. A commit costs the bridge about the same CPU
+/// whatever it holds, so the interval sets the CPU per live event; shorter intervals stop intake
+/// more often. The measurements that chose it: docs/benchmarks.md, "Figures behind defaults".
 const fn default_commit_interval_ms() -> u64 {
     50
 }
