@@ -21,11 +21,14 @@ use crate::watch::Item;
 /// Announcements that fail are retried at least this often.
 const RETRY_MAX: Duration = Duration::from_secs(5);
 
+/// How long the items of a list are gathered for one announcement at most.
+const LIST_GATHER: Duration = Duration::from_millis(20);
+
 impl Pipeline {
     /// Takes one item from the watch and publishes what it produced. When that is the first
-    /// event of an object and the store announces, the items ready behind it (up to
-    /// [`announce::BATCH`]) are taken with it, and the objects they publish first are announced
-    /// in one write before any is sent.
+    /// event of an object and the store announces, the items ready behind it (during a list,
+    /// also those that come within [`LIST_GATHER`]; up to [`announce::BATCH`]) are taken with it,
+    /// and the objects they publish first are announced in one write before any is sent.
     pub(super) async fn take(
         &mut self,
         item: Item,
@@ -35,10 +38,21 @@ impl Pipeline {
     ) -> Result<()> {
         let mut taken = vec![(self.classify(item, st), reservation)];
         if self.store.announces() && self.first(&taken[0].0).is_some() {
-            while taken.len() < announce::BATCH
-                && let Ok((item, reservation)) = rx.try_recv()
-            {
-                taken.push((self.classify(item, st), reservation));
+            // A list's items come as fast as its pages decode: it waits a little for more, so
+            // that its objects are announced in few writes; live events never wait.
+            let until = Instant::now() + LIST_GATHER;
+            while taken.len() < announce::BATCH {
+                let next = match rx.try_recv() {
+                    Ok(next) => next,
+                    Err(_) if st.classifier.listing() => {
+                        match tokio::time::timeout_at(until, rx.recv()).await {
+                            Ok(Some(next)) => next,
+                            _ => break,
+                        }
+                    }
+                    Err(_) => break,
+                };
+                taken.push((self.classify(next.0, st), next.1));
             }
             let entries: Vec<StoredEntry> = taken
                 .iter()
