@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use kube_event_bridge_consumer::event::{Binding, decode};
 use kube_event_bridge_consumer::{ChangeType, Event, Origin, Record, Writer};
-use rdkafka::Message;
 use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::message::Headers;
+use rdkafka::message::{BorrowedMessage, Headers};
+use rdkafka::{Message, Offset, TopicPartitionList};
 use tokio::task::JoinHandle;
 
 use crate::history::{Change, KeyedRecord, Seen, WatchKey};
@@ -125,41 +125,42 @@ impl Drop for Observer {
 }
 
 impl Observer {
-    /// Reads `topics` from their start with `read_committed`; records of `compacted` are also
-    /// kept as keyed records.
-    pub fn kafka(topics: Vec<String>, compacted: String, started: Instant) -> Observer {
+    /// Reads the `partitions` partitions of each of `topics` from their start with
+    /// `read_committed`; records of `compacted` are also kept as keyed records.
+    ///
+    /// The partitions are assigned, not subscribed through a group, and the consumer is replaced
+    /// after [`KAFKA_QUIET`] without a record, resuming after the last record read: a long-lived
+    /// librdkafka consumer was seen to stop receiving for good after broker restarts while fresh
+    /// readers saw every committed record (campaign seed 7, round 15), which the checker would
+    /// report as the bridge's loss.
+    pub fn kafka(
+        topics: Vec<String>,
+        partitions: i32,
+        compacted: String,
+        started: Instant,
+    ) -> Observer {
         let observed = Arc::new(Mutex::new(Observed::new(started)));
-        let consumer: StreamConsumer =
-            crate::support::kafka_consumer(&crate::support::unique_name("chaos-reader"));
-        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
-        consumer.subscribe(&names).expect("subscribe");
         let sink = observed.clone();
         let task = tokio::spawn(async move {
+            let mut next: BTreeMap<(String, i32), Offset> = topics
+                .iter()
+                .flat_map(|t| (0..partitions).map(move |p| ((t.clone(), p), Offset::Beginning)))
+                .collect();
             loop {
-                let Ok(m) = consumer.recv().await else {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                };
-                let topic = m.topic().to_string();
-                let key = m.key().map(|k| String::from_utf8_lossy(k).into_owned());
-                let in_compacted = topic == compacted;
-                let mut o = sink.lock().unwrap();
-                let Some(payload) = m.payload() else {
-                    o.tombstone(topic, key.unwrap_or_default(), in_compacted);
-                    continue;
-                };
-                let headers: Vec<(&str, &[u8])> = m
-                    .headers()
-                    .map(|h| {
-                        h.iter()
-                            .map(|x| (x.key, x.value.unwrap_or_default()))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                match decode(Binding::Kafka, headers, payload) {
-                    Ok(e) => o.event(topic, e, key.filter(|_| in_compacted)),
-                    Err(e) => o.undecodable.push(format!("{topic}: {e}")),
+                let consumer = assigned(&next);
+                while let Ok(received) = tokio::time::timeout(KAFKA_QUIET, consumer.recv()).await {
+                    let Ok(m) = received else {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    };
+                    next.insert(
+                        (m.topic().to_string(), m.partition()),
+                        Offset::Offset(m.offset() + 1),
+                    );
+                    record(&sink, &m, &compacted);
                 }
+                // Closing a wedged client may block: not on the runtime.
+                std::thread::spawn(move || drop(consumer));
             }
         });
         Observer { observed, task }
@@ -235,5 +236,45 @@ impl Observer {
             }
         });
         Observer { observed, task }
+    }
+}
+
+/// How long the Kafka reader waits for a record before it replaces its consumer.
+const KAFKA_QUIET: Duration = Duration::from_secs(5);
+
+/// A `read_committed` consumer assigned every partition of `next` from its offset there.
+fn assigned(next: &BTreeMap<(String, i32), Offset>) -> StreamConsumer {
+    let consumer: StreamConsumer =
+        crate::support::kafka_consumer(&crate::support::unique_name("chaos-reader"));
+    let mut list = TopicPartitionList::new();
+    for ((topic, partition), offset) in next {
+        list.add_partition_offset(topic, *partition, *offset)
+            .expect("a valid offset");
+    }
+    consumer.assign(&list).expect("assign");
+    consumer
+}
+
+/// Records one Kafka record in `sink`.
+fn record(sink: &Mutex<Observed>, m: &BorrowedMessage<'_>, compacted: &str) {
+    let topic = m.topic().to_string();
+    let key = m.key().map(|k| String::from_utf8_lossy(k).into_owned());
+    let in_compacted = topic == compacted;
+    let mut o = sink.lock().unwrap();
+    let Some(payload) = m.payload() else {
+        o.tombstone(topic, key.unwrap_or_default(), in_compacted);
+        return;
+    };
+    let headers: Vec<(&str, &[u8])> = m
+        .headers()
+        .map(|h| {
+            h.iter()
+                .map(|x| (x.key, x.value.unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default();
+    match decode(Binding::Kafka, headers, payload) {
+        Ok(e) => o.event(topic, e, key.filter(|_| in_compacted)),
+        Err(e) => o.undecodable.push(format!("{topic}: {e}")),
     }
 }

@@ -237,6 +237,9 @@ async fn make_layout(client: &kube::Client) -> Layout {
 }
 
 /// The `sink:` section and the observer of one deployment.
+/// Partitions of each Kafka topic a round creates.
+const KAFKA_PARTITIONS: i32 = 3;
+
 async fn prepare(
     sink: Sink,
     cluster: &str,
@@ -252,14 +255,17 @@ async fn prepare(
                 .map(|r| format!("chaos.{cluster}.{r}"))
                 .collect();
             for t in &topics {
-                crate::support::create_topic(t, 3).await;
+                crate::support::create_topic(t, KAFKA_PARTITIONS).await;
             }
             let yaml = format!(
                 "sink:\n  kafka:\n    bootstrapServers: \"{}\"\n    topic: \"chaos.{{cluster}}.{{resource}}\"\n    transactionTimeoutSecs: {KAFKA_TRANSACTION_TIMEOUT_SECS}\n",
                 e.kafka_bootstrap
             );
             let compacted = topics[2].clone();
-            (yaml, Observer::kafka(topics, compacted, started))
+            (
+                yaml,
+                Observer::kafka(topics, KAFKA_PARTITIONS, compacted, started),
+            )
         }
         Sink::Nats => {
             let stream = crate::harness::stream_name(cluster);
