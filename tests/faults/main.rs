@@ -272,6 +272,15 @@ async fn kafka_bridge_paused_past_the_transaction_timeout_replaces_its_producer(
     transactions::bridge_paused().await;
 }
 
+/// Round 15 of the fault campaign (seed 7): Kafka paused past the transaction timeout, the
+/// bridge killed meanwhile and a new instance started as Kafka resumes, then Kafka stopped: the
+/// new instance takes over the transactional id, and what it publishes reaches `read_committed`
+/// consumers at once; nothing is lost.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_bridge_replaced_while_kafka_is_paused_past_the_transaction_timeout_loses_nothing() {
+    transactions::bridge_replaced_while_kafka_paused().await;
+}
+
 /// The setting of a 410 repair: ConfigMaps `same`, `changed`, `deleted` and `recreated` in a new
 /// namespace, and a bridge configuration whose API server connection runs through a proxy that
 /// can hold it off.

@@ -2,7 +2,8 @@
 //! transaction timeout: the broker paused or stopped, the bridge paused. Each fault starts while
 //! a transaction is open at the coordinator, holding an acknowledged event, with its commit due
 //! a few seconds later: transactions commit every three seconds here, and the fault follows a
-//! commit by half a second. The bridge must keep running, become ready again and lose nothing.
+//! commit by half a second. The bridge must keep running (or, killed, its successor take over),
+//! become ready again and lose nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -33,6 +34,8 @@ const FENCED_DELIVERY: &str = "producer fenced or broken: stopping this watch";
 struct Scene {
     cms: Api<ConfigMap>,
     topics: Vec<String>,
+    /// The bridge's configuration (a replacement starts on it).
+    config: String,
     bridge: Bridge,
     /// (name, resourceVersion) of every change written, in order.
     written: Vec<(String, u64)>,
@@ -66,6 +69,7 @@ impl Scene {
         let scene = Scene {
             cms,
             topics,
+            config,
             bridge,
             written,
         };
@@ -147,6 +151,17 @@ impl Scene {
             margin >= Duration::from_secs(1),
             "the change took too long to be acknowledged: the next commit may have begun"
         );
+    }
+
+    /// Patches the next object; a `read_committed` consumer that starts reading now must see its
+    /// event within `within` (panics otherwise).
+    async fn change_arrives_within(&mut self, within: Duration) {
+        self.change().await;
+        let (_, rv) = self.written.last().cloned().expect("a change");
+        let mut reader = Reader::kafka(&self.topics).await;
+        reader
+            .read_until(within, |got| got.iter().any(|r| r.rv() == rv))
+            .await;
     }
 
     /// Waits until /readyz answers 200 again.
@@ -349,4 +364,50 @@ pub async fn bridge_paused() {
     .await;
     let duplicates = scene.check_nothing_lost().await;
     scene.report("bridge paused for 22 s", duplicates);
+}
+
+/// How round 15 of the fault campaign (seed 7) began: Kafka paused past the transaction timeout
+/// while a transaction is open and changes keep coming, the bridge killed while Kafka is still
+/// paused (its transaction's partitions reach the coordinator only once Kafka resumes) and a
+/// new instance started as Kafka resumes, then Kafka stopped for a few seconds. The new
+/// instance's `init_transactions` aborts what the old one left open, and it resumes from the
+/// last committed checkpoint: a change made afterwards reaches a `read_committed` consumer
+/// within seconds, and every change arrives exactly once (after deduplicating by id), in order.
+pub async fn bridge_replaced_while_kafka_paused() {
+    let _guard = EXCLUSIVE.lock().await;
+    let timeout_secs = 10;
+    let mut scene = Scene::start("txn-replaced", timeout_secs).await;
+    scene.open_transaction().await;
+    let paused_at = Instant::now();
+    let paused = Paused::new("kafka");
+    // Past the transaction timeout and the producer's AddPartitionsToTxn request timeout.
+    while paused_at.elapsed() < Duration::from_secs(timeout_secs + 5) {
+        scene.change().await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    scene.bridge.signal("KILL");
+    assert!(
+        scene
+            .bridge
+            .wait_exit(Duration::from_secs(10))
+            .await
+            .is_some(),
+        "the bridge did not exit after SIGKILL"
+    );
+    paused.resume();
+    scene.bridge = Bridge::start(&scene.config);
+    scene.bridge.wait_log("resuming from checkpoint").await;
+    scene.wait_ready().await;
+    scene.change_arrives_within(Duration::from_secs(30)).await;
+    let outage = Stopped::new("kafka");
+    scene.change().await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    outage.start();
+    scene.wait_ready().await;
+    scene.change_arrives_within(Duration::from_secs(30)).await;
+    let duplicates = scene.check_nothing_lost().await;
+    scene.report(
+        "kafka paused for 15 s, the bridge replaced meanwhile, then kafka stopped",
+        duplicates,
+    );
 }
