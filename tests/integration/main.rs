@@ -3,6 +3,7 @@
 
 mod access_review;
 mod admin;
+mod alerts;
 mod asyncapi;
 mod audit;
 mod behaviour;

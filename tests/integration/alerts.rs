@@ -1,0 +1,78 @@
+//! The alert rules of `deploy/monitoring` pass Prometheus's own tool: `promtool check rules`,
+//! and `promtool test rules` against their unit tests (`prometheus-rules.test.yaml`: the leader
+//! rule under leader election, with two installations and with sharding; stalls, corrupt
+//! checkpoints, checkpoints behind, shards left without an owner).
+//!
+//! promtool comes from `KEB_PROMTOOL` (set by `scripts/testenv`, which builds it from the Go
+//! module proxy); without it the test fails.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn promtool() -> String {
+    match std::env::var("KEB_PROMTOOL") {
+        Ok(p) if Path::new(&p).is_file() => p,
+        Ok(p) => panic!(
+            "promtool is not available (KEB_PROMTOOL={p} does not exist): run `scripts/testenv up` \
+             (it builds promtool) and load its variables"
+        ),
+        Err(_) => panic!(
+            "promtool is not available (KEB_PROMTOOL is not set): run `scripts/testenv up` (it \
+             builds promtool) and load its variables (`eval \"$(scripts/testenv env)\"`)"
+        ),
+    }
+}
+
+fn monitoring() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/monitoring")
+}
+
+/// Runs promtool with `args` in deploy/monitoring; panics with its output unless it succeeds.
+fn promtool_ok(args: &[&str]) -> String {
+    let out = Command::new(promtool())
+        .args(args)
+        .current_dir(monitoring())
+        .output()
+        .expect("run promtool");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "promtool {args:?} failed:\n{text}");
+    text
+}
+
+#[test]
+fn alert_rules_pass_promtool_and_their_unit_tests() {
+    let checked = promtool_ok(&["check", "rules", "prometheus-rules.yaml"]);
+    assert!(checked.contains("SUCCESS"), "{checked}");
+    let tested = promtool_ok(&["test", "rules", "prometheus-rules.test.yaml"]);
+    assert!(tested.contains("SUCCESS"), "{tested}");
+}
+
+/// Every rule names its section of docs/runbook.md, and that section exists.
+#[test]
+fn every_alert_has_a_runbook_section() {
+    let rules = std::fs::read_to_string(monitoring().join("prometheus-rules.yaml")).unwrap();
+    let runbook =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/runbook.md"))
+            .unwrap();
+    let parsed: serde_yaml_ng::Value = serde_yaml_ng::from_str(&rules).expect("rules are YAML");
+    let list = parsed["groups"][0]["rules"].as_sequence().expect("rules");
+    for rule in list {
+        let name = rule["alert"].as_str().expect("an alert name");
+        let url = rule["annotations"]["runbook_url"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name} has no runbook_url"));
+        assert_eq!(
+            url,
+            format!("docs/runbook.md#{}", name.to_lowercase()),
+            "{name}"
+        );
+        assert!(
+            runbook.contains(&format!("\n## {name}\n")),
+            "docs/runbook.md has no section {name}"
+        );
+    }
+}
