@@ -906,7 +906,7 @@ async fn helm_refuses_inline_secrets_unmounted_files_two_sinks_bad_keys_loopback
     let kafka = chart_path(CI_VALUES[0]);
     let nats = chart_path(CI_VALUES[1]);
     let sasl = chart_path(CI_VALUES[2]);
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 13] = [
         (
             &[
                 "--values",
@@ -937,6 +937,16 @@ async fn helm_refuses_inline_secrets_unmounted_files_two_sinks_bad_keys_loopback
             &["--set", "config.resources[0].lables=x"],
             "additional properties 'lables' not allowed",
         ),
+        // Every value has a schema: a misspelled one is refused, not ignored.
+        (
+            &["--set", "resourcse.limits.cpu=2"],
+            "additional properties 'resourcse' not allowed",
+        ),
+        (
+            &["--set", "metrics.serviceMonitor.intervall=1m"],
+            "additional properties 'intervall' not allowed",
+        ),
+        (&["--set", "image.digest=latest"], "image/digest"),
         (
             &[
                 "--skip-schema-validation",
@@ -984,6 +994,22 @@ async fn helm_refuses_inline_secrets_unmounted_files_two_sinks_bad_keys_loopback
             out.stderr.contains(message),
             "helm {args:?}: {}",
             out.stderr
+        );
+    }
+}
+
+/// Every value of values.yaml (and of its nested maps the chart reads) has a schema.
+#[test]
+fn chart_values_schema_names_every_value() {
+    let values: Value = serde_yaml_ng::from_str(&read(&chart().join("values.yaml"))).unwrap();
+    let schema: serde_json::Value =
+        serde_json::from_str(&read(&chart().join("values.schema.json"))).unwrap();
+    assert_eq!(schema["additionalProperties"], false);
+    for (key, _) in values.as_mapping().expect("a map") {
+        let key = key.as_str().expect("a string key");
+        assert!(
+            schema["properties"].get(key).is_some(),
+            "values.yaml's {key} has no schema: add it in deploy/render.sh"
         );
     }
 }
