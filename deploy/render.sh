@@ -73,6 +73,11 @@ schema = {
         "tolerations": k8s_list,
         "affinity": k8s_object,
         "priorityClassName": string,
+        "annotations": string_map,
+        "topologySpreadConstraints": k8s_list,
+        "extraVolumes": k8s_list,
+        "extraVolumeMounts": k8s_list,
+        "networkPolicy": closed({"enabled": boolean, "ingressFrom": k8s_list, "egress": k8s_list}),
         "service": closed({"type": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]}}),
         "metrics": closed({"serviceMonitor": closed({
             "enabled": boolean, "interval": duration, "scrapeTimeout": duration, "labels": string_map})}),

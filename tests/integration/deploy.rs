@@ -759,23 +759,28 @@ async fn helm_renders_every_documented_values_file_with_the_rbac_src_rbac_comput
             _ => 1,
         };
         assert_eq!(deployment["spec"]["replicas"], replicas, "{what}");
-        let spread = &deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"];
-        assert_eq!(!spread.is_null(), sharding, "{what}: anti-affinity");
-        if sharding {
-            let term = &spread["preferredDuringSchedulingIgnoredDuringExecution"][0];
-            assert_eq!(
-                term["podAffinityTerm"]["topologyKey"],
-                "kubernetes.io/hostname"
-            );
-            let selector = &term["podAffinityTerm"]["labelSelector"]["matchLabels"];
+        // Several replicas are spread over nodes.
+        let spread = &deployment["spec"]["template"]["spec"]["topologySpreadConstraints"];
+        assert_eq!(
+            !spread.is_null(),
+            sharding || leader_election,
+            "{what}: topology spread"
+        );
+        if sharding || leader_election {
+            assert_eq!(spread[0]["topologyKey"], "kubernetes.io/hostname");
+            let selector = &spread[0]["labelSelector"]["matchLabels"];
             let pod_labels = &deployment["spec"]["template"]["metadata"]["labels"];
             for (k, v) in selector.as_mapping().unwrap() {
                 assert_eq!(
                     &pod_labels[k], v,
-                    "{what}: anti-affinity selects the bridge's pods"
+                    "{what}: the spread selects the bridge's pods"
                 );
             }
         }
+        assert_eq!(
+            deployment["metadata"]["labels"]["app.kubernetes.io/managed-by"], "Helm",
+            "{what}"
+        );
         // Unready but publishing, then draining, then 5 s to exit.
         assert_eq!(
             deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"].as_u64(),

@@ -34,6 +34,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 helm.sh/chart: {{ include "kube-event-bridge.chart" . }}
 {{ include "kube-event-bridge.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{- define "kube-event-bridge.serviceAccountName" -}}
