@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates the files of deploy/ that are derived from others, then lints the chart:
 #   deploy/helm/kube-event-bridge/values.schema.json  `config` checked against schemas/config.schema.json
+#   deploy/helm/kube-event-bridge/files/              the alert rules and dashboard of deploy/monitoring
 #   deploy/manifests/kube-event-bridge.yaml           the chart rendered with its default values
 # tests/integration/deploy.rs fails when either is stale. Needs python3 and helm: $KEB_HELM (built
 # by scripts/testenv into ~/.cache/kube-event-bridge/helm-<version>/bin/helm), else helm on PATH.
@@ -79,8 +80,11 @@ schema = {
         "extraVolumeMounts": k8s_list,
         "networkPolicy": closed({"enabled": boolean, "ingressFrom": k8s_list, "egress": k8s_list}),
         "service": closed({"type": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]}}),
-        "metrics": closed({"serviceMonitor": closed({
-            "enabled": boolean, "interval": duration, "scrapeTimeout": duration, "labels": string_map})}),
+        "metrics": closed({
+            "serviceMonitor": closed({
+                "enabled": boolean, "interval": duration, "scrapeTimeout": duration, "labels": string_map}),
+            "prometheusRule": closed({"enabled": boolean, "labels": string_map, "runbookBaseUrl": string}),
+            "grafanaDashboard": closed({"enabled": boolean, "labels": string_map})}),
         "sharding": closed({"replicas": {"type": "integer", "minimum": 2}}),
         "podDisruptionBudget": closed({"enabled": boolean}),
     },
@@ -90,6 +94,10 @@ with open(sys.argv[1], "w") as out:
     json.dump(schema, out, indent=2)
     out.write("\n")
 PY
+
+# The chart ships the alert rules and the dashboard of deploy/monitoring (a chart reads only its
+# own files).
+cp deploy/monitoring/prometheus-rules.yaml deploy/monitoring/grafana-dashboard.json "$chart/files/"
 
 "$helm" lint --strict "$chart" >/dev/null
 for values in "$chart"/ci/*.yaml; do

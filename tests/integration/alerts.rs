@@ -3,8 +3,11 @@
 //! rule under leader election, with two installations and with sharding; stalls, corrupt
 //! checkpoints, checkpoints behind, shards left without an owner).
 //!
-//! promtool comes from `KEB_PROMTOOL` (set by `scripts/testenv`, which builds it from the Go
-//! module proxy); without it the test fails.
+//! The chart's PrometheusRule (`metrics.prometheusRule`) holds the same rules, passing promtool
+//! too, with each `runbook_url` under the configured base.
+//!
+//! promtool comes from `KEB_PROMTOOL` and helm from `KEB_HELM` (both set by `scripts/testenv`,
+//! which builds them from the Go module proxy); without them the tests fail.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -75,4 +78,47 @@ fn every_alert_has_a_runbook_section() {
             "docs/runbook.md has no section {name}"
         );
     }
+}
+
+/// The PrometheusRule the chart renders passes `promtool check rules`, and its runbook links
+/// start with `metrics.prometheusRule.runbookBaseUrl`.
+#[test]
+fn the_charts_prometheus_rule_passes_promtool() {
+    let helm = std::env::var("KEB_HELM")
+        .ok()
+        .filter(|h| Path::new(h).is_file())
+        .unwrap_or_else(|| panic!("helm is not available (KEB_HELM): run `scripts/testenv up`"));
+    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/helm/kube-event-bridge");
+    let out = Command::new(helm)
+        .args(["template", "keb"])
+        .arg(&chart)
+        .args([
+            "--set",
+            "metrics.prometheusRule.enabled=true",
+            "--set",
+            "metrics.prometheusRule.runbookBaseUrl=https://docs.example.com/keb/",
+            "--show-only",
+            "templates/prometheusrule.yaml",
+        ])
+        .output()
+        .expect("run helm");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rendered: serde_yaml_ng::Value = serde_yaml_ng::from_slice(&out.stdout).expect("YAML");
+    assert_eq!(rendered["kind"], "PrometheusRule");
+    let spec = serde_yaml_ng::to_string(&rendered["spec"]).unwrap();
+    assert!(
+        spec.contains(
+            "runbook_url: https://docs.example.com/keb/docs/runbook.md#kubeeventbridgenoleader"
+        ),
+        "{spec}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rules.yaml");
+    std::fs::write(&file, spec).unwrap();
+    let checked = promtool_ok(&["check", "rules", file.to_str().unwrap()]);
+    assert!(checked.contains("SUCCESS: 11 rules found"), "{checked}");
 }

@@ -874,10 +874,11 @@ async fn helm_renders_every_documented_values_file_with_the_rbac_src_rbac_comput
             "{what}: {credential_files:?} {secret_mounts:?}"
         );
 
-        // The API server accepts every object (the ServiceMonitor CRD is not installed here).
+        // The API server accepts every object (the Prometheus Operator's CRDs are not installed
+        // here; the PrometheusRule's rules pass promtool in `alerts`).
         let mut objects: Vec<Value> = docs
             .iter()
-            .filter(|d| kind(d) != "ServiceMonitor")
+            .filter(|d| !matches!(kind(d), "ServiceMonitor" | "PrometheusRule"))
             .cloned()
             .collect();
         let extra: BTreeSet<String> = objects
@@ -999,6 +1000,18 @@ async fn helm_refuses_inline_secrets_unmounted_files_two_sinks_bad_keys_loopback
             out.stderr.contains(message),
             "helm {args:?}: {}",
             out.stderr
+        );
+    }
+}
+
+/// The chart ships the alert rules and the dashboard of deploy/monitoring as they are.
+#[test]
+fn chart_monitoring_files_are_those_of_deploy_monitoring() {
+    for file in ["prometheus-rules.yaml", "grafana-dashboard.json"] {
+        assert_eq!(
+            read(&chart().join("files").join(file)),
+            read(&repo().join("deploy/monitoring").join(file)),
+            "the chart's files/{file} is stale: run deploy/render.sh"
         );
     }
 }
