@@ -2,6 +2,7 @@
 # Regenerates the files of deploy/ that are derived from others, then lints the chart:
 #   deploy/helm/kube-event-bridge/values.schema.json  `config` checked against schemas/config.schema.json
 #   deploy/helm/kube-event-bridge/files/              the alert rules and dashboard of deploy/monitoring
+#   deploy/helm/kube-event-bridge/README.md           the values table, by helm-docs ($KEB_HELM_DOCS)
 #   deploy/manifests/kube-event-bridge.yaml           the chart rendered with its default values
 # tests/integration/deploy.rs fails when either is stale. Needs python3 and helm: $KEB_HELM (built
 # by scripts/testenv into ~/.cache/kube-event-bridge/helm-<version>/bin/helm), else helm on PATH.
@@ -94,6 +95,14 @@ with open(sys.argv[1], "w") as out:
     json.dump(schema, out, indent=2)
     out.write("\n")
 PY
+
+# The chart's README: its values table generated from values.yaml's `# --` comments.
+helm_docs="${KEB_HELM_DOCS:-$(command -v helm-docs || true)}"
+if [ -z "$helm_docs" ] || [ ! -x "$helm_docs" ]; then
+  echo "render.sh: helm-docs not found: run scripts/testenv build and set KEB_HELM_DOCS, or put helm-docs on PATH" >&2
+  exit 1
+fi
+"$helm_docs" --chart-search-root deploy/helm --skip-version-footer --log-level warning
 
 # The chart ships the alert rules and the dashboard of deploy/monitoring (a chart reads only its
 # own files).

@@ -50,7 +50,7 @@ fn read(path: &Path) -> String {
 /// A tool the test needs is missing: the test fails (a test that cannot run never passes).
 fn missing_tool(what: &str, how: &str) -> ! {
     panic!(
-        "{what} is not available ({how}): run `scripts/testenv up` (it builds kubectl and helm) \
+        "{what} is not available ({how}): run `scripts/testenv up` (it builds kubectl, helm and helm-docs) \
          and load its variables (`eval \"$(scripts/testenv env)\"`)"
     )
 }
@@ -1002,6 +1002,36 @@ async fn helm_refuses_inline_secrets_unmounted_files_two_sinks_bad_keys_loopback
             out.stderr
         );
     }
+}
+
+/// The chart's README is what helm-docs generates from values.yaml now (its values table, from
+/// the `# --` comments).
+#[tokio::test(flavor = "multi_thread")]
+async fn chart_readme_is_generated_from_the_values() {
+    let helm_docs = match std::env::var("KEB_HELM_DOCS") {
+        Ok(h) if Path::new(&h).is_file() => h,
+        Ok(h) => missing_tool("helm-docs", &format!("KEB_HELM_DOCS={h} does not exist")),
+        Err(_) => missing_tool("helm-docs", "KEB_HELM_DOCS is not set"),
+    };
+    let root = repo().join("deploy/helm").display().to_string();
+    let generated = ok(
+        &helm_docs,
+        &[
+            "--chart-search-root",
+            &root,
+            "--skip-version-footer",
+            "--log-level",
+            "warning",
+            "--dry-run",
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(
+        generated.trim_end(),
+        read(&chart().join("README.md")).trim_end(),
+        "deploy/helm/kube-event-bridge/README.md is stale: run deploy/render.sh"
+    );
 }
 
 /// The chart ships the alert rules and the dashboard of deploy/monitoring as they are.
