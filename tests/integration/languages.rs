@@ -1,10 +1,12 @@
-//! The consumer examples in other languages, against the real broker: the Python example
+//! The consumer examples in other languages, against the real brokers: the Python example
 //! (`examples/consumers/python`: confluent-kafka and the CloudEvents SDK's Kafka binding) reads
-//! a topic the bridge wrote through creates, updates, deletes and a recreated name, and its store
-//! ends equal to a live LIST (uid and resourceVersion); its store's own unit tests pass too.
+//! a topic, the Go example (`examples/consumers/go`: nats.go's JetStream API) a stream, that the
+//! bridge wrote through creates, updates, deletes and a recreated name; each store ends equal to
+//! a live LIST (uid and resourceVersion). The Python store's own unit tests pass too (the Go
+//! example's run with `go test` in its folder).
 //!
-//! The interpreter is `KEB_PYTHON`, a venv `scripts/testenv` builds with the examples' pinned
-//! packages from PyPI; without it the tests fail.
+//! `KEB_PYTHON` (a venv with the examples' pinned packages from PyPI) and `KEB_GO_NATSSTORE` (the
+//! Go example, built) come from `scripts/testenv`; without them the tests fail.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -15,7 +17,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use crate::harness::{Bridge, SinkKind, sink_yaml};
+use crate::harness::{Bridge, SinkKind, sink_yaml, stream_name};
 use crate::support::{self, kube_client, unique_name, unique_namespace};
 
 fn python() -> String {
@@ -50,6 +52,24 @@ fn python_store_follows_the_event_contract() {
     );
 }
 
+#[test]
+fn go_store_follows_the_event_contract() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/consumers/go");
+    let out = Command::new("go")
+        .args(["test", "./..."])
+        .current_dir(dir)
+        .env("GOFLAGS", "-mod=readonly")
+        .env("GOTOOLCHAIN", "local")
+        .output()
+        .expect("run go test (Go is part of the environment: scripts/testenv builds with it)");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn cm(name: &str, v: &str) -> ConfigMap {
     serde_json::from_value(json!({"metadata": {"name": name}, "data": {"v": v}})).unwrap()
 }
@@ -70,16 +90,43 @@ fn python_store(topic: &str) -> BTreeMap<String, String> {
     serde_json::from_value(report["objects"].clone()).expect("objects")
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn python_kafka_consumer_store_equals_the_live_list() {
+/// Runs the Go NATS store over `stream`: the objects it holds, uid → resourceVersion.
+fn go_store(stream: &str) -> BTreeMap<String, String> {
+    let bin = match std::env::var("KEB_GO_NATSSTORE") {
+        Ok(p) if Path::new(&p).is_file() => p,
+        _ => panic!(
+            "the Go consumer example is not built (KEB_GO_NATSSTORE): run `scripts/testenv up` and \
+             load its variables"
+        ),
+    };
+    let out = Command::new(bin)
+        .args([&support::env().nats_url, stream])
+        .output()
+        .expect("run natsstore");
+    assert!(
+        out.status.success(),
+        "natsstore failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    serde_json::from_value(report["objects"].clone()).expect("objects")
+}
+
+/// Runs a bridge on `sink` over a fresh namespace through creates (before and after its start),
+/// updates, deletes and a name deleted and created again; returns the live LIST (uid →
+/// resourceVersion) once `store` equals it, or panics with both after a minute.
+async fn store_equals_the_live_list(
+    sink: SinkKind,
+    prepare: impl AsyncFnOnce(&str),
+    store: impl Fn(&str) -> BTreeMap<String, String>,
+) {
     let client = kube_client().await;
-    let ns = unique_namespace(&client, "python").await;
+    let ns = unique_namespace(&client, "lang").await;
     let cluster = unique_name("c");
-    let topic = format!("k8s.{cluster}.core.configmaps");
-    support::create_topic(&topic, 3).await;
+    prepare(&cluster).await;
     let config = format!(
         "cluster: {cluster}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n{}",
-        sink_yaml(SinkKind::Kafka, &cluster)
+        sink_yaml(sink, &cluster)
     );
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let pp = PostParams::default();
@@ -90,7 +137,6 @@ async fn python_kafka_consumer_store_equals_the_live_list() {
     }
     let mut bridge = Bridge::start(&config);
     bridge.wait_synced(1).await;
-    // Live changes: creates, updates, deletes, a name deleted and created again.
     for i in 0..20 {
         cms.create(&pp, &cm(&format!("live-{i}"), "0"))
             .await
@@ -109,7 +155,6 @@ async fn python_kafka_consumer_store_equals_the_live_list() {
         .await
         .unwrap();
     cms.create(&pp, &cm("before-2", "again")).await.unwrap();
-
     let live: BTreeMap<String, String> = cms
         .list(&ListParams::default())
         .await
@@ -124,13 +169,34 @@ async fn python_kafka_consumer_store_equals_the_live_list() {
         })
         .collect();
     assert_eq!(live.len(), 27);
-    // The bridge commits within tens of milliseconds; read until the store has caught up.
+    // The bridge publishes within milliseconds; read again until the store has caught up.
     let deadline = Instant::now() + Duration::from_secs(60);
-    let mut held = python_store(&topic);
+    let mut held = store(&cluster);
     while held != live && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        held = python_store(&topic);
+        held = store(&cluster);
     }
-    assert_eq!(held, live, "the Python store equals the live LIST");
+    assert_eq!(held, live, "{sink:?}: the store equals the live LIST");
     drop(bridge);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_kafka_consumer_store_equals_the_live_list() {
+    let topic = |cluster: &str| format!("k8s.{cluster}.core.configmaps");
+    store_equals_the_live_list(
+        SinkKind::Kafka,
+        async |cluster| support::create_topic(&topic(cluster), 3).await,
+        |cluster| python_store(&topic(cluster)),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn go_nats_consumer_store_equals_the_live_list() {
+    store_equals_the_live_list(
+        SinkKind::Nats,
+        async |_| {},
+        |cluster| go_store(&stream_name(cluster)),
+    )
+    .await;
 }
