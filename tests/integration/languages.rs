@@ -70,6 +70,50 @@ fn go_store_follows_the_event_contract() {
     );
 }
 
+/// `java` with the Java example's classes and the Kafka jars on its class path.
+fn java() -> Command {
+    let var = |name: &str| match std::env::var(name) {
+        Ok(p) if Path::new(&p).exists() => p,
+        _ => panic!(
+            "{name} is not set or names nothing: run `scripts/testenv up` (it compiles the Java \
+             example) and load its variables"
+        ),
+    };
+    let mut cmd = Command::new("java");
+    cmd.arg("-cp").arg(format!(
+        "{}:{}/*",
+        var("KEB_JAVA_CONSUMER"),
+        var("KEB_KAFKA_LIBS")
+    ));
+    cmd
+}
+
+#[test]
+fn java_store_follows_the_event_contract() {
+    let out = java().arg("StoreTest").output().expect("run java");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Runs the Java Kafka store over `topic`: the objects it holds, uid → resourceVersion.
+fn java_store(topic: &str) -> BTreeMap<String, String> {
+    let out = java()
+        .args(["KafkaStore", &support::env().kafka_bootstrap, topic])
+        .output()
+        .expect("run java");
+    assert!(
+        out.status.success(),
+        "KafkaStore failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    serde_json::from_value(report["objects"].clone()).expect("objects")
+}
+
 fn cm(name: &str, v: &str) -> ConfigMap {
     serde_json::from_value(json!({"metadata": {"name": name}, "data": {"v": v}})).unwrap()
 }
@@ -197,6 +241,17 @@ async fn go_nats_consumer_store_equals_the_live_list() {
         SinkKind::Nats,
         async |_| {},
         |cluster| go_store(&stream_name(cluster)),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn java_kafka_consumer_store_equals_the_live_list() {
+    let topic = |cluster: &str| format!("k8s.{cluster}.core.configmaps");
+    store_equals_the_live_list(
+        SinkKind::Kafka,
+        async |cluster| support::create_topic(&topic(cluster), 3).await,
+        |cluster| java_store(&topic(cluster)),
     )
     .await;
 }
