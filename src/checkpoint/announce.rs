@@ -11,7 +11,8 @@
 //!
 //! So before a watch sends the first event of an object its index did not know, it stores an
 //! announcement of that object (uid, resourceVersion, namespace, name), *tied* to the checkpoint
-//! it extends: the NATS meta record's revision, or a checkpoint file's base and journal length.
+//! it extends (the tie is in the record): the NATS meta record's revision, or a checkpoint
+//! file's base and journal length.
 //! Announcements are facts that only add ("this object may have been published"), so they need
 //! no fencing: an announcement by a stale writer at worst makes its successor publish a delete
 //! of an object that was deleted indeed. The next save covers everything announced before it

@@ -10,9 +10,10 @@
 //! names only records that are still there, so a crash or a failed write at any point leaves the
 //! previous checkpoint whole.
 //!
-//! Announcements ([`super::announce`]) are records `{id}.a.{revision}.{writer}.{sequence}`,
-//! tied to the meta record's revision they extend (0: none stored); a save purges them with
-//! what its meta record no longer names.
+//! Announcements ([`super::announce`]) are records `{id}.a.{writer}.{sequence}`, each tied (in
+//! its content) to the meta record's revision it extends (0: none stored); a save purges them
+//! with what its meta record no longer names, and the writer's numbering starts again at 1, so
+//! the keys a watch ever uses stay few (a purged key keeps a marker in the stream).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -299,9 +300,8 @@ impl NatsStore {
         let tie = self.revision.unwrap_or(0).to_string();
         let mut stored = Vec::new();
         for key in &self.announced {
-            if key[prefix.len()..].split('.').next() == Some(tie.as_str())
-                && let Some(record) = self.kv.get(key).await.map_err(store_err)?
-            {
+            // A purged key answers nothing.
+            if let Some(record) = self.kv.get(key).await.map_err(store_err)? {
                 stored.push(record);
             }
         }
@@ -317,7 +317,7 @@ impl NatsStore {
             .into_iter()
             .map(|record| {
                 let (writer, seq) = &mut self.announcer;
-                let key = format!("{prefix}{tie}.{writer}.{seq}");
+                let key = format!("{prefix}{writer}.{seq}");
                 *seq += 1;
                 (key, Bytes::from(record))
             })
@@ -498,8 +498,9 @@ impl NatsStore {
         self.revision = Some(revision);
         self.buckets = layout.buckets;
         self.unconfirmed = None;
-        // Purged with the stale records: the save covers them.
+        // Purged with the stale records (the save covers them): their keys are used again.
         self.announced.clear();
+        self.announcer.1 = 1;
         match layout.done {
             Done::Compacted(written) => journal.compacted(written, None),
             Done::Appended(reserved, records) => journal.appended(reserved.as_ref(), &records),

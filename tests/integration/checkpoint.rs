@@ -1603,3 +1603,67 @@ async fn nats_staged_saves_store_the_index_as_staged_while_it_moves_on() {
         Err(kube_event_bridge::checkpoint::Error::Fenced { .. })
     ));
 }
+
+/// NATS announcements: a load finds those tied to the checkpoint it loads; a save covers and
+/// purges them; a writer uses the same keys again after each save, so the keys a watch ever
+/// used stay few however long it runs (each purged key keeps a marker in the stream).
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_announcements_are_tied_to_the_checkpoint_and_reuse_their_keys() {
+    let js = async_nats::jetstream::new(crate::support::nats_client().await);
+    let kv = kube_event_bridge::checkpoint::nats_bucket(&js, "kube-event-bridge")
+        .await
+        .unwrap();
+    let key = WatchKey::new(&unique_name("c"), "v1", "configmaps", None, None, None);
+    let entry = |i: usize| {
+        (
+            format!("uid-{i}").into(),
+            format!("{}", 100 + i).into(),
+            Some("ns".into()),
+            format!("cm-{i}").into(),
+            0,
+        )
+    };
+    let mut known = KnownObjects::default();
+    known.mark_all_dirty();
+    let mut writer = Store::new(Backend::Nats(NatsStore::new(key.clone(), kv.clone(), None)));
+    writer.save("1", &mut known).await.unwrap();
+    for round in 0..10 {
+        writer.announce(&[entry(2 * round)]).await.unwrap();
+        writer.announce(&[entry(2 * round + 1)]).await.unwrap();
+        let mut reader = Store::new(Backend::Nats(NatsStore::new(key.clone(), kv.clone(), None)));
+        let loaded = reader
+            .load(&Default::default())
+            .await
+            .unwrap()
+            .expect("a checkpoint");
+        let uids: Vec<String> = loaded.announced.iter().map(|e| e.0.to_string()).collect();
+        assert_eq!(
+            uids,
+            [
+                format!("uid-{}", 2 * round),
+                format!("uid-{}", 2 * round + 1)
+            ],
+            "round {round}: the announcements since the last save, and only those"
+        );
+        known.observe(&format!("uid-{}", 2 * round), "5", Some("ns"), "x", 0);
+        writer
+            .save(&format!("{}", round + 2), &mut known)
+            .await
+            .unwrap();
+    }
+    let subjects = js
+        .get_stream("KV_kube-event-bridge")
+        .await
+        .unwrap()
+        .info_with_subjects(format!("$KV.kube-event-bridge.{}.a.>", key.id))
+        .await
+        .unwrap();
+    let count = futures::TryStreamExt::try_collect::<Vec<_>>(subjects)
+        .await
+        .unwrap()
+        .len();
+    assert_eq!(count, 2, "20 announcements over 10 saves used 2 keys");
+    let mut reader = Store::new(Backend::Nats(NatsStore::new(key.clone(), kv, None)));
+    let loaded = reader.load(&Default::default()).await.unwrap().unwrap();
+    assert!(loaded.announced.is_empty(), "the last save covered them");
+}
