@@ -38,36 +38,43 @@ fn example_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/consumers/python")
 }
 
-#[test]
-fn python_store_follows_the_event_contract() {
-    let out = Command::new(python())
-        .args(["-m", "unittest", "test_store"])
-        .current_dir(example_dir())
+/// Runs `cmd` (`what` names it) to completion; panics with its output unless it succeeds.
+fn succeeds(mut cmd: Command, what: &str) -> Vec<u8> {
+    let out = cmd
         .output()
-        .expect("run python");
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
     assert!(
         out.status.success(),
-        "{}",
+        "{what} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    out.stdout
+}
+
+/// Runs a store example (`what` names it): the objects it reports, uid → resourceVersion.
+fn objects(cmd: Command, what: &str) -> BTreeMap<String, String> {
+    let report: serde_json::Value =
+        serde_json::from_slice(&succeeds(cmd, what)).expect("a JSON report");
+    serde_json::from_value(report["objects"].clone()).expect("objects")
+}
+
+#[test]
+fn python_store_follows_the_event_contract() {
+    let mut cmd = Command::new(python());
+    cmd.args(["-m", "unittest", "test_store"])
+        .current_dir(example_dir());
+    succeeds(cmd, "the Python store's unit tests");
 }
 
 #[test]
 fn go_store_follows_the_event_contract() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/consumers/go");
-    let out = Command::new("go")
-        .args(["test", "./..."])
-        .current_dir(dir)
+    let mut cmd = Command::new("go");
+    cmd.args(["test", "./..."])
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/consumers/go"))
         .env("GOFLAGS", "-mod=readonly")
-        .env("GOTOOLCHAIN", "local")
-        .output()
-        .expect("run go test (Go is part of the environment: scripts/testenv builds with it)");
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .env("GOTOOLCHAIN", "local");
+    succeeds(cmd, "go test of the Go store");
 }
 
 /// `java` with the Java example's classes and the Kafka jars on its class path.
@@ -90,28 +97,16 @@ fn java() -> Command {
 
 #[test]
 fn java_store_follows_the_event_contract() {
-    let out = java().arg("StoreTest").output().expect("run java");
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut cmd = java();
+    cmd.arg("StoreTest");
+    succeeds(cmd, "the Java store's checks");
 }
 
 /// Runs the Java Kafka store over `topic`: the objects it holds, uid → resourceVersion.
 fn java_store(topic: &str) -> BTreeMap<String, String> {
-    let out = java()
-        .args(["KafkaStore", &support::env().kafka_bootstrap, topic])
-        .output()
-        .expect("run java");
-    assert!(
-        out.status.success(),
-        "KafkaStore failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-    serde_json::from_value(report["objects"].clone()).expect("objects")
+    let mut cmd = java();
+    cmd.args(["KafkaStore", &support::env().kafka_bootstrap, topic]);
+    objects(cmd, "KafkaStore")
 }
 
 fn cm(name: &str, v: &str) -> ConfigMap {
@@ -120,18 +115,10 @@ fn cm(name: &str, v: &str) -> ConfigMap {
 
 /// Runs the Python Kafka store over `topic`: the objects it holds, uid → resourceVersion.
 fn python_store(topic: &str) -> BTreeMap<String, String> {
-    let out = Command::new(python())
-        .args(["kafka_store.py", &support::env().kafka_bootstrap, topic])
-        .current_dir(example_dir())
-        .output()
-        .expect("run python");
-    assert!(
-        out.status.success(),
-        "kafka_store.py failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-    serde_json::from_value(report["objects"].clone()).expect("objects")
+    let mut cmd = Command::new(python());
+    cmd.args(["kafka_store.py", &support::env().kafka_bootstrap, topic])
+        .current_dir(example_dir());
+    objects(cmd, "kafka_store.py")
 }
 
 /// Runs the Go NATS store over `stream`: the objects it holds, uid → resourceVersion.
@@ -143,17 +130,9 @@ fn go_store(stream: &str) -> BTreeMap<String, String> {
              load its variables"
         ),
     };
-    let out = Command::new(bin)
-        .args([&support::env().nats_url, stream])
-        .output()
-        .expect("run natsstore");
-    assert!(
-        out.status.success(),
-        "natsstore failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-    serde_json::from_value(report["objects"].clone()).expect("objects")
+    let mut cmd = Command::new(bin);
+    cmd.args([&support::env().nats_url, stream]);
+    objects(cmd, "natsstore")
 }
 
 /// Runs a bridge on `sink` over a fresh namespace through creates (before and after its start),
