@@ -136,8 +136,13 @@ enum Command {
 fn init_logging(format: LogFormat, default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| default_filter.into());
+    // Colours only for a person at a terminal: never in a file or a pipe (a log collector, the
+    // demo's log file), nor when NO_COLOR is set (no-color.org).
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),

@@ -453,3 +453,49 @@ fn monitoring_examples_use_documented_metrics() {
         }
     }
 }
+
+/// The text log carries no colour codes when it is not a terminal (a file, a pipe: what a log
+/// collector or `scripts/demo`'s log file gets).
+#[tokio::test(flavor = "multi_thread")]
+async fn text_logs_to_a_file_carry_no_colour_codes() {
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, "nocolour").await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bridge.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "cluster: {}\nadmin: {{address: \"127.0.0.1:0\"}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\nsink:\n  stdout: {{}}\n",
+            crate::support::unique_name("c")
+        ),
+    )
+    .unwrap();
+    let log = dir.path().join("bridge.log");
+    let mut child = std::process::Command::new(crate::harness::bin())
+        .args(["--log-format", "text", "run", "--config"])
+        .arg(&config)
+        .env("KUBECONFIG", &crate::support::env().kubeconfig)
+        .env_remove("NO_COLOR")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("start the bridge");
+    let text = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_until(
+        "the bridge published its initial state",
+        Duration::from_secs(60),
+        || {
+            let t = text();
+            async move { t.contains("initial state published").then_some(()) }
+        },
+    )
+    .await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let text = text();
+    assert!(text.lines().count() >= 3, "{text}");
+    assert!(
+        !text.contains('\u{1b}'),
+        "colour codes in a log file:\n{text}"
+    );
+}
