@@ -1,5 +1,5 @@
-//! The admin server: `/livez`, `/readyz` and `/metrics` (OpenMetrics text, which Prometheus
-//! scrapes).
+//! The admin server: `/livez`, `/readyz` and `/metrics` (OpenMetrics text to a scraper that asks
+//! for it, as Prometheus does; the Prometheus text format to others).
 //!
 //! Readiness is true once every watch has published its initial state (or resumed from a
 //! checkpoint) with the sink connected, and false again once shutdown starts. A follower waiting
@@ -30,6 +30,7 @@ use crate::supervisor::WatchHandle;
 use crate::throttle;
 
 mod metrics;
+mod text_format;
 
 /// Metric name prefix.
 pub const NAMESPACE: &str = "kube_event_bridge";
@@ -318,7 +319,12 @@ async fn serve_connection(
     let io = TokioIo::new(Box::pin(io));
     let served = AtomicU32::new(0);
     let service = service_fn(move |request: Request<Incoming>| {
-        let mut response = route(request.method(), request.uri().path(), &state);
+        let accept = request
+            .headers()
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok());
+        let openmetrics = text_format::wants_openmetrics(accept);
+        let mut response = route(request.method(), request.uri().path(), openmetrics, &state);
         if served.fetch_add(1, Ordering::Relaxed) + 1 >= limits.max_requests_per_connection {
             response
                 .headers_mut()
@@ -352,7 +358,7 @@ async fn serve_connection(
 }
 
 /// The response to `method` on `path`.
-fn route(method: &Method, path: &str, state: &State) -> Response<String> {
+fn route(method: &Method, path: &str, openmetrics: bool, state: &State) -> Response<String> {
     const TEXT: &str = "text/plain; charset=utf-8";
     let (status, content_type, body) = match (method, path) {
         (&Method::GET, "/livez") => (StatusCode::OK, TEXT, "ok\n".to_string()),
@@ -364,7 +370,14 @@ fn route(method: &Method, path: &str, state: &State) -> Response<String> {
                 format!("not ready: {why}\n"),
             ),
         },
-        (&Method::GET, "/metrics") => (StatusCode::OK, metrics::CONTENT_TYPE, state.metrics()),
+        (&Method::GET, "/metrics") if openmetrics => {
+            (StatusCode::OK, metrics::CONTENT_TYPE, state.metrics())
+        }
+        (&Method::GET, "/metrics") => (
+            StatusCode::OK,
+            text_format::CONTENT_TYPE,
+            text_format::from_openmetrics(&state.metrics()),
+        ),
         (&Method::GET, _) => (StatusCode::NOT_FOUND, TEXT, "not found\n".to_string()),
         _ => (
             StatusCode::METHOD_NOT_ALLOWED,
@@ -442,7 +455,7 @@ mod tests {
     fn routes() {
         let s = State::new("stdout");
         let text = "text/plain; charset=utf-8".to_string();
-        let get = |path| parts(route(&Method::GET, path, &s));
+        let get = |path| parts(route(&Method::GET, path, true, &s));
         assert_eq!(get("/livez"), (200, text.clone(), "ok\n".into()));
         assert_eq!(
             get("/readyz"),
@@ -466,11 +479,19 @@ mod tests {
                 .join("\n")
         };
         assert_eq!(steady(&body), steady(&s.metrics()));
+        // A scraper that does not ask for OpenMetrics gets the Prometheus text format.
+        let (code, content_type, body) = parts(route(&Method::GET, "/metrics", false, &s));
+        assert_eq!(
+            (code, content_type.as_str()),
+            (200, "text/plain; version=0.0.4; charset=utf-8")
+        );
+        assert!(body.contains("# TYPE kube_event_bridge_checkpoints_total counter\n"));
+        assert!(!body.contains("# EOF"));
         assert_eq!(get("/nope"), (404, text.clone(), "not found\n".into()));
         assert_eq!(get("/livez/"), (404, text.clone(), "not found\n".into()));
         for method in [Method::POST, Method::PUT, Method::DELETE, Method::HEAD] {
             assert_eq!(
-                parts(route(&method, "/livez", &s)),
+                parts(route(&method, "/livez", true, &s)),
                 (405, text.clone(), "method not allowed\n".into()),
                 "{method}"
             );

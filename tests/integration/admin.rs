@@ -89,10 +89,10 @@ async fn admin_endpoints_and_metrics() {
 
     let (_, before) = get(&address, "/metrics").await;
     for name in METRICS {
-        // OpenMetrics names a counter family without `_total`; its samples end in `_total`.
-        let family = name.strip_suffix("_total").unwrap_or(name);
+        // Without `Accept: application/openmetrics-text`, the Prometheus text format: a
+        // counter's `# TYPE` names it as its samples do, with `_total`.
         assert!(
-            before.contains(&format!("# TYPE {family} "))
+            before.contains(&format!("# TYPE {name} "))
                 && before.lines().any(|l| l.starts_with(name)),
             "{name} missing from:\n{before}"
         );

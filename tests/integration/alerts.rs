@@ -6,6 +6,9 @@
 //! The chart's PrometheusRule (`metrics.prometheusRule`) holds the same rules, passing promtool
 //! too, with each `runbook_url` under the configured base.
 //!
+//! A live `/metrics` scrape passes `promtool check metrics` (the Prometheus text format, served
+//! to a scraper that does not ask for OpenMetrics; OpenMetrics to one that does).
+//!
 //! promtool comes from `KEB_PROMTOOL` and helm from `KEB_HELM` (both set by `scripts/testenv`,
 //! which builds them from the Go module proxy); without them the tests fail.
 
@@ -121,4 +124,59 @@ fn the_charts_prometheus_rule_passes_promtool() {
     std::fs::write(&file, spec).unwrap();
     let checked = promtool_ok(&["check", "rules", file.to_str().unwrap()]);
     assert!(checked.contains("SUCCESS: 11 rules found"), "{checked}");
+}
+
+/// A live scrape of a running bridge passes `promtool check metrics` (no lint problem), and a
+/// scraper asking for OpenMetrics gets it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_live_metrics_scrape_passes_promtool_check_metrics() {
+    use crate::harness::{Bridge, SinkKind, sink_yaml};
+    let client = crate::support::kube_client().await;
+    let ns = crate::support::unique_namespace(&client, "scrape").await;
+    let cluster = crate::support::unique_name("c");
+    let config = format!(
+        "cluster: {cluster}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n{}",
+        sink_yaml(SinkKind::Stdout, &cluster)
+    );
+    let mut bridge = Bridge::start(&config);
+    bridge.wait_synced(1).await;
+    let url = format!("http://{}/metrics", bridge.admin_address().await);
+    let text = reqwest::get(&url).await.unwrap();
+    assert_eq!(
+        text.headers()["content-type"],
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    let body = text.text().await.unwrap();
+    let mut check = Command::new(promtool())
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run promtool");
+    use std::io::Write;
+    check
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let out = check.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics:\n{}{}\n{body}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let openmetrics = reqwest::Client::new()
+        .get(&url)
+        .header("accept", "application/openmetrics-text;version=1.0.0")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        openmetrics.headers()["content-type"],
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    assert!(openmetrics.text().await.unwrap().ends_with("# EOF\n"));
 }
