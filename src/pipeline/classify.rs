@@ -207,7 +207,7 @@ impl Classifier {
         let Some((uid, rv, ns, name)) = identity(&object.metadata) else {
             return Step::default();
         };
-        self.carried.remove(uid);
+        let announced = self.carried.remove(uid);
         let mut deletes = Vec::new();
         let kind = match self.known.observe(uid, rv, ns, name, digest) {
             Seen::New => {
@@ -218,7 +218,13 @@ impl Classifier {
                 {
                     deletes = self.synthetic_deletes(vec![predecessor]);
                 }
-                ChangeKind::Added
+                // An object announced past the checkpoint may have been published up to any
+                // version since: `added` only at the version announced (its first event's id),
+                // `modified` at a later one (the id a live update of it had).
+                match announced {
+                    Some(a) if *a.resource_version != *rv => ChangeKind::Modified,
+                    _ => ChangeKind::Added,
+                }
             }
             Seen::Changed => ChangeKind::Modified,
             Seen::Unchanged => return Step::default(),
@@ -454,7 +460,12 @@ pub(super) mod tests {
         let mut c = carrying();
         assert_eq!(c.carried(), 2);
         let (changes, end) = list(&mut c, &[("a", "5"), ("c", "9")], "10");
-        assert_eq!(changes, [(ChangeKind::Added, Origin::Repaired, "c".into())]);
+        // c was announced at 8 and is listed at 9: its update may have been published already,
+        // as a `modified`, which the repair's id must match.
+        assert_eq!(
+            changes,
+            [(ChangeKind::Modified, Origin::Repaired, "c".into())]
+        );
         let deletes: Vec<Summary> = end.deletes.into_iter().map(summary).collect();
         assert_eq!(
             deletes,
@@ -462,6 +473,19 @@ pub(super) mod tests {
         );
         assert_eq!(c.carried(), 0);
         assert_eq!(c.known().len(), 2, "a and c");
+    }
+
+    #[test]
+    fn a_carried_object_listed_at_its_announced_version_is_added_again_with_the_same_id() {
+        let mut c = carrying();
+        let (changes, _) = list(&mut c, &[("a", "5"), ("b", "7"), ("c", "8")], "10");
+        assert_eq!(
+            changes,
+            [
+                (ChangeKind::Added, Origin::Repaired, "b".into()),
+                (ChangeKind::Added, Origin::Repaired, "c".into())
+            ]
+        );
     }
 
     #[test]
