@@ -9,8 +9,8 @@
 //! A live `/metrics` scrape passes `promtool check metrics` (the Prometheus text format, served
 //! to a scraper that does not ask for OpenMetrics; OpenMetrics to one that does).
 //!
-//! promtool comes from `KEB_PROMTOOL` and helm from `KEB_HELM` (both set by `scripts/testenv`,
-//! which builds them from the Go module proxy); without them the tests fail.
+//! promtool comes from `KEB_PROMTOOL`, helm as the deploy tests find it (`scripts/testenv`
+//! builds both from the Go module proxy); without them the tests fail.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -87,10 +87,7 @@ fn every_alert_has_a_runbook_section() {
 /// start with `metrics.prometheusRule.runbookBaseUrl`.
 #[test]
 fn the_charts_prometheus_rule_passes_promtool() {
-    let helm = std::env::var("KEB_HELM")
-        .ok()
-        .filter(|h| Path::new(h).is_file())
-        .unwrap_or_else(|| panic!("helm is not available (KEB_HELM): run `scripts/testenv up`"));
+    let helm = crate::deploy::helm();
     let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/helm/kube-event-bridge");
     let out = Command::new(helm)
         .args(["template", "keb"])

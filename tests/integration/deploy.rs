@@ -63,7 +63,7 @@ fn kubectl() -> String {
     }
 }
 
-fn helm() -> String {
+pub(crate) fn helm() -> String {
     if let Some(h) = std::env::var("KEB_HELM")
         .ok()
         .filter(|h| !h.trim().is_empty())
