@@ -17,11 +17,10 @@ RUN apt-get update \
 WORKDIR /build
 # Every target the manifest declares must exist for cargo to load it, so benches/ and tests/ come
 # along (they are not built), and so does every workspace member (consumer/, not built either).
-# vendor/ holds the patched rdkafka (vendor/rdkafka/VENDORED.md); build.rs the link settings;
+# build.rs holds the link settings;
 # .cargo/config.toml the allocator's compiled-in configuration (docs/architecture.md, "Memory").
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY .cargo ./.cargo
-COPY vendor ./vendor
 COPY consumer ./consumer
 COPY src ./src
 COPY benches ./benches

@@ -27,12 +27,12 @@ use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, KafkaResult};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::FutureRecord;
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
+use super::producer::Producer;
 use super::recovery::{self, ABORT_ATTEMPTS, AfterAbort, COMMIT_ATTEMPTS, Failure, Fence};
-use super::sink::CommitError;
 use crate::leader::Leadership;
 
 /// How long one transactional call may block (a commit or abort that did not finish is resumed,
@@ -49,6 +49,28 @@ pub static PRODUCERS: AtomicU64 = AtomicU64::new(0);
 /// Records to write in a commit: topic, then (key, value; `None` is a tombstone).
 pub(super) type Records = Vec<(String, Option<Vec<u8>>)>;
 
+/// Errors of committing, aborting or starting a transaction.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CommitError {
+    /// A newer producer with the same transactional id exists: this instance must stop.
+    #[error("producer fenced by a newer instance with the same transactional id")]
+    Fenced,
+    /// The broker or client failed; the transaction did not commit. Its records must be sent
+    /// again after [`KafkaSink::recover`](super::KafkaSink::recover).
+    #[error("kafka transaction failed")]
+    Kafka(#[source] KafkaError),
+    /// Another watch sharing the transaction voided it (a failed delivery, or it stopped with
+    /// events in it): its records must be sent again after [`KafkaSink::recover`](super::KafkaSink::recover).
+    #[error("kafka transaction aborted by another watch sharing it")]
+    Aborted,
+    /// The broker aborted the transaction because it stayed open longer than
+    /// `transactionTimeoutSecs` (an outage, a pause), fencing the producer as it did, while this
+    /// process still owns the transactional id: [`KafkaSink::recover`](super::KafkaSink::recover) replaces the producer, and
+    /// the records must be sent again.
+    #[error("kafka transaction aborted by the broker: open longer than the transaction timeout")]
+    TimedOut(#[source] KafkaError),
+}
+
 /// One transactional producer and the members sharing its transactions.
 pub(super) struct Group {
     id: String,
@@ -61,7 +83,7 @@ pub(super) struct Group {
     /// Valid while this process owns the transactional id (its leader Lease, or with sharding
     /// the watch's Lease); `None` without either, where the process owns it.
     owner: Option<Leadership>,
-    producer: RwLock<FutureProducer>,
+    producer: RwLock<Producer>,
     /// Sends and arrivals hold it shared; a commit, an abort or a new producer holds it alone
     /// (librdkafka refuses records while a transaction is being committed or aborted).
     gate: tokio::sync::RwLock<()>,
@@ -217,7 +239,7 @@ impl Group {
     }
 
     /// The current producer (a cheap handle).
-    pub(super) fn producer(&self) -> FutureProducer {
+    pub(super) fn producer(&self) -> Producer {
         self.producer
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -307,9 +329,9 @@ impl Group {
         true
     }
 
-    /// Writes the members' records and commits. librdkafka's commit flushes first (`linger.ms`
-    /// ignored), waiting for the events and the records to be acknowledged, and fails if any of
-    /// them was not stored. A commit that does not finish within the call timeout goes on in the
+    /// Writes the members' records and commits. The commit flushes first (`linger.ms` ignored,
+    /// [`Producer::commit_transaction`]), waiting for the events and the records to be
+    /// acknowledged, and fails if any of them was not stored. A commit that does not finish within the call timeout goes on in the
     /// background and is resumed, [`COMMIT_ATTEMPTS`] calls at most: aborting it instead would be
     /// refused for as long as it is under way.
     async fn write_and_commit(
@@ -480,7 +502,7 @@ impl std::fmt::Debug for Member {
 
 impl Member {
     /// The group's current producer.
-    pub(super) fn producer(&self) -> FutureProducer {
+    pub(super) fn producer(&self) -> Producer {
         self.group.producer()
     }
 
@@ -611,7 +633,7 @@ impl Sending<'_> {
     }
 
     /// The group's producer.
-    pub(super) fn producer(&self) -> FutureProducer {
+    pub(super) fn producer(&self) -> Producer {
         self.member.group.producer()
     }
 
@@ -654,10 +676,10 @@ impl Sending<'_> {
 async fn start_producer(
     settings: &ClientConfig,
     call_timeout: Duration,
-) -> Result<FutureProducer, KafkaError> {
+) -> Result<Producer, KafkaError> {
     let settings = settings.clone();
     tokio::task::spawn_blocking(move || {
-        let producer: FutureProducer = settings.create()?;
+        let producer = Producer::create(&settings)?;
         producer.init_transactions(call_timeout)?;
         producer.begin_transaction()?;
         Ok(producer)
@@ -696,7 +718,7 @@ mod tests {
     use rdkafka::ClientConfig;
     use rdkafka::error::{KafkaError, RDKafkaErrorCode};
     use rdkafka::mocking::MockCluster;
-    use rdkafka::producer::{DefaultProducerContext, FutureRecord, Producer};
+    use rdkafka::producer::{DefaultProducerContext, FutureRecord};
     use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 
     use super::{CommitError, Group, Member};

@@ -4,11 +4,12 @@
 
 mod config;
 mod group;
+mod producer;
 mod reads;
 mod recovery;
 mod sink;
 
 pub use config::{check_brokers, consumer_config, producer_config};
-pub use group::PRODUCERS;
+pub use group::{CommitError, PRODUCERS};
 pub use reads::{Latest, SharedReads};
-pub use sink::{CommitError, KafkaSink, Sharing, classify};
+pub use sink::{KafkaSink, Sharing, classify};

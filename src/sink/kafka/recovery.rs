@@ -72,8 +72,12 @@ pub(super) enum Failure {
 
 /// What an error of `rd_kafka_*_transaction` (or of a send) means here.
 pub(super) fn failure(e: &KafkaError) -> Failure {
+    use RDKafkaErrorCode as C;
     match e {
         KafkaError::Transaction(t) => failure_of(t.code(), t.is_retriable(), t.is_fatal()),
+        // A commit's flush that did not finish in time: committing again flushes again, as
+        // librdkafka's own commit reports it (a retriable `_TIMED_OUT`).
+        KafkaError::Flush(C::OperationTimedOut) => Failure::Unfinished,
         other => match other.rdkafka_error_code() {
             Some(code) => failure_of(code, false, code == RDKafkaErrorCode::Fatal),
             None => Failure::Failed,
@@ -171,6 +175,9 @@ mod tests {
         let fenced = KafkaError::MessageProduction(C::Fenced);
         assert_eq!(failure(&fenced), Failure::Fenced);
         assert_eq!(failure(&KafkaError::Canceled), Failure::Failed);
+        let flush = KafkaError::Flush(C::OperationTimedOut);
+        assert_eq!(failure(&flush), Failure::Unfinished);
+        assert_eq!(failure(&KafkaError::Flush(C::Fail)), Failure::Failed);
     }
 
     #[test]

@@ -11,11 +11,12 @@ use futures::future::BoxFuture;
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::FutureRecord;
 use tracing::warn;
 
 use super::config::{consumer_settings, producer_config};
-use super::group::{Group, Member, Records};
+use super::group::{CommitError, Group, Member, Records};
+use super::producer::{DeliveryFuture, Producer};
 use super::reads::SharedReads;
 use crate::change::ChangeKind;
 use crate::config::{ContentMode, KafkaConfig};
@@ -25,28 +26,6 @@ use crate::sink::{
     Checkpoints, Delivered, Error, Outcome, Pending, Result, Sink, Transactions, ready,
 };
 use crate::template::Template;
-
-/// Errors of committing, aborting or starting a transaction.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum CommitError {
-    /// A newer producer with the same transactional id exists: this instance must stop.
-    #[error("producer fenced by a newer instance with the same transactional id")]
-    Fenced,
-    /// The broker or client failed; the transaction did not commit. Its records must be sent
-    /// again after [`KafkaSink::recover`].
-    #[error("kafka transaction failed")]
-    Kafka(#[source] KafkaError),
-    /// Another watch sharing the transaction voided it (a failed delivery, or it stopped with
-    /// events in it): its records must be sent again after [`KafkaSink::recover`].
-    #[error("kafka transaction aborted by another watch sharing it")]
-    Aborted,
-    /// The broker aborted the transaction because it stayed open longer than
-    /// `transactionTimeoutSecs` (an outage, a pause), fencing the producer as it did, while this
-    /// process still owns the transactional id: [`KafkaSink::recover`] replaces the producer, and
-    /// the records must be sent again.
-    #[error("kafka transaction aborted by the broker: open longer than the transaction timeout")]
-    TimedOut(#[source] KafkaError),
-}
 
 /// How watches share transactional producers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,7 +40,7 @@ pub enum Sharing {
 /// The Kafka sink.
 pub struct KafkaSink {
     /// The plain producer (without transactions), made at first use.
-    plain: Mutex<Option<FutureProducer>>,
+    plain: Mutex<Option<Producer>>,
     /// The producer's settings, secrets from files included (for consumers and admin clients).
     settings: ClientConfig,
     /// A watch's share of a transactional producer.
@@ -122,12 +101,12 @@ impl KafkaSink {
     }
 
     /// The plain producer, made at first use.
-    fn plain(&self) -> Result<FutureProducer, KafkaError> {
+    fn plain(&self) -> Result<Producer, KafkaError> {
         let mut plain = self.plain.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = &*plain {
             return Ok(p.clone());
         }
-        let producer: FutureProducer = self.settings.create()?;
+        let producer = Producer::create(&self.settings)?;
         *plain = Some(producer.clone());
         Ok(producer)
     }
@@ -477,7 +456,7 @@ fn is_fenced(code: RDKafkaErrorCode) -> bool {
     )
 }
 
-async fn settle(delivery: rdkafka::producer::DeliveryFuture) -> Outcome {
+async fn settle(delivery: DeliveryFuture) -> Outcome {
     match delivery.await {
         Ok(Ok(_)) => Outcome::Acked,
         Ok(Err((error, _))) => classify(&error),
