@@ -13,6 +13,7 @@
 
 use std::path::{Path, PathBuf};
 
+mod content;
 mod destination;
 mod file;
 #[cfg(test)]
@@ -24,6 +25,7 @@ mod resource;
 mod sink;
 mod validate;
 
+pub use content::ContentMode;
 pub use file::{
     AdminConfig, CheckpointConfig, CheckpointNats, ConfigFile, DeliveryConfig, DiscoveryConfig,
     HeartbeatConfig, KubernetesConfig, LeaderElectionConfig, ShardingConfig, SnapshotPolicy,
@@ -40,8 +42,7 @@ pub use resource::{
     EventFormat, Exclude, ExcludeConfig, RecordKey, Resource, ResourceConfig, glob, same_objects,
 };
 pub use sink::{
-    ContentMode, JetStreamConfig, KafkaConfig, NatsConfig, NatsCredentials, Sink, SinkConfig,
-    StdoutConfig,
+    JetStreamConfig, KafkaConfig, NatsConfig, NatsCredentials, Sink, SinkConfig, StdoutConfig,
 };
 
 /// Errors of reading or validating a configuration.

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::content::ContentMode;
 use super::limits::{HTTP_MAX_IN_FLIGHT, HTTP_MAX_RETRY_AFTER_SECS, HTTP_TIMEOUT_SECS};
-use super::sink::ContentMode;
 use crate::template::{Template, Values};
 
 /// The environment variable Knative's SinkBinding sets to the URL events go to.

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::content::ContentMode;
 use super::destination::{Destination, parse_template};
 use super::http::{Environment, HttpConfig, validate_environment, validate_http};
 use super::limits::{
@@ -199,17 +200,6 @@ impl fmt::Debug for NatsCredentials {
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct StdoutConfig {}
-
-/// How a CloudEvent is laid out on the wire.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub enum ContentMode {
-    /// Attributes in headers, the object alone in the body.
-    #[default]
-    Binary,
-    /// The whole event as one `application/cloudevents+json` document.
-    Structured,
-}
 
 fn default_kafka_topic() -> String {
     "k8s.{cluster}.{group}.{resource}".into()
