@@ -49,7 +49,7 @@ pub enum Error {
     },
 }
 
-/// Leadership as the admin server reports it.
+/// Validity as the admin server reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Role {

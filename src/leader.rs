@@ -4,20 +4,18 @@
 //! lease: it publishes nothing once its last successful renewal is older than the lease duration
 //! (monotonic time keeps running while a process is stopped, so a SIGSTOP'd leader notices).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
-use kube::api::{Api, ObjectMeta, PostParams};
-use tokio_util::sync::CancellationToken;
+use kube::api::{Api, ObjectMeta};
+use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
 
 use crate::backoff::Backoff;
 use crate::config::{Config, LeaderElectionConfig};
 use crate::kubernetes;
+use crate::lease::{self, Seen, Validity};
 
 /// Errors of leader election that waiting will not heal; transient ones (5xx, 429, timeouts,
 /// connection errors) are retried with backoff and never surface.
@@ -70,21 +68,6 @@ pub enum Error {
 /// A `Result` with this module's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Whether a failed Lease request may succeed when repeated: server errors, throttling,
-/// timeouts and connection errors heal; refusals of this request or identity do not.
-pub(crate) fn is_transient(error: &kube::Error) -> bool {
-    match error {
-        kube::Error::Api(s) => matches!(s.code, 408 | 429 | 500..=599),
-        kube::Error::HyperError(_)
-        | kube::Error::Service(_)
-        | kube::Error::ReadEvents(_)
-        | kube::Error::SerdeError(_)
-        | kube::Error::FromUtf8(_)
-        | kube::Error::Auth(_) => true,
-        _ => false,
-    }
-}
-
 /// Leader election settings.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -132,69 +115,39 @@ impl Settings {
     }
 }
 
-/// Held leadership: cancelled when lost; `is_valid` answers from local time alone.
-#[derive(Debug, Clone)]
-pub struct Leadership {
-    lost: CancellationToken,
-    epoch: Instant,
-    valid_until_ms: Arc<AtomicU64>,
+/// Held leadership: the [`Validity`] every publisher checks, and the hand-off of the Lease at a
+/// clean shutdown ([`Leader::release`]).
+#[derive(Debug)]
+pub struct Leader {
+    validity: Validity,
+    release: mpsc::Sender<oneshot::Sender<()>>,
 }
 
-impl Leadership {
-    /// A validity not renewed yet (invalid until [`Leadership::renewed`]): sharding keeps one
-    /// for its member Lease.
-    pub(crate) fn unrenewed() -> Self {
-        Self {
-            lost: CancellationToken::new(),
-            epoch: Instant::now(),
-            valid_until_ms: Arc::new(AtomicU64::new(0)),
+impl Leader {
+    /// The validity of this leadership (cheap to clone; lost when the Lease is).
+    pub fn validity(&self) -> &Validity {
+        &self.validity
+    }
+
+    /// Hands the Lease over: stops acting as the leader, then clears the Lease's holder so a
+    /// follower takes it at its next attempt instead of waiting for it to expire. Call it only
+    /// once nothing is published any more (the watches drained). Waits at most
+    /// [`RELEASE_TIMEOUT`]; a Lease that cannot be released expires instead.
+    pub async fn release(self) {
+        self.validity.lose();
+        let (done, released) = oneshot::channel();
+        if self.release.send(done).await.is_ok() {
+            let _ = tokio::time::timeout(RELEASE_TIMEOUT, released).await;
         }
     }
-
-    /// A validity that shares this one's renewals (it lapses when this one does, and a renewal
-    /// extends both) but can also be lost on its own: sharding gives one to each watch it holds,
-    /// all renewed through the replica's member Lease.
-    pub(crate) fn child(&self) -> Self {
-        Self {
-            lost: self.lost.child_token(),
-            epoch: self.epoch,
-            valid_until_ms: self.valid_until_ms.clone(),
-        }
-    }
-
-    /// Ends the validity at once (the Lease was taken over or released).
-    pub(crate) fn lose(&self) {
-        self.lost.cancel();
-    }
-
-    /// Resolves when leadership is lost.
-    pub async fn lost(&self) {
-        self.lost.cancelled().await;
-    }
-
-    /// Whether this replica may still act as leader: its last renewal is recent enough.
-    pub fn is_valid(&self) -> bool {
-        !self.lost.is_cancelled()
-            && (self.epoch.elapsed().as_millis() as u64)
-                < self.valid_until_ms.load(Ordering::Relaxed)
-    }
-
-    /// Records a renewal sent at `at`: valid until four fifths of `lease_duration` later.
-    pub(crate) fn renewed(&self, lease_duration: Duration, at: Instant) {
-        // A safety margin of a fifth of the lease: stop publishing before anyone may take over.
-        let until = at.duration_since(self.epoch) + lease_duration.mul_f32(0.8);
-        self.valid_until_ms
-            .store(until.as_millis() as u64, Ordering::Relaxed);
-    }
 }
 
-fn now() -> MicroTime {
-    MicroTime(k8s_openapi::jiff::Timestamp::now())
-}
+/// How long [`Leader::release`] waits for the Lease to be released.
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Waits for leadership when the configuration asks for leader election (with a client of its
 /// own, see [`kubernetes::client`]); `None` when it does not.
-pub async fn elect(config: &Config) -> Result<Option<Leadership>> {
+pub async fn elect(config: &Config) -> Result<Option<Leader>> {
     if !config.leader_election.enabled {
         return Ok(None);
     }
@@ -208,22 +161,28 @@ pub async fn elect(config: &Config) -> Result<Option<Leadership>> {
 /// Waits until this replica holds the lease, then keeps renewing it in the background.
 /// Transient API errors while waiting are logged and retried with backoff; only an error that
 /// will not heal (RBAC, a missing namespace, bad credentials) is returned.
-pub async fn acquire(client: Client, s: Settings) -> Result<Leadership> {
+pub async fn acquire(client: Client, s: Settings) -> Result<Leader> {
     let api: Api<Lease> = Api::namespaced(client, &s.namespace);
-    let leadership = Leadership::unrenewed();
-    // The holder's lease is judged expired by how long its resourceVersion has not changed, as
-    // observed here: no clock comparison with other nodes.
-    let mut observed: Option<(String, Instant)> = None;
+    let validity = Validity::unrenewed();
+    // The holder's Lease is judged expired by how long it has not changed, as observed here.
+    let mut seen: Option<Seen> = None;
     let mut backoff = Backoff::default();
     info!(lease = %s.name, namespace = %s.namespace, identity = %s.identity, "waiting for leadership");
     loop {
-        let delay = match try_acquire(&api, &s, &mut observed).await {
-            Ok(true) => break,
-            Ok(false) => {
+        let at = Instant::now();
+        let delay = match try_acquire(&api, &s, &mut seen).await {
+            Ok(Some(held)) => {
+                validity.renewed(s.lease_duration, at);
+                info!(lease = %s.name, identity = %s.identity, "leadership acquired");
+                let (release, asked) = mpsc::channel(1);
+                tokio::spawn(hold(api, s, held, validity.clone(), asked));
+                return Ok(Leader { validity, release });
+            }
+            Ok(None) => {
                 backoff.reset();
                 s.retry_period
             }
-            Err(source) if is_transient(&source) => {
+            Err(source) if lease::is_transient(&source) => {
                 let delay = backoff.next_delay().max(s.retry_period);
                 warn!(
                     lease = %s.name,
@@ -238,57 +197,32 @@ pub async fn acquire(client: Client, s: Settings) -> Result<Leadership> {
         };
         tokio::time::sleep(delay).await;
     }
-    leadership.renewed(s.lease_duration, Instant::now());
-    info!(lease = %s.name, identity = %s.identity, "leadership acquired");
-    tokio::spawn(renew(api, s, leadership.clone()));
-    Ok(leadership)
 }
 
-/// One attempt to take the lease: true when taken, false when someone else holds it (or won a
-/// race for it).
+/// One attempt to take the Lease: the Lease as written when taken, `None` when someone else
+/// holds it (or won a race for it).
 async fn try_acquire(
     api: &Api<Lease>,
     s: &Settings,
-    observed: &mut Option<(String, Instant)>,
-) -> Result<bool, kube::Error> {
-    let lost_race = |e: &kube::Error| matches!(e, kube::Error::Api(e) if e.code == 409);
+    seen: &mut Option<Seen>,
+) -> Result<Option<Lease>, kube::Error> {
     let Some(current) = api.get_opt(&s.name).await? else {
-        return match api
-            .create(&PostParams::default(), &lease_for(s, None, 0))
-            .await
-        {
-            Ok(_) => Ok(true),
-            Err(e) if lost_race(&e) => Ok(false),
-            Err(e) => Err(e),
+        let metadata = ObjectMeta {
+            name: Some(s.name.clone()),
+            namespace: Some(s.namespace.clone()),
+            ..Default::default()
         };
+        return lease::write(api, &lease::new(metadata, &s.identity, s.lease_duration)).await;
     };
-    let spec = current.spec.clone().unwrap_or_default();
-    let rv = current
-        .metadata
-        .resource_version
-        .clone()
-        .unwrap_or_default();
-    let holder = spec.holder_identity.clone().unwrap_or_default();
-    if observed.as_ref().is_none_or(|(seen, _)| *seen != rv) {
-        *observed = Some((rv.clone(), Instant::now()));
+    let seen = Seen::record(seen, current, Instant::now());
+    if seen.holder().is_some_and(|h| h != s.identity) {
+        return Ok(None);
     }
-    let held_for = observed
-        .as_ref()
-        .map(|(_, at)| at.elapsed())
-        .unwrap_or_default();
-    let duration = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(15).max(1) as u64);
-    if !(holder.is_empty() || holder == s.identity || held_for >= duration) {
-        return Ok(false);
-    }
-    let transitions = spec.lease_transitions.unwrap_or(0) + i32::from(holder != s.identity);
-    let lease = lease_for(s, Some(rv), transitions);
-    match api.replace(&s.name, &PostParams::default(), &lease).await {
-        Ok(_) => Ok(true),
-        // Deleted since the read: also a race, the next attempt creates it.
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
-        Err(e) if lost_race(&e) => Ok(false),
-        Err(e) => Err(e),
-    }
+    lease::write(
+        api,
+        &lease::held_by(&seen.lease, &s.identity, s.lease_duration),
+    )
+    .await
 }
 
 /// The error for a Lease request that retrying will not fix.
@@ -314,103 +248,104 @@ fn fatal(s: &Settings, source: kube::Error) -> Error {
     }
 }
 
-fn lease_for(s: &Settings, resource_version: Option<String>, transitions: i32) -> Lease {
-    Lease {
-        metadata: ObjectMeta {
-            name: Some(s.name.clone()),
-            namespace: Some(s.namespace.clone()),
-            resource_version,
-            ..Default::default()
-        },
-        spec: Some(LeaseSpec {
-            holder_identity: Some(s.identity.clone()),
-            lease_duration_seconds: Some(s.lease_duration.as_secs() as i32),
-            acquire_time: Some(now()),
-            renew_time: Some(now()),
-            lease_transitions: Some(transitions),
-            ..Default::default()
-        }),
-    }
+/// What one renewal found.
+enum Renewal {
+    /// Renewed: the Lease as written.
+    Renewed(Box<Lease>),
+    /// Not renewed this time (a failed request, a lost race): try again.
+    Retry,
+    /// Leadership is lost, for this reason.
+    Lost(&'static str),
 }
 
-/// Renews every retry period; leadership is lost when the lease is held by someone else or when
-/// renewals have failed for longer than the lease is valid.
-async fn renew(api: Api<Lease>, s: Settings, leadership: Leadership) {
+/// Renews every retry period until leadership is lost (the Lease held by someone else or
+/// deleted, or renewals failing for longer than the Lease is valid) or released.
+async fn hold(
+    api: Api<Lease>,
+    s: Settings,
+    mut held: Lease,
+    validity: Validity,
+    mut release: mpsc::Receiver<oneshot::Sender<()>>,
+) {
     loop {
-        tokio::time::sleep(s.retry_period).await;
-        if !leadership.is_valid() {
+        tokio::select! {
+            () = tokio::time::sleep(s.retry_period) => {}
+            Some(done) = release.recv() => {
+                validity.lose();
+                hand_off(&api, &s, held).await;
+                let _ = done.send(());
+                return;
+            }
+        }
+        if !validity.is_valid() {
             warn!(lease = %s.name, "lease not renewed in time: leadership lost");
             break;
         }
         let at = Instant::now();
-        let current = match api.get_opt(&s.name).await {
-            Ok(Some(l)) => l,
-            Ok(None) => {
-                warn!(lease = %s.name, "lease deleted: leadership lost");
+        match renew(&api, &s).await {
+            Renewal::Renewed(lease) => {
+                validity.renewed(s.lease_duration, at);
+                held = *lease;
+            }
+            Renewal::Retry => {}
+            Renewal::Lost(reason) => {
+                warn!(lease = %s.name, reason, "leadership lost");
                 break;
             }
-            Err(e) => {
-                warn!(error = %e, "lease renewal failed, retrying");
-                continue;
-            }
-        };
-        let mut spec = current.spec.clone().unwrap_or_default();
-        if spec.holder_identity.as_deref() != Some(&s.identity) {
-            warn!(lease = %s.name, holder = spec.holder_identity.as_deref().unwrap_or(""), "lease taken over: leadership lost");
-            break;
-        }
-        spec.renew_time = Some(now());
-        let lease = Lease {
-            metadata: current.metadata.clone(),
-            spec: Some(spec),
-        };
-        match api.replace(&s.name, &PostParams::default(), &lease).await {
-            Ok(_) => leadership.renewed(s.lease_duration, at),
-            Err(e) => warn!(error = %e, "lease renewal failed, retrying"),
         }
     }
-    leadership.lost.cancel();
+    validity.lose();
+}
+
+/// One renewal: read the Lease, and write it back still held by this replica.
+async fn renew(api: &Api<Lease>, s: &Settings) -> Renewal {
+    let current = match api.get_opt(&s.name).await {
+        Ok(Some(l)) => l,
+        Ok(None) => return Renewal::Lost("lease deleted"),
+        Err(e) => {
+            warn!(lease = %s.name, error = %e, "lease renewal failed, retrying");
+            return Renewal::Retry;
+        }
+    };
+    if lease::holder(&current) != Some(s.identity.as_str()) {
+        warn!(lease = %s.name, holder = lease::holder(&current).unwrap_or(""), "lease taken over");
+        return Renewal::Lost("lease taken over");
+    }
+    match lease::write(
+        api,
+        &lease::held_by(&current, &s.identity, s.lease_duration),
+    )
+    .await
+    {
+        Ok(Some(written)) => Renewal::Renewed(Box::new(written)),
+        Ok(None) => Renewal::Retry,
+        Err(e) => {
+            warn!(lease = %s.name, error = %e, "lease renewal failed, retrying");
+            Renewal::Retry
+        }
+    }
+}
+
+/// Clears the holder of the Lease last written as `held` (a compare-and-swap: a Lease changed
+/// since is someone else's business); the Lease expires instead if that fails.
+async fn hand_off(api: &Api<Lease>, s: &Settings, held: Lease) {
+    match lease::write(api, &lease::released(&held)).await {
+        Ok(Some(_)) => info!(lease = %s.name, "leadership released"),
+        Ok(None) => info!(lease = %s.name, "lease changed since renewed: not released"),
+        Err(e) => {
+            warn!(lease = %s.name, error = %e, "cannot release the lease; it expires instead")
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_child_validity_lapses_and_renews_with_its_parent_and_is_lost_alone() {
-        let member = Leadership::unrenewed();
-        let (a, b) = (member.child(), member.child());
-        assert!(!a.is_valid(), "nothing renewed yet");
-        member.renewed(Duration::from_secs(10), Instant::now());
-        assert!(a.is_valid() && b.is_valid());
-        a.lose();
-        assert!(!a.is_valid() && b.is_valid() && member.is_valid());
-        // Four fifths of a short lease later, every child lapses with the parent.
-        member.renewed(Duration::from_millis(20), Instant::now());
-        std::thread::sleep(Duration::from_millis(30));
-        assert!(!b.is_valid() && !member.is_valid());
-    }
-
     fn api(code: u16) -> kube::Error {
         kube::Error::Api(Box::new(
             serde_json::from_value(serde_json::json!({"code": code, "message": "m"})).unwrap(),
         ))
-    }
-
-    #[test]
-    fn server_errors_throttling_and_broken_connections_are_transient() {
-        for code in [408, 429, 500, 502, 503, 504] {
-            assert!(is_transient(&api(code)), "{code}");
-        }
-        let reset = std::io::Error::other("connection reset");
-        assert!(is_transient(&kube::Error::ReadEvents(reset)));
-        assert!(is_transient(&kube::Error::Service(
-            "connection refused".into()
-        )));
-        for code in [400, 401, 403, 404, 422] {
-            assert!(!is_transient(&api(code)), "{code}");
-        }
-        assert!(!is_transient(&kube::Error::TlsRequired));
     }
 
     #[test]

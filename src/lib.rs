@@ -21,6 +21,7 @@ pub mod knative;
 pub mod known;
 pub mod kubernetes;
 pub mod leader;
+pub mod lease;
 pub mod payload;
 pub mod pipeline;
 pub mod rbac;

@@ -25,7 +25,7 @@ use crate::change::{Change, ChangeKind, Origin};
 use crate::checkpoint::{self, Checkpoint, Store};
 use crate::config::SnapshotPolicy;
 use crate::encode::{self, ResourceInfo};
-use crate::leader::Leadership;
+use crate::lease::Validity;
 use crate::payload::Mode;
 use crate::sink::AnySink;
 use crate::status::{STALL_AFTER, Status, count, kind_index};
@@ -88,7 +88,7 @@ pub struct Pipeline {
     /// How often a busy watch checkpoints.
     pub checkpoint_interval: Duration,
     /// Held leadership, when replicas elect a leader: nothing is published without it.
-    pub leadership: Option<Leadership>,
+    pub leadership: Option<Validity>,
     /// Periodic heartbeats, if enabled.
     pub heartbeat: Option<Heartbeat>,
 }

@@ -15,7 +15,8 @@ use crate::allocator;
 use crate::config::Config;
 use crate::discovery;
 use crate::kubernetes;
-use crate::leader::{self, Leadership};
+use crate::leader::{self, Leader};
+use crate::lease::Validity;
 use crate::shard::{self, Shard};
 use crate::sink::{self, AnySink};
 use crate::stores::{self, Stores};
@@ -54,7 +55,7 @@ pub enum Error {
     /// The supervisor task ended abnormally.
     #[error("the supervisor task failed")]
     SupervisorTask(#[source] tokio::task::JoinError),
-    /// Leadership was lost while running.
+    /// Validity was lost while running.
     #[error("leadership lost: exiting so that a restart waits as a follower")]
     LeadershipLost,
     /// A signal came during start-up, and the start did not finish within the grace period.
@@ -82,7 +83,7 @@ impl Bridge {
     /// follows CRDs and namespaces. `on_change` is told the running watches whenever they change.
     pub async fn start(
         config: Config,
-        leadership: Option<Leadership>,
+        leadership: Option<Validity>,
         shard: Option<Shard>,
         on_change: OnChange,
     ) -> Result<Self> {
@@ -174,7 +175,7 @@ async fn run_bridge(config: Config, stop: CancellationToken) -> Result<()> {
         admin.set_role(admin::Role::Follower);
     }
     // Waiting for leadership holds nothing: a signal simply ends the wait.
-    let leadership = tokio::select! {
+    let leader = tokio::select! {
         elected = leader::elect(&config) => elected?,
         () = stop.cancelled() => {
             admin.shutting_down();
@@ -183,9 +184,10 @@ async fn run_bridge(config: Config, stop: CancellationToken) -> Result<()> {
             return Ok(());
         }
     };
-    if leadership.is_some() {
+    if leader.is_some() {
         admin.set_role(admin::Role::Leader);
     }
+    let leadership = leader.as_ref().map(|l| l.validity().clone());
     // Joining holds nothing yet either: the member Lease expires if a signal ends the join.
     let shard = if config.sharding.enabled {
         tokio::select! {
@@ -212,7 +214,8 @@ async fn run_bridge(config: Config, stop: CancellationToken) -> Result<()> {
         bridge = &mut started => {
             // The start ran on this thread: what it freed need not wait for the next flush.
             allocator::flush_thread_cache();
-            return serve_until_stopped(bridge?, leadership, &admin, &stop, delay, grace).await;
+            let served = serve_until_stopped(bridge?, leadership, &admin, &stop, delay, grace).await;
+            return hand_over(leader, served).await;
         }
         () = stop.cancelled() => tokio::time::Instant::now() + grace,
     };
@@ -221,17 +224,27 @@ async fn run_bridge(config: Config, stop: CancellationToken) -> Result<()> {
     let Ok(bridge) = tokio::time::timeout_at(deadline, started).await else {
         return Err(Error::GraceExceededDuringStart);
     };
-    drain(
+    let drained = drain(
         bridge?,
         deadline.saturating_duration_since(tokio::time::Instant::now()),
     )
-    .await
+    .await;
+    hand_over(leader, drained).await
+}
+
+/// After a clean shutdown (everything drained, nothing published any more), hands the leader
+/// Lease over so a follower takes it at once; after a failed one it expires instead.
+async fn hand_over(leader: Option<Leader>, shutdown: Result<()>) -> Result<()> {
+    if let (Some(leader), Ok(())) = (leader, &shutdown) {
+        leader.release().await;
+    }
+    shutdown
 }
 
 /// Runs the started bridge until the first signal, then drains it.
 async fn serve_until_stopped(
     mut bridge: Bridge,
-    leadership: Option<Leadership>,
+    leadership: Option<Validity>,
     admin: &admin::State,
     stop: &CancellationToken,
     delay: Duration,

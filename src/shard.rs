@@ -17,7 +17,7 @@
 //! expired here.
 //!
 //! A Lease is not fencing by itself: like leader election, each held watch has a validity
-//! ([`Leadership`], a child of the member Lease's) that lapses four fifths of the lease duration
+//! ([`Validity`], a child of the member Lease's) that lapses four fifths of the lease duration
 //! after the member Lease's last renewal on the monotonic clock, and the pipeline publishes and
 //! checkpoints nothing without it; a renewal that completes after the validity lapsed gives every
 //! watch up instead of extending it. The brokers fence the rest (the Kafka transactional id per
@@ -39,19 +39,20 @@ use tracing::{info, warn};
 use crate::backoff::Backoff;
 use crate::config::{Config, ShardingConfig};
 use crate::kubernetes;
-use crate::leader::{self, Leadership};
+use crate::lease::{self, Validity};
 
 mod assign;
 mod coordinator;
-mod lease;
 mod membership;
+mod names;
 mod stale;
 mod status;
 
 pub use status::{LeaseRow, report};
 
+use crate::lease::holder;
 use coordinator::Coordinator;
-use lease::{Names, holder};
+use names::Names;
 
 /// Errors of sharding that waiting will not heal (transient API errors are retried).
 #[derive(Debug, thiserror::Error)]
@@ -120,11 +121,11 @@ impl Error {
     /// the Lease watch ended; not missing RBAC, a missing namespace or a bad configuration.
     fn is_transient(&self) -> bool {
         match self {
-            Error::Api { source, .. } => leader::is_transient(source),
+            Error::Api { source, .. } => lease::is_transient(source),
             Error::List { error, .. } => match error {
                 watcher::Error::InitialListFailed(e)
                 | watcher::Error::WatchStartFailed(e)
-                | watcher::Error::WatchFailed(e) => leader::is_transient(e),
+                | watcher::Error::WatchFailed(e) => lease::is_transient(e),
                 watcher::Error::WatchError(status) => {
                     matches!(status.code, 408 | 410 | 429 | 500..=599)
                 }
@@ -255,7 +256,7 @@ pub struct Ownership {
     /// Tells this claim from an earlier one of the same watch.
     pub epoch: u64,
     /// Valid while the Lease is: the pipeline publishes nothing without it.
-    pub validity: Leadership,
+    pub validity: Validity,
     /// How long the watch had no owner before this claim, as seen here; `None` for a watch that
     /// never had one.
     pub unowned: Option<Duration>,

@@ -11,7 +11,7 @@ use crate::checkpoint::{
     self, Backend, Cluster, FileStore, KafkaStore, NatsStore, Store, WatchKey,
 };
 use crate::config::Config;
-use crate::leader::Leadership;
+use crate::lease::Validity;
 use crate::sink::kafka::Sharing;
 use crate::sink::{self, AnySink, Checkpoints};
 
@@ -132,7 +132,7 @@ impl Stores {
         &self,
         shared: &Arc<AnySink>,
         key: &WatchKey,
-        owner: Option<Leadership>,
+        owner: Option<Validity>,
     ) -> Result<(Arc<AnySink>, Store)> {
         let cluster = self.cluster.clone();
         let (sink, backend) = match &self.kind {

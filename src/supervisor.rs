@@ -30,7 +30,7 @@ use crate::config::Config;
 use crate::crd;
 use crate::discovery::{self, ResolvedResource};
 use crate::encode::ResourceInfo;
-use crate::leader::Leadership;
+use crate::lease::Validity;
 use crate::pipeline::{Heartbeat, Pipeline};
 use crate::shard::{Ownership, Shard};
 use crate::sink::{self, AnySink};
@@ -159,7 +159,7 @@ pub(crate) struct Supervisor {
     api_server: String,
     sink: Arc<AnySink>,
     stores: Stores,
-    leadership: Option<Leadership>,
+    leadership: Option<Validity>,
     shard: Option<Shard>,
     /// With sharding: the claims (watch id, epoch) started here, whose pipeline releases the
     /// Lease once drained; a claim given up before it started is released at once.
@@ -202,7 +202,7 @@ pub(crate) struct Parts {
     /// The checkpoint stores.
     pub stores: Stores,
     /// Held leadership, if replicas elect a leader.
-    pub leadership: Option<Leadership>,
+    pub leadership: Option<Validity>,
     /// This replica's part, if replicas share the watches.
     pub shard: Option<Shard>,
     /// Cancelled at shutdown.
@@ -820,7 +820,7 @@ async fn run_owned(
 
 /// What a watch's pipeline publishes under, and its producer owns the transactional id under:
 /// the watch's Lease with sharding, else the leader Lease with leader election, else nothing.
-fn validity(ownership: Option<&Ownership>, leadership: Option<&Leadership>) -> Option<Leadership> {
+fn validity(ownership: Option<&Ownership>, leadership: Option<&Validity>) -> Option<Validity> {
     ownership
         .map(|o| o.validity.clone())
         .or_else(|| leadership.cloned())

@@ -15,7 +15,7 @@ use crate::change::ChangeKind;
 use crate::checkpoint::{Backend, Checkpoint, FileStore, Store, WatchKey};
 use crate::config::SnapshotPolicy;
 use crate::encode::tests::configmaps;
-use crate::leader::Leadership;
+use crate::lease::Validity;
 use crate::sink::AnySink;
 use crate::sink::scripted::{Script, ScriptedSink};
 use crate::watch::Item;
@@ -72,7 +72,7 @@ impl Run {
         items: Vec<Item>,
         store: Store,
         checkpoint_interval: Duration,
-        leadership: Option<Leadership>,
+        leadership: Option<Validity>,
     ) -> Self {
         Self::resume(sink, items, store, checkpoint_interval, leadership, None)
     }
@@ -83,7 +83,7 @@ impl Run {
         items: Vec<Item>,
         store: Store,
         checkpoint_interval: Duration,
-        leadership: Option<Leadership>,
+        leadership: Option<Validity>,
         resume: Option<Checkpoint>,
     ) -> Self {
         let sink = Arc::new(sink);
@@ -210,7 +210,7 @@ async fn retries_send_the_same_id_until_the_broker_stores_it() {
 async fn a_retry_after_the_lease_lapsed_sends_nothing() {
     let sink = ScriptedSink::new(true, false);
     sink.script("a", &[Script::Retry, Script::Retry, Script::Retry]);
-    let leadership = Leadership::unrenewed();
+    let leadership = Validity::unrenewed();
     leadership.renewed(Duration::from_secs(3600), std::time::Instant::now());
     let store = Store::new(Backend::Memory);
     let items = vec![event("a", "1")];

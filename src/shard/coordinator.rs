@@ -16,20 +16,21 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::lease::{self, Names, Seen, holder};
 use super::membership::{watch_free_since, watch_holder};
+use super::names::{self, Names};
 use super::{
     Command, DECLINE_HOLD_OFF, Metrics, Owned, Ownership, REASONS, Reason, Settings, assign,
     membership, stale,
 };
-use crate::leader::Leadership;
+use crate::lease::Validity;
+use crate::lease::{self, Seen, holder};
 
 /// A watch Lease this replica holds.
 #[derive(Debug)]
 struct Held {
     epoch: u64,
     /// The member Lease's validity, lost on its own when the watch is.
-    validity: Leadership,
+    validity: Validity,
     /// The Lease as last written.
     lease: Lease,
     /// Set once the watch is being given up (its pipeline drains).
@@ -73,8 +74,8 @@ pub(super) struct Coordinator {
     epoch: u64,
     /// This replica's member Lease as last written.
     member: Option<Lease>,
-    /// The member Lease's validity: every watch held shares it ([`Leadership::child`]).
-    member_validity: Leadership,
+    /// The member Lease's validity: every watch held shares it ([`Validity::child`]).
+    member_validity: Validity,
     /// Leaving, and the member Lease is deleted.
     left: bool,
     /// Watches that could not start here, not claimed again before then.
@@ -113,7 +114,7 @@ impl Coordinator {
             leaving: false,
             epoch: 0,
             member: None,
-            member_validity: Leadership::unrenewed(),
+            member_validity: Validity::unrenewed(),
             left: false,
             declined: BTreeMap::new(),
             more_to_claim: false,
@@ -614,7 +615,7 @@ impl Coordinator {
             None => self.names.lease(&name, &me, d, None),
         };
         if self.leaving {
-            lease = lease::leaving(&lease);
+            lease = names::leaving(&lease);
         }
         let at = Instant::now();
         let written = lease::write(&self.renew_api, &lease).await?;

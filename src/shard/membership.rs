@@ -3,7 +3,7 @@
 //! and is written only when the watch changes hands; it is held while its holder's member Lease
 //! is live, so a replica renews one Lease however many watches it owns.
 //!
-//! A replica leaving in order marks its member Lease [`LEAVING`](super::lease::LEAVING): the
+//! A replica leaving in order marks its member Lease [`LEAVING`](super::names::LEAVING): the
 //! others count it out of the assignment at once, while the watches it still holds stay its own
 //! until it releases them; then it deletes the Lease. A killed one is counted out, and its
 //! watches freed, when its member Lease expires.
@@ -11,14 +11,15 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use super::lease::{MEMBER, Names, ROLE_LABEL, Seen};
+use super::names::{MEMBER, Names, ROLE_LABEL, is_leaving};
+use crate::lease::Seen;
 
 /// The identities of the live members among `view` (Leases by name) that take watches, sorted;
 /// `me` counts unless `leaving`, whatever its Lease says (it may not be written yet).
 pub(crate) fn live(view: &BTreeMap<String, Seen>, me: &str, leaving: bool) -> Vec<String> {
     let mut members: Vec<String> = view
         .values()
-        .filter(|s| is_member(s) && !s.is_leaving())
+        .filter(|s| is_member(s) && !is_leaving(s))
         .filter_map(|s| s.holder())
         .filter(|holder| *holder != me)
         .map(str::to_string)
@@ -80,7 +81,7 @@ pub(crate) fn role(seen: &Seen) -> Option<&str> {
 mod tests {
     use std::time::{Duration, Instant};
 
-    use super::super::lease::Names;
+    use super::super::names::Names;
     use super::*;
 
     #[test]
@@ -106,7 +107,7 @@ mod tests {
         assert_eq!(live(&view, "me", false), ["a", "b", "me"]);
         assert_eq!(live(&view, "a", true), ["b"]);
         // A member leaving is counted out of the assignment at once.
-        let leaving = super::super::lease::leaving(&view[&names.member("b")].lease);
+        let leaving = super::super::names::leaving(&view[&names.member("b")].lease);
         view.insert(names.member("b"), Seen::first(leaving, now));
         assert_eq!(live(&view, "me", false), ["a", "me"]);
     }
@@ -139,11 +140,11 @@ mod tests {
         assert_eq!(watch_holder(&view, &names, &unknown), None);
         assert_eq!(watch_free_since(&view, &names, &unknown), Some(ago(60)));
         // A leaving member still holds its watches until it releases them.
-        let leaving = super::super::lease::leaving(&view[&names.member("live")].lease);
+        let leaving = super::super::names::leaving(&view[&names.member("live")].lease);
         view.insert(names.member("live"), Seen::first(leaving, now));
         assert_eq!(watch_holder(&view, &names, &held), Some("live"));
         let released = Seen {
-            lease: super::super::lease::released(&held.lease),
+            lease: crate::lease::released(&held.lease),
             changed_at: ago(1),
         };
         assert_eq!(watch_holder(&view, &names, &released), None);

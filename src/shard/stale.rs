@@ -11,8 +11,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use super::lease::{Names, Seen, WATCH};
 use super::membership::{role, watch_free_since};
+use super::names::{Names, WATCH};
+use crate::lease::Seen;
 
 /// Lease durations a member Lease stays unchanged before it is deleted.
 pub(crate) const MEMBER_GRACE: u32 = 3;
@@ -44,8 +45,9 @@ pub(crate) fn leases(
 mod tests {
     use std::time::Instant;
 
-    use super::super::lease::{Names, released};
+    use super::super::names::Names;
     use super::*;
+    use crate::lease::released;
 
     #[test]
     fn only_long_free_members_and_undesired_watches_are_stale() {

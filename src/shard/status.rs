@@ -12,12 +12,13 @@ use kube::Client;
 use kube::api::{Api, ListParams};
 
 use super::assign::assign;
-use super::lease::{self, Names};
+use super::names::{self, Names};
 use super::{Error, Result, Settings};
 use crate::checkpoint::WatchKey;
 use crate::config::Config;
 use crate::discovery::ResolvedResource;
 use crate::discovery::list_namespaces;
+use crate::lease;
 
 /// One watch of the report.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,8 +135,8 @@ fn live_members(leases: &BTreeMap<String, Lease>, names: &Names) -> Vec<String> 
             l.metadata
                 .labels
                 .as_ref()
-                .and_then(|m| m.get(lease::ROLE_LABEL))
-                .is_some_and(|r| r == lease::MEMBER)
+                .and_then(|m| m.get(names::ROLE_LABEL))
+                .is_some_and(|r| r == names::MEMBER)
         })
         .filter(|l| valid(l))
         .filter_map(|l| super::holder(l).map(str::to_string))
@@ -147,8 +148,7 @@ fn live_members(leases: &BTreeMap<String, Lease>, names: &Names) -> Vec<String> 
 
 /// Whether `l` has a holder renewed within its duration, by the wall clock.
 fn valid(l: &Lease) -> bool {
-    super::holder(l).is_some()
-        && lease::renew_age(l).is_some_and(|age| age < lease::lease_duration(l))
+    super::holder(l).is_some() && lease::renew_age(l).is_some_and(|age| age < lease::duration(l))
 }
 
 /// One row per watch, and how many watches each holder holds.

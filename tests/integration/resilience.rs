@@ -211,6 +211,49 @@ async fn a_follower_survives_api_errors_while_it_waits() {
     stop_cleanly(&mut bridge).await;
 }
 
+/// A leader stopped cleanly hands its Lease over: once it has drained it clears the holder, and
+/// the follower takes the Lease at its next attempt instead of after the Lease's duration (a
+/// minute here, longer than the test waits).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leader_stopped_cleanly_hands_its_lease_to_the_follower() {
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, "handoff").await;
+    let lease = unique_name("keb-handoff");
+    let config = format!(
+        "cluster: dev\ncheckpoint: {{nats: {{url: \"{}\"}}}}\nleaderElection: {{enabled: true, namespace: {ns}, leaseName: {lease}, leaseDurationSecs: 60, retryPeriodSecs: 1}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\nsink: {{stdout: {{}}}}\n",
+        crate::support::env().nats_url
+    );
+    let mut leader = Bridge::start(&config);
+    leader.wait_log("leadership acquired").await;
+    leader.wait_synced(1).await;
+    let mut follower = Bridge::start(&config);
+    follower.wait_log("waiting for leadership").await;
+
+    stop_cleanly(&mut leader).await;
+    assert_eq!(
+        leader.count_log("leadership released"),
+        1,
+        "{}",
+        leader.log_text()
+    );
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    wait_until(
+        "the follower holds the Lease",
+        Duration::from_secs(30),
+        || async {
+            let held = leases.get(&lease).await.ok()?;
+            let spec = held.spec?;
+            (spec.holder_identity.is_some_and(|h| !h.is_empty())
+                && follower.count_log("leadership acquired") == 1)
+                .then_some(spec.lease_transitions)
+        },
+    )
+    .await;
+    // It goes on from the checkpoint the leader saved as it drained.
+    follower.wait_log("resuming from checkpoint").await;
+    stop_cleanly(&mut follower).await;
+}
+
 /// SIGTERM while a follower waits for a held Lease ends the wait: exit 0, nothing to drain.
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_while_a_follower_waits_exits_cleanly() {

@@ -33,7 +33,7 @@ use tracing::{debug, warn};
 
 use super::producer::Producer;
 use super::recovery::{self, ABORT_ATTEMPTS, AfterAbort, COMMIT_ATTEMPTS, Failure, Fence};
-use crate::leader::Leadership;
+use crate::lease::Validity;
 
 /// How long one transactional call may block (a commit or abort that did not finish is resumed,
 /// see [`resuming`]).
@@ -82,7 +82,7 @@ pub(super) struct Group {
     call_timeout: Duration,
     /// Valid while this process owns the transactional id (its leader Lease, or with sharding
     /// the watch's Lease); `None` without either, where the process owns it.
-    owner: Option<Leadership>,
+    owner: Option<Validity>,
     producer: RwLock<Producer>,
     /// Sends and arrivals hold it shared; a commit, an abort or a new producer holds it alone
     /// (librdkafka refuses records while a transaction is being committed or aborted).
@@ -177,7 +177,7 @@ impl Group {
         settings: &ClientConfig,
         id: &str,
         timeout: Duration,
-        owner: Option<Leadership>,
+        owner: Option<Validity>,
     ) -> Result<Arc<Self>, KafkaError> {
         Self::start_with(settings, id, timeout, owner, CALL_TIMEOUT).await
     }
@@ -187,7 +187,7 @@ impl Group {
         settings: &ClientConfig,
         id: &str,
         timeout: Duration,
-        owner: Option<Leadership>,
+        owner: Option<Validity>,
         call_timeout: Duration,
     ) -> Result<Arc<Self>, KafkaError> {
         let mut settings = settings.clone();
@@ -369,7 +369,7 @@ impl Group {
     /// Who fenced the producer, judged now ([`recovery::fence`]).
     fn fence(&self) -> Fence {
         let open_for = self.lock().opened.map(|at| at.elapsed());
-        let owned = self.owner.as_ref().is_none_or(Leadership::is_valid);
+        let owned = self.owner.as_ref().is_none_or(Validity::is_valid);
         recovery::fence(open_for, self.timeout, owned)
     }
 
@@ -722,7 +722,7 @@ mod tests {
     use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 
     use super::{CommitError, Group, Member};
-    use crate::leader::Leadership;
+    use crate::lease::Validity;
 
     const TOPIC: &str = "events";
     const ID: &str = "kube-event-bridge.test";
@@ -736,7 +736,7 @@ mod tests {
     async fn group(
         cluster: &MockCluster<'static, DefaultProducerContext>,
         timeout: Duration,
-        owner: Option<Leadership>,
+        owner: Option<Validity>,
         call_timeout: Duration,
     ) -> std::sync::Arc<Group> {
         let mut settings = ClientConfig::new();
@@ -909,7 +909,7 @@ mod tests {
     async fn a_fence_past_the_transaction_timeout_stops_a_producer_whose_lease_lapsed() {
         let cluster = cluster();
         let timeout = Duration::from_secs(1);
-        let lapsed = Leadership::unrenewed();
+        let lapsed = Validity::unrenewed();
         let g = group(&cluster, timeout, Some(lapsed), Duration::from_secs(5)).await;
         let member = g.join();
         send(&member).await.unwrap();

@@ -21,7 +21,7 @@ use super::reads::SharedReads;
 use crate::change::ChangeKind;
 use crate::config::{ContentMode, KafkaConfig};
 use crate::encode::{DATA_CONTENT_TYPE, Event, STRUCTURED_CONTENT_TYPE, ce_header};
-use crate::leader::Leadership;
+use crate::lease::Validity;
 use crate::sink::{
     Checkpoints, Delivered, Error, Outcome, Pending, Result, Sink, Transactions, ready,
 };
@@ -122,7 +122,7 @@ impl KafkaSink {
         &self,
         watch_id: &str,
         sharing: &Sharing,
-        owner: Option<Leadership>,
+        owner: Option<Validity>,
     ) -> Result<Self> {
         let group = match sharing {
             Sharing::Sink(id) => self.shared_group(id, owner).await?,
@@ -143,7 +143,7 @@ impl KafkaSink {
 
     /// The group with transactional id `id`, made if no watch holds it (the watches sharing
     /// it share the process's leadership, so the first one's `owner` holds for all).
-    async fn shared_group(&self, id: &str, owner: Option<Leadership>) -> Result<Arc<Group>> {
+    async fn shared_group(&self, id: &str, owner: Option<Validity>) -> Result<Arc<Group>> {
         let mut groups = self.groups.lock().await;
         if let Some(group) = groups.get(id).and_then(Weak::upgrade) {
             return Ok(group);
@@ -153,7 +153,7 @@ impl KafkaSink {
         Ok(group)
     }
 
-    async fn start_group(&self, id: &str, owner: Option<Leadership>) -> Result<Arc<Group>> {
+    async fn start_group(&self, id: &str, owner: Option<Validity>) -> Result<Arc<Group>> {
         let timeout = Duration::from_secs(self.config.transaction_timeout_secs);
         Group::start(&self.settings, id, timeout, owner)
             .await
