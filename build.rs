@@ -2,8 +2,8 @@
 
 fn main() {
     // Relative relocations packed (DT_RELR, glibc 2.36 or later; the image runs on bookworm's
-    // 2.36): the loader reads about 10 KB of them at start instead of 650 KB of `.rela.dyn`, and
-    // those pages no longer stay resident. Measured in docs/architecture.md ("Memory").
+    // 2.36): the loader reads far less at start, and those pages no longer stay resident.
+    // Measured in docs/architecture.md ("Memory").
     let os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     let env = std::env::var("CARGO_CFG_TARGET_ENV").unwrap_or_default();
     if os == "linux" && env == "gnu" {

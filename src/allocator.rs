@@ -3,7 +3,7 @@
 //!
 //! jemalloc keeps freed objects in a per-thread cache and returns them to the arena only as the
 //! thread allocates again, so a thread that goes idle keeps what it last freed: in an idle Kafka
-//! bridge, 2.1 of the 2.9 MB jemalloc counted as allocated, in the main thread's cache (it runs
+//! bridge, most of what jemalloc counted as allocated sat in the main thread's cache (it runs
 //! the start) and librdkafka's threads'. So caches are off by default, and only the threads
 //! that carry events turn theirs on ([`async_runtime`], [`thread_cache_on`]); the main thread
 //! flushes its cache once the start is done, and it and one worker every [`PERIOD`]
@@ -47,9 +47,9 @@ pub fn async_runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime>
 
 /// Turns the calling thread's cache on; returns whether it could (the allocator may not be
 /// jemalloc). Caches are off by default (`tcache:false` in `.cargo/config.toml`): librdkafka's
-/// threads and jemalloc's own allocate little, and their caches kept about 1 MiB resident in an
-/// idle bridge. The threads that carry the events turn theirs on: without a cache, the event
-/// path costs about 17 % more CPU.
+/// threads and jemalloc's own allocate little, and their caches kept memory resident in an idle
+/// bridge. The threads that carry the events turn theirs on: without a cache the event path
+/// costs more CPU (docs/architecture.md, "Thread caches").
 pub fn thread_cache_on() -> bool {
     TCACHE_ENABLED.name().write(true).is_ok()
 }

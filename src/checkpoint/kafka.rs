@@ -295,12 +295,12 @@ async fn read_compacted(
             format!("kube-event-bridge-checkpoint-{}", std::process::id()),
         )
         // The end of the partition is reported, so the read needs no position request per
-        // record (those cost about 50 µs each: a second for 20,000 records).
+        // record (docs/benchmarks.md, "Figures behind defaults").
         .set("enable.partition.eof", "true");
     let topic = topic.to_string();
     tokio::task::spawn_blocking(move || {
-        // The end is asked for by a client of its own while this one starts reading (each
-        // takes a connection's round trips, about 100 ms here).
+        // The end is asked for by a client of its own while this one starts reading: each
+        // takes a connection's round trips, which then overlap.
         let ends = {
             let (config, topic) = (config.clone(), topic.clone());
             std::thread::spawn(move || end_offset(&config, &topic))

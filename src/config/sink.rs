@@ -69,7 +69,7 @@ pub struct KafkaConfig {
     /// and this much time has passed, each commit carrying the checkpoint of what it holds; a
     /// `read_committed` consumer sees an event once the commit holding it has completed. Larger
     /// values mean fewer, larger transactions and checkpoint writes, and less CPU per event (a
-    /// commit costs about 1 ms of CPU whatever it holds).
+    /// commit costs the same CPU whatever it holds).
     #[serde(default = "default_commit_interval_ms")]
     #[schemars(range(min = COMMIT_INTERVAL_MS.min, max = COMMIT_INTERVAL_MS.max))]
     pub commit_interval_ms: u64,
