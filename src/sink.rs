@@ -313,8 +313,8 @@ pub enum Checkpoints<'a> {
     NatsBucket(&'a async_nats::jetstream::Context),
     /// A compacted topic (`checkpoint.kafkaTopic`), written in the transactions of the
     /// watches' events: the watches share a transactional producer, or with sharding each has
-    /// its own ([`kafka::KafkaSink::for_watch`]).
-    KafkaTopic(&'a kafka::KafkaSink),
+    /// its own ([`kafka::WatchSinks::for_watch`]).
+    KafkaTopic(Box<kafka::WatchSinks>),
     /// Nowhere: this sink cannot keep checkpoints, for the reason given.
     Unsupported(&'static str),
 }

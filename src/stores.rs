@@ -12,7 +12,7 @@ use crate::checkpoint::{
 };
 use crate::config::Config;
 use crate::lease::Validity;
-use crate::sink::kafka::Sharing;
+use crate::sink::kafka::{Sharing, WatchSinks};
 use crate::sink::{self, AnySink, Checkpoints};
 
 /// Errors of preparing the checkpoint stores or a watch's store.
@@ -43,7 +43,11 @@ pub struct Stores {
 enum StoresKind {
     /// Transactional producers writing to this topic: one shared by the watches, with this
     /// transactional id, or one per watch (sharding).
-    Kafka { topic: String, sharing: Sharing },
+    Kafka {
+        topic: String,
+        sharing: Sharing,
+        sinks: WatchSinks,
+    },
     /// One KV bucket.
     Nats(async_nats::jetstream::kv::Store),
     /// Files in a directory.
@@ -97,6 +101,7 @@ impl Stores {
             Checkpoints::KafkaTopic(k) => {
                 checkpoint::kafka::ensure_topic(k.consumer_config(), &c.kafka_topic).await?;
                 StoresKind::Kafka {
+                    sinks: *k,
                     topic: c.kafka_topic.clone(),
                     sharing: if config.sharding.enabled {
                         Sharing::Watch
@@ -136,11 +141,12 @@ impl Stores {
     ) -> Result<(Arc<AnySink>, Store)> {
         let cluster = self.cluster.clone();
         let (sink, backend) = match &self.kind {
-            StoresKind::Kafka { topic, sharing } => {
-                let Checkpoints::KafkaTopic(kafka) = shared.checkpoints() else {
-                    unreachable!("kafka stores need a kafka sink")
-                };
-                let producer = Arc::new(kafka.for_watch(&key.id, sharing, owner).await?);
+            StoresKind::Kafka {
+                topic,
+                sharing,
+                sinks,
+            } => {
+                let producer = Arc::new(sinks.for_watch(&key.id, sharing, owner).await?);
                 let backend = Backend::Kafka(KafkaStore {
                     key: key.clone(),
                     sink: producer.clone(),

@@ -822,7 +822,7 @@ async fn backend(
                 .unwrap();
                 let sharing = kube_event_bridge::sink::kafka::Sharing::Watch;
                 let base = KafkaSink::new(&config, events).unwrap();
-                base.for_watch(&key.id, &sharing, None).await
+                base.watch_sinks().for_watch(&key.id, &sharing, None).await
             } else {
                 KafkaSink::new(&config, events)
             };

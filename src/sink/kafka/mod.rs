@@ -12,4 +12,4 @@ mod sink;
 pub use config::{check_brokers, consumer_config, producer_config};
 pub use group::{CommitError, PRODUCERS};
 pub use reads::{Latest, SharedReads};
-pub use sink::{KafkaSink, Sharing, classify};
+pub use sink::{KafkaSink, Sharing, WatchSinks, classify};

@@ -37,6 +37,86 @@ pub enum Sharing {
     Watch,
 }
 
+/// The shared transactional producers, by transactional id.
+type Groups = Arc<tokio::sync::Mutex<HashMap<String, Weak<Group>>>>;
+
+/// Makes the sinks of watches whose checkpoints are written in their events' transactions (an
+/// owned handle on a [`KafkaSink`]'s settings and shared producers, held by the checkpoint
+/// stores).
+#[derive(Clone)]
+pub struct WatchSinks {
+    settings: ClientConfig,
+    config: KafkaConfig,
+    topic: Template,
+    groups: Groups,
+    reads: Arc<SharedReads>,
+}
+
+impl std::fmt::Debug for WatchSinks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WatchSinks")
+            .field("topic", &self.topic.to_string())
+            .finish_non_exhaustive()
+    }
+}
+
+impl WatchSinks {
+    /// The sink of one watch, with the settings of this sink: its share of the sink's
+    /// transactional producer ([`Sharing::Sink`], made by the first watch), or a transactional
+    /// producer of its own ([`Sharing::Watch`]). A producer's `init_transactions` fences an
+    /// older instance with the same transactional id. `owner` is valid while this process owns
+    /// the transactional id (the leader Lease, or with sharding the watch's Lease; `None`
+    /// without either): a producer fenced while it does, by the broker aborting a transaction
+    /// open past its timeout, is replaced rather than stopped.
+    pub async fn for_watch(
+        &self,
+        watch_id: &str,
+        sharing: &Sharing,
+        owner: Option<Validity>,
+    ) -> Result<KafkaSink> {
+        let group = match sharing {
+            Sharing::Sink(id) => self.shared_group(id, owner).await?,
+            Sharing::Watch => {
+                self.start_group(&format!("kube-event-bridge.{watch_id}"), owner)
+                    .await?
+            }
+        };
+        let member = group.join();
+        Ok(KafkaSink::with(
+            self.settings.clone(),
+            Some(member),
+            &self.config,
+            self.topic.clone(),
+            self.reads.clone(),
+        ))
+    }
+
+    /// The group with transactional id `id`, made if no watch holds it (the watches sharing
+    /// it share the process's leadership, so the first one's `owner` holds for all).
+    async fn shared_group(&self, id: &str, owner: Option<Validity>) -> Result<Arc<Group>> {
+        let mut groups = self.groups.lock().await;
+        if let Some(group) = groups.get(id).and_then(Weak::upgrade) {
+            return Ok(group);
+        }
+        let group = self.start_group(id, owner).await?;
+        groups.insert(id.to_string(), Arc::downgrade(&group));
+        Ok(group)
+    }
+
+    async fn start_group(&self, id: &str, owner: Option<Validity>) -> Result<Arc<Group>> {
+        let timeout = Duration::from_secs(self.config.transaction_timeout_secs);
+        Group::start(&self.settings, id, timeout, owner)
+            .await
+            .map_err(Error::KafkaClient)
+    }
+
+    /// Client settings for consumers and admin clients (the checkpoint topic), as
+    /// [`KafkaSink::consumer_config`].
+    pub(crate) fn consumer_config(&self) -> ClientConfig {
+        consumer_settings(self.settings.clone())
+    }
+}
+
 /// The Kafka sink.
 pub struct KafkaSink {
     /// The plain producer (without transactions), made at first use.
@@ -50,7 +130,7 @@ pub struct KafkaSink {
     /// The validated settings, for the transactional producers of the watches.
     config: KafkaConfig,
     /// The shared transactional producers, by transactional id.
-    groups: tokio::sync::Mutex<HashMap<String, Weak<Group>>>,
+    groups: Groups,
     /// Reads of the checkpoint topic, shared by the watches loading at once.
     reads: Arc<SharedReads>,
 }
@@ -90,7 +170,7 @@ impl KafkaSink {
             topic,
             mode: config.content_mode,
             config: config.clone(),
-            groups: tokio::sync::Mutex::new(HashMap::new()),
+            groups: Groups::default(),
             reads,
         }
     }
@@ -111,53 +191,16 @@ impl KafkaSink {
         Ok(producer)
     }
 
-    /// The sink of one watch, with the settings of this sink: its share of the sink's
-    /// transactional producer ([`Sharing::Sink`], made by the first watch), or a transactional
-    /// producer of its own ([`Sharing::Watch`]). A producer's `init_transactions` fences an
-    /// older instance with the same transactional id. `owner` is valid while this process owns
-    /// the transactional id (the leader Lease, or with sharding the watch's Lease; `None`
-    /// without either): a producer fenced while it does, by the broker aborting a transaction
-    /// open past its timeout, is replaced rather than stopped.
-    pub async fn for_watch(
-        &self,
-        watch_id: &str,
-        sharing: &Sharing,
-        owner: Option<Validity>,
-    ) -> Result<Self> {
-        let group = match sharing {
-            Sharing::Sink(id) => self.shared_group(id, owner).await?,
-            Sharing::Watch => {
-                self.start_group(&format!("kube-event-bridge.{watch_id}"), owner)
-                    .await?
-            }
-        };
-        let member = group.join();
-        Ok(Self::with(
-            self.settings.clone(),
-            Some(member),
-            &self.config,
-            self.topic.clone(),
-            self.reads.clone(),
-        ))
-    }
-
-    /// The group with transactional id `id`, made if no watch holds it (the watches sharing
-    /// it share the process's leadership, so the first one's `owner` holds for all).
-    async fn shared_group(&self, id: &str, owner: Option<Validity>) -> Result<Arc<Group>> {
-        let mut groups = self.groups.lock().await;
-        if let Some(group) = groups.get(id).and_then(Weak::upgrade) {
-            return Ok(group);
+    /// What makes the sinks of watches whose checkpoints go into their transactions
+    /// ([`WatchSinks::for_watch`]), for the checkpoint stores to hold.
+    pub fn watch_sinks(&self) -> WatchSinks {
+        WatchSinks {
+            settings: self.settings.clone(),
+            config: self.config.clone(),
+            topic: self.topic.clone(),
+            groups: self.groups.clone(),
+            reads: self.reads.clone(),
         }
-        let group = self.start_group(id, owner).await?;
-        groups.insert(id.to_string(), Arc::downgrade(&group));
-        Ok(group)
-    }
-
-    async fn start_group(&self, id: &str, owner: Option<Validity>) -> Result<Arc<Group>> {
-        let timeout = Duration::from_secs(self.config.transaction_timeout_secs);
-        Group::start(&self.settings, id, timeout, owner)
-            .await
-            .map_err(Error::KafkaClient)
     }
 
     /// The transactional id of this watch's producer.
@@ -391,7 +434,7 @@ impl Sink for KafkaSink {
     }
 
     fn checkpoints(&self) -> Checkpoints<'_> {
-        Checkpoints::KafkaTopic(self)
+        Checkpoints::KafkaTopic(Box::new(self.watch_sinks()))
     }
 }
 
