@@ -896,6 +896,22 @@ mod tests {
         );
     }
 
+    #[test]
+    fn watch_key_ids_of_odd_cluster_names_are_pinned() {
+        // Stored checkpoints are found by these ids: whatever a cluster name holds, its watch
+        // keeps the id it always had.
+        for (cluster, id) in [
+            ("prod.eu-1", "prod_eu-1.d40e12e2cdb91664"),
+            ("a/b c", "a_b_c.8a81e07e86463882"),
+            ("Zürich_2", "Z_rich_2.872a3ed7316a273b"),
+            ("日本", "__.70b38c3d20aed5ef"),
+            ("", ".a98673cd6d488c63"),
+        ] {
+            let key = WatchKey::new(cluster, "v1", "configmaps", None, None, None);
+            assert_eq!(key.id, id, "{cluster:?}");
+        }
+    }
+
     #[tokio::test]
     async fn file_store_round_trips_odd_names_atomically() {
         let dir = tempfile::tempdir().unwrap();

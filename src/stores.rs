@@ -210,3 +210,31 @@ fn transactional_id(config: &Config) -> String {
     let hash = crate::known::stable_hash(selected.as_bytes());
     format!("kube-event-bridge.{safe}.{hash:016x}")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ConfigFile;
+
+    #[test]
+    fn transactional_ids_of_odd_cluster_names_are_pinned() {
+        // Kafka keeps transaction state by this id, and a new producer fences an older one only
+        // under the same id: whatever a cluster name holds, the id stays what it always was.
+        let mut config = ConfigFile::parse(
+            "cluster: prod.eu-1\nresources: [{apiVersion: v1, resource: pods}]\nsink: {kafka: {bootstrapServers: 'k:9092'}}\n",
+        )
+        .unwrap()
+        .validate()
+        .unwrap();
+        for (cluster, id) in [
+            ("prod.eu-1", "kube-event-bridge.prod_eu-1.525c9ef63bbd2fc7"),
+            ("a/b c", "kube-event-bridge.a_b_c.525c9ef63bbd2fc7"),
+            ("Zürich_2", "kube-event-bridge.Z_rich_2.525c9ef63bbd2fc7"),
+            ("日本", "kube-event-bridge.__.525c9ef63bbd2fc7"),
+            ("", "kube-event-bridge..525c9ef63bbd2fc7"),
+        ] {
+            config.cluster = cluster.into();
+            assert_eq!(transactional_id(&config), id, "{cluster:?}");
+        }
+    }
+}
