@@ -131,7 +131,7 @@ impl Cluster {
 /// The identity of a watch, stable across restarts: cluster, resource, namespace and selectors.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WatchKey {
-    /// Key-safe id: `{cluster}.{16 hex digits}`.
+    /// Key-safe id: `{cluster}.{16 hex digits}`, the cluster name made [`key_safe`].
     pub id: String,
     /// Readable form, stored in the meta record.
     pub description: String,
@@ -170,21 +170,27 @@ impl WatchKey {
             fields.unwrap_or("")
         );
         let h = crate::known::stable_hash(description.as_bytes());
-        let safe: String = cluster
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '-' {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
         Self {
-            id: format!("{safe}.{h:016x}"),
+            id: format!("{}.{h:016x}", key_safe(cluster)),
             description,
         }
     }
+}
+
+/// `name` as it stands in a persisted id (a watch's [`WatchKey::id`], the Kafka transactional
+/// id): ASCII letters, digits and `-` as they are, any other character (a dot, a slash, each
+/// non-ASCII character) one `_`. Stored checkpoints and transaction state are found by these
+/// ids: never change the rule.
+pub fn key_safe(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 /// What a checkpoint holds.

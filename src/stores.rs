@@ -196,19 +196,11 @@ fn transactional_id(config: &Config) -> String {
             excluded,
         ));
     }
-    let safe: String = config
-        .cluster
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
     let hash = crate::known::stable_hash(selected.as_bytes());
-    format!("kube-event-bridge.{safe}.{hash:016x}")
+    format!(
+        "kube-event-bridge.{}.{hash:016x}",
+        checkpoint::key_safe(&config.cluster)
+    )
 }
 
 #[cfg(test)]
