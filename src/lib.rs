@@ -27,6 +27,7 @@ pub mod pipeline;
 pub mod rbac;
 pub mod runtime;
 pub mod schema;
+pub mod secret;
 pub mod shard;
 pub mod shutdown;
 pub mod sink;

@@ -58,7 +58,10 @@ pub enum Error {
         /// librdkafka's report, with the broker's reason.
         reason: String,
     },
-    /// A NATS credential file could not be read.
+    /// A secret file (a password, token, nkey seed or property value) could not be read.
+    #[error(transparent)]
+    Secret(#[from] crate::secret::Error),
+    /// The NATS client could not load `sink.nats.credentials.credsFile`.
     #[error("sink.nats.credentials.{field}: cannot read {path}")]
     NatsCredential {
         /// The field naming the file.
@@ -110,7 +113,7 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// A file of `sink.http.credentials` holds no usable certificate, key or secret.
+    /// A file of `sink.http.credentials` holds no usable certificate or key.
     #[error("sink.http.credentials.{field}: {path}: {reason}")]
     HttpTls {
         /// The field naming the file.

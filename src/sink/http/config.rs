@@ -173,16 +173,12 @@ impl Credentials {
     }
 }
 
-/// A secret file's content without its trailing line break (as `kubectl create secret
-/// --from-file` and editors leave it).
-fn read_secret(field: &'static str, path: &Path) -> Result<String> {
-    let bytes = read_file(field, path)?;
-    let text = String::from_utf8(bytes).map_err(|_| Error::HttpTls {
-        field,
-        path: path.display().to_string(),
-        reason: "the file is not UTF-8 text".into(),
-    })?;
-    Ok(text.trim_end_matches(['\r', '\n']).to_string())
+/// The secret in the file of `sink.http.credentials.<field>`.
+fn read_secret(field: &str, path: &Path) -> Result<String> {
+    Ok(crate::secret::read(
+        &format!("sink.http.credentials.{field}"),
+        path,
+    )?)
 }
 
 #[cfg(test)]

@@ -8,15 +8,13 @@ use tracing::{info, warn};
 use crate::config::NatsCredentials;
 use crate::sink::{Error, Result};
 
-async fn read_secret(field: &'static str, path: &std::path::Path) -> Result<String> {
-    tokio::fs::read_to_string(path)
-        .await
-        .map(|s| s.trim().to_string())
-        .map_err(|source| Error::NatsCredential {
-            field,
-            path: path.display().to_string(),
-            source,
-        })
+/// The secret in the file of `sink.nats.credentials.<field>` (also a checkpoint store's own
+/// credentials, which share the type).
+fn read_secret(field: &str, path: &std::path::Path) -> Result<String> {
+    Ok(crate::secret::read(
+        &format!("sink.nats.credentials.{field}"),
+        path,
+    )?)
 }
 
 pub(super) async fn connect_options(c: &NatsCredentials) -> Result<async_nats::ConnectOptions> {
@@ -31,13 +29,13 @@ pub(super) async fn connect_options(c: &NatsCredentials) -> Result<async_nats::C
             }
         });
     if let (Some(user), Some(path)) = (&c.user, &c.password_file) {
-        o = o.user_and_password(user.clone(), read_secret("passwordFile", path).await?);
+        o = o.user_and_password(user.clone(), read_secret("passwordFile", path)?);
     }
     if let Some(path) = &c.token_file {
-        o = o.token(read_secret("tokenFile", path).await?);
+        o = o.token(read_secret("tokenFile", path)?);
     }
     if let Some(path) = &c.nkey_seed_file {
-        o = o.nkey(read_secret("nkeySeedFile", path).await?);
+        o = o.nkey(read_secret("nkeySeedFile", path)?);
     }
     if let Some(path) = &c.creds_file {
         o = o
