@@ -16,6 +16,8 @@ use serde_json::Value;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
+use crate::attribute;
+pub use crate::attribute::ce_header;
 use crate::audit::{self, Author};
 use crate::change::{Change, ChangeKind, Origin};
 use crate::config::{EventFormat, RecordKey};
@@ -205,52 +207,6 @@ pub struct Event {
     pub budget: Option<crate::budget::Reservation>,
 }
 
-/// Declares the names [`Event::attributes`] yields with their binary-mode header names, spelled
-/// once at compile time rather than formatted for every event.
-macro_rules! attribute_headers {
-    ($($name:literal),* $(,)?) => {
-        /// The binary-mode header of attribute `name`: `ce-<name>` (HTTP, NATS) or `ce_<name>`
-        /// (Kafka, `separator` '_'); formatted only for a name [`Event::attributes`] never yields.
-        pub fn ce_header(name: &str, separator: char) -> Cow<'static, str> {
-            let names = match name {
-                $($name => Some((concat!("ce-", $name), concat!("ce_", $name))),)*
-                _ => None,
-            };
-            match (names, separator) {
-                (Some((_, kafka)), '_') => Cow::Borrowed(kafka),
-                (Some((dash, _)), '-') => Cow::Borrowed(dash),
-                _ => Cow::Owned(format!("ce{separator}{name}")),
-            }
-        }
-    };
-}
-
-attribute_headers!(
-    "specversion",
-    "id",
-    "source",
-    "type",
-    "subject",
-    "time",
-    "dataschema",
-    "cluster",
-    "apiversion",
-    "kind",
-    "resource",
-    "namespace",
-    "name",
-    "uid",
-    "resourceversion",
-    "sequence",
-    "partitionkey",
-    "origin",
-    "payload",
-    "truncated",
-    "manager",
-    "operation",
-    "clusterid",
-);
-
 /// Characters percent-encoded in a binary-mode header value, as the HTTP and NATS bindings ask:
 /// controls, non-ASCII, space, `"` and `%` (so that decoding gives the value back).
 const HEADER_VALUE: &AsciiSet = &CONTROLS.add(b'%').add(b'"').add(b' ');
@@ -295,34 +251,39 @@ impl Event {
     pub fn attributes(&self) -> impl Iterator<Item = (&'static str, &str)> {
         let cloudevents = self.info.format == EventFormat::Cloudevents;
         [
-            Some(("specversion", "1.0")),
-            Some(("id", self.id.as_str())),
-            Some(("source", self.info.source.as_str())),
-            Some(("type", self.event_type())),
-            Some(("subject", self.subject.as_str())),
-            Some(("time", self.time.as_str())),
-            cloudevents.then_some(("dataschema", DATA_SCHEMA)),
-            Some(("cluster", &*self.info.cluster)),
-            Some(("apiversion", self.info.api_version.as_str())),
-            Some(("kind", self.info.kind.as_str())),
-            Some(("resource", self.info.resource.as_str())),
-            self.namespace.as_deref().map(|ns| ("namespace", ns)),
-            Some(("name", self.name.as_str())),
-            Some(("uid", self.uid.as_str())),
-            Some(("resourceversion", self.resource_version.as_str())),
-            Some(("sequence", self.sequence.as_str())),
-            Some(("partitionkey", self.key())),
-            Some(("origin", self.origin.as_str())),
-            Some(("payload", self.payload.as_str())),
-            self.truncated.then_some(("truncated", "true")),
+            Some((attribute::SPECVERSION, "1.0")),
+            Some((attribute::ID, self.id.as_str())),
+            Some((attribute::SOURCE, self.info.source.as_str())),
+            Some((attribute::TYPE, self.event_type())),
+            Some((attribute::SUBJECT, self.subject.as_str())),
+            Some((attribute::TIME, self.time.as_str())),
+            cloudevents.then_some((attribute::DATASCHEMA, DATA_SCHEMA)),
+            Some((attribute::CLUSTER, &*self.info.cluster)),
+            Some((attribute::APIVERSION, self.info.api_version.as_str())),
+            Some((attribute::KIND, self.info.kind.as_str())),
+            Some((attribute::RESOURCE, self.info.resource.as_str())),
+            self.namespace
+                .as_deref()
+                .map(|ns| (attribute::NAMESPACE, ns)),
+            Some((attribute::NAME, self.name.as_str())),
+            Some((attribute::UID, self.uid.as_str())),
+            Some((attribute::RESOURCEVERSION, self.resource_version.as_str())),
+            Some((attribute::SEQUENCE, self.sequence.as_str())),
+            Some((attribute::PARTITIONKEY, self.key())),
+            Some((attribute::ORIGIN, self.origin.as_str())),
+            Some((attribute::PAYLOAD, self.payload.as_str())),
+            self.truncated.then_some((attribute::TRUNCATED, "true")),
             self.author
                 .as_ref()
-                .map(|a| ("manager", a.manager.as_str())),
+                .map(|a| (attribute::MANAGER, a.manager.as_str())),
             self.author
                 .as_ref()
                 .and_then(|a| a.operation)
-                .map(|o| ("operation", o.as_str())),
-            self.info.cluster_id.as_deref().map(|id| ("clusterid", id)),
+                .map(|o| (attribute::OPERATION, o.as_str())),
+            self.info
+                .cluster_id
+                .as_deref()
+                .map(|id| (attribute::CLUSTERID, id)),
         ]
         .into_iter()
         .flatten()
@@ -332,13 +293,15 @@ impl Event {
     pub fn to_structured_json(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.data.len() + 640);
         out.push(b'{');
-        for (name, value) in self.attributes() {
+        let content_type = [(attribute::DATACONTENTTYPE, DATA_CONTENT_TYPE)];
+        for (name, value) in self.attributes().chain(content_type) {
             push_json_string(&mut out, name);
             out.push(b':');
             push_json_string(&mut out, value);
             out.push(b',');
         }
-        out.extend_from_slice(br#""datacontenttype":"application/json","data":"#);
+        push_json_string(&mut out, attribute::DATA);
+        out.push(b':');
         out.extend_from_slice(&self.data);
         out.push(b'}');
         out
@@ -615,16 +578,16 @@ pub fn heartbeat(
         .zip(report.checkpoint.parse::<u64>().ok())
         .map(|(p, c)| p.saturating_sub(c));
     let event = serde_json::json!({
-        "specversion": "1.0",
-        "id": format!("{}:{}:{}", report.watch_id, report.checkpoint, now.unix_timestamp()),
-        "source": info.source,
-        "type": "io.kubeeventbridge.heartbeat",
-        "time": now.format(&Rfc3339).unwrap_or_default(),
-        "subject": report.watch,
-        "cluster": &*info.cluster,
-        "resource": info.resource,
-        "datacontenttype": DATA_CONTENT_TYPE,
-        "data": {
+        (attribute::SPECVERSION): "1.0",
+        (attribute::ID): format!("{}:{}:{}", report.watch_id, report.checkpoint, now.unix_timestamp()),
+        (attribute::SOURCE): info.source,
+        (attribute::TYPE): "io.kubeeventbridge.heartbeat",
+        (attribute::TIME): now.format(&Rfc3339).unwrap_or_default(),
+        (attribute::SUBJECT): report.watch,
+        (attribute::CLUSTER): &*info.cluster,
+        (attribute::RESOURCE): info.resource,
+        (attribute::DATACONTENTTYPE): DATA_CONTENT_TYPE,
+        (attribute::DATA): {
             "watch": report.watch,
             "checkpointResourceVersion": report.checkpoint,
             "positionResourceVersion": report.position,
@@ -1108,7 +1071,7 @@ pub(crate) mod tests {
                 let header = ce_header(name, separator);
                 assert!(
                     matches!(header, Cow::Borrowed(_)),
-                    "{name}: add it to attribute_headers!"
+                    "{name}: add it to attribute::CARRIED"
                 );
                 assert_eq!(header, format!("ce{separator}{name}"));
             }
@@ -1126,6 +1089,31 @@ pub(crate) mod tests {
         );
         assert!(matches!(header_value("plain-value_1.2"), Cow::Borrowed(_)));
         assert_eq!(header_value("a b\"%\né"), "a%20b%22%25%0A%C3%A9");
+    }
+
+    #[test]
+    fn the_reserved_names_are_what_events_carry() {
+        // An event with every attribute: this bridge's format (dataschema), a namespaced
+        // object, the audit extensions, truncated.
+        let audited = Arc::new(
+            Arc::into_inner(configmaps(""))
+                .unwrap()
+                .with_audit("uid-1".into()),
+        );
+        let mut ev = encode(&audited, change(ChangeKind::Modified, managed_object())).unwrap();
+        ev.truncate();
+        let carried: Vec<&str> = ev.attributes().map(|(name, _)| name).collect();
+        assert_eq!(carried, attribute::CARRIED);
+        // Its structured document has every reserved name as a member but `data_base64`,
+        // which the bridge never writes.
+        let doc: serde_json::Map<String, Value> =
+            serde_json::from_slice(&ev.to_structured_json()).unwrap();
+        let mut members: Vec<&str> = doc.keys().map(String::as_str).collect();
+        members.push(attribute::DATA_BASE64);
+        members.sort_unstable();
+        let mut reserved = attribute::RESERVED.to_vec();
+        reserved.sort_unstable();
+        assert_eq!(members, reserved);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 pub mod admin;
 pub mod allocator;
 pub mod asyncapi;
+pub mod attribute;
 pub mod audit;
 pub mod backoff;
 pub mod budget;

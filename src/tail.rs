@@ -12,6 +12,7 @@ use rdkafka::Message;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Headers;
 
+use crate::attribute;
 use crate::config::{Config, Sink};
 use crate::discovery::{self, ResolvedResource};
 use crate::kubernetes;
@@ -93,17 +94,17 @@ pub fn decode<'a>(
             .ok_or_else(|| Error::Decode(format!("missing attribute {k}")))
     };
     let mut b = EventBuilderV10::new()
-        .id(take("id")?)
-        .source(take("source")?)
-        .ty(take("type")?);
-    if let Ok(s) = take("subject") {
+        .id(take(attribute::ID)?)
+        .source(take(attribute::SOURCE)?)
+        .ty(take(attribute::TYPE)?);
+    if let Ok(s) = take(attribute::SUBJECT) {
         b = b.subject(s);
     }
-    if let Ok(t) = take("time") {
+    if let Ok(t) = take(attribute::TIME) {
         b = b.time(t);
     }
-    let schema = take("dataschema").ok();
-    take("specversion")?;
+    let schema = take(attribute::DATASCHEMA).ok();
+    take(attribute::SPECVERSION)?;
     for (k, v) in attrs {
         b = b.extension(&k, v);
     }
@@ -155,11 +156,11 @@ pub fn format(e: &Event, verbose: bool) -> String {
     let time = e.time().map(|t| t.to_rfc3339()).unwrap_or_default();
     let mut line = format!(
         "{time} {change:<8} {}/{} {} rv={} origin={} id={}",
-        ext("apiversion"),
-        ext("kind"),
+        ext(attribute::APIVERSION),
+        ext(attribute::KIND),
         e.subject().unwrap_or_default(),
-        ext("resourceversion"),
-        ext("origin"),
+        ext(attribute::RESOURCEVERSION),
+        ext(attribute::ORIGIN),
         e.id()
     );
     if verbose && let Some(Data::Json(v)) = e.data() {

@@ -11,6 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
 use kube::api::{DynamicObject, ObjectMeta, TypeMeta};
 use serde_json::{Map, Value, json};
 
+use crate::attribute;
 use crate::change::{Change, ChangeKind, Origin};
 use crate::config::{EventFormat, RecordKey};
 use crate::discovery::ResolvedResource;
@@ -20,7 +21,11 @@ use crate::payload::Mode;
 use super::{Binding, Error, Result};
 
 /// Attributes an event of a resource may lack: set only on some events.
-const SOMETIMES: [&str; 3] = ["truncated", "manager", "operation"];
+const SOMETIMES: [&str; 3] = [
+    attribute::TRUNCATED,
+    attribute::MANAGER,
+    attribute::OPERATION,
+];
 
 /// The uid of the example object (and, in examples, of the cluster's `kube-system`).
 const EXAMPLE_UID: &str = "6f1c2d3e-4b5a-4c7d-8e9f-0a1b2c3d4e5f";
@@ -182,8 +187,14 @@ fn attribute_schemas(
         let fixed = attribute_values(info, r, name).unwrap_or_else(|| {
             // Values that are the same for every event of the resource.
             match name {
-                "specversion" | "source" | "dataschema" | "cluster" | "apiversion" | "kind"
-                | "resource" | "truncated" => vec![value.to_string()],
+                attribute::SPECVERSION
+                | attribute::SOURCE
+                | attribute::DATASCHEMA
+                | attribute::CLUSTER
+                | attribute::APIVERSION
+                | attribute::KIND
+                | attribute::RESOURCE
+                | attribute::TRUNCATED => vec![value.to_string()],
                 _ => Vec::new(),
             }
         });
@@ -192,7 +203,7 @@ fn attribute_schemas(
             1 => schema["const"] = json!(fixed[0]),
             _ => schema["enum"] = json!(fixed),
         }
-        if name == "time" {
+        if name == attribute::TIME {
             schema["format"] = json!("date-time");
         }
         out.push((name.to_string(), schema, !SOMETIMES.contains(&name)));
@@ -208,7 +219,7 @@ fn attribute_values(info: &ResourceInfo, r: &ResolvedResource, name: &str) -> Op
         mode => vec![mode, Mode::Reference],
     };
     let values: Vec<String> = match name {
-        "type" => {
+        attribute::TYPE => {
             let mut types = BTreeSet::new();
             for kind in kinds {
                 for payload in &payloads {
@@ -217,13 +228,13 @@ fn attribute_values(info: &ResourceInfo, r: &ResolvedResource, name: &str) -> Op
             }
             types.into_iter().map(String::from).collect()
         }
-        "origin" => [Origin::Snapshot, Origin::Live, Origin::Repaired]
+        attribute::ORIGIN => [Origin::Snapshot, Origin::Live, Origin::Repaired]
             .iter()
             .map(|o| o.as_str().to_string())
             .collect(),
-        "payload" => payloads.iter().map(|p| p.as_str().to_string()).collect(),
-        "operation" => vec!["Apply".into(), "Update".into()],
-        "namespace" => r.config.namespaces.clone()?,
+        attribute::PAYLOAD => payloads.iter().map(|p| p.as_str().to_string()).collect(),
+        attribute::OPERATION => vec!["Apply".into(), "Update".into()],
+        attribute::NAMESPACE => r.config.namespaces.clone()?,
         _ => return None,
     };
     Some(values)
@@ -251,10 +262,10 @@ fn structured_payload(attributes: Vec<(String, Value, bool)>, data: Value) -> Va
         properties.insert(name, schema);
     }
     properties.insert(
-        "datacontenttype".into(),
+        attribute::DATACONTENTTYPE.into(),
         json!({"type": "string", "const": DATA_CONTENT_TYPE}),
     );
-    properties.insert("data".into(), data);
+    properties.insert(attribute::DATA.into(), data);
     json!({
         "allOf": [
             {"$ref": super::EVENT_SCHEMA_REF},

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::content::ContentMode;
 use super::limits::{HTTP_MAX_IN_FLIGHT, HTTP_MAX_RETRY_AFTER_SECS, HTTP_TIMEOUT_SECS};
+use crate::attribute;
 use crate::template::{Template, Values};
 
 /// The environment variable Knative's SinkBinding sets to the URL events go to.
@@ -18,37 +19,6 @@ pub const K_SINK: &str = "K_SINK";
 /// The environment variable Knative sets to `{"extensions": {...}}`: attributes added to every
 /// event.
 pub const K_CE_OVERRIDES: &str = "K_CE_OVERRIDES";
-
-/// Attributes the bridge sets itself: an extension may not replace them (the id, `sequence` and
-/// the others are what consumers deduplicate and order by).
-const RESERVED_ATTRIBUTES: &[&str] = &[
-    "specversion",
-    "id",
-    "source",
-    "type",
-    "subject",
-    "time",
-    "dataschema",
-    "datacontenttype",
-    "data",
-    "data_base64",
-    "cluster",
-    "apiversion",
-    "kind",
-    "resource",
-    "namespace",
-    "name",
-    "uid",
-    "resourceversion",
-    "sequence",
-    "partitionkey",
-    "origin",
-    "payload",
-    "truncated",
-    "manager",
-    "operation",
-    "clusterid",
-];
 
 /// HTTP sink settings.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
@@ -241,7 +211,7 @@ fn check_extensions(at: &str, extensions: &BTreeMap<String, String>, errors: &mu
             errors.push(format!(
                 "{at}.{name}: an extension name has only lowercase letters and digits"
             ));
-        } else if RESERVED_ATTRIBUTES.contains(&name.as_str()) {
+        } else if attribute::RESERVED.contains(&name.as_str()) {
             errors.push(format!(
                 "{at}.{name}: the bridge sets this attribute itself"
             ));
