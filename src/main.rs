@@ -179,17 +179,32 @@ fn main() -> ExitCode {
     allocator::thread_cache_on();
     let runtime = allocator::async_runtime(cli.worker_threads.into());
     let ran = match runtime {
-        Ok(runtime) => runtime.block_on(command(cli.command)),
+        Ok(runtime) => {
+            let ran = runtime.block_on(command(cli.command));
+            if ran.as_ref().is_err_and(aborted) {
+                // What the second signal interrupted (a drain, a commit on a blocking thread) is
+                // not waited for.
+                runtime.shutdown_background();
+            }
+            ran
+        }
         Err(e) => Err(anyhow::Error::new(e).context("cannot start the async runtime")),
     };
     match ran {
         Ok(()) => ExitCode::SUCCESS,
+        // Logged when the signal came.
+        Err(e) if aborted(&e) => ExitCode::from(shutdown::ABORT_EXIT_CODE),
         Err(e) => {
             // The error and its causes: `a: b: c`.
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// Whether a second signal ended the command.
+fn aborted(error: &anyhow::Error) -> bool {
+    matches!(error.downcast_ref(), Some(shutdown::Error::Aborted))
 }
 
 async fn command(command: Command) -> anyhow::Result<()> {
@@ -236,10 +251,12 @@ async fn command(command: Command) -> anyhow::Result<()> {
 
 async fn run(path: &std::path::Path) -> anyhow::Result<()> {
     // Signals are ours from the first instant: one arriving during start-up stops it cleanly
-    // instead of killing the process half-way.
-    let stop = shutdown::listen()?;
+    // instead of killing the process half-way; a second one returns here at once.
+    let signals = shutdown::listen()?;
     let config = load(path)?;
-    Ok(runtime::run(config, stop).await?)
+    Ok(signals
+        .unless_aborted(runtime::run(config, signals.drain()))
+        .await??)
 }
 
 /// Resolves the configured resources through discovery.
