@@ -35,17 +35,6 @@ pub enum Error {
     /// The Kafka client could not be created.
     #[error("sink.kafka: cannot create the producer")]
     KafkaClient(#[source] rdkafka::error::KafkaError),
-    /// A file of `sink.kafka.propertyFiles` could not be read.
-    #[error("sink.kafka.propertyFiles.{key}: cannot read {path}")]
-    KafkaPropertyFile {
-        /// The librdkafka property.
-        key: String,
-        /// The path.
-        path: String,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
     /// The Kafka brokers refused the credentials, or the TLS handshake with them failed.
     #[error("{fields}: the brokers at {servers} {what}: {reason}")]
     KafkaRefused {

@@ -29,22 +29,10 @@ pub fn producer_config(config: &KafkaConfig) -> Result<ClientConfig> {
         c.set(k, v);
     }
     for (key, path) in &config.property_files {
-        c.set(key, read_property_file(key, path)?);
+        let field = format!("sink.kafka.propertyFiles.{key}");
+        c.set(key, crate::secret::read(&field, path)?);
     }
     Ok(c)
-}
-
-/// The value of a secret property kept in a file (a mounted Kubernetes Secret): the whole file,
-/// without its trailing line break. The value is handed to librdkafka only, never logged.
-fn read_property_file(key: &str, path: &std::path::Path) -> Result<String> {
-    let mut value = std::fs::read_to_string(path).map_err(|source| Error::KafkaPropertyFile {
-        key: key.into(),
-        path: path.display().to_string(),
-        source,
-    })?;
-    let kept = value.trim_end_matches(['\n', '\r']).len();
-    value.truncate(kept);
-    Ok(value)
 }
 
 /// How long the start-up check waits for the brokers before going on without them.
