@@ -393,6 +393,47 @@ async fn sigterm_during_start_finishes_the_start_and_drains() {
     }
 }
 
+/// A second signal abandons the drain: the process exits at once with 130 (what shells report
+/// for an interrupt), without waiting for the start it interrupted or the grace period.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_signal_exits_at_once_with_130() {
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, "secondsignal").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_, upstream) = kubeconfig_via(0, dir.path());
+    // Never released: the start waits on the API server for as long as the test lasts.
+    let _gate = Gate::start(upstream).await;
+    let (kubeconfig, _) = kubeconfig_via(_gate.port, dir.path());
+    let config = format!(
+        "cluster: dev\nkubernetes: {{kubeconfig: {}}}\ndelivery: {{shutdownGraceSecs: 600}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\nsink: {{stdout: {{}}}}\n",
+        kubeconfig.display()
+    );
+    let mut bridge = Bridge::start(&config);
+    bridge.admin_address().await;
+    bridge.signal("TERM");
+    bridge
+        .wait_log("signal during start-up: finishing the start, then draining")
+        .await;
+    bridge.signal("INT");
+    let status = bridge
+        .wait_exit(Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|| {
+            panic!(
+                "no exit within 30 s of the second signal; log:\n{}",
+                bridge.log_text()
+            )
+        });
+    assert_eq!(status.code(), Some(130), "log:\n{}", bridge.log_text());
+    assert_eq!(
+        bridge.count_log("second signal: exiting without draining"),
+        1,
+        "{}",
+        bridge.log_text()
+    );
+    assert_eq!(bridge.count_log("shutdown complete"), 0);
+}
+
 /// SIGTERM while a large initial list is being published drains and exits 0; the next start
 /// publishes whatever the first did not: no object is lost.
 #[tokio::test(flavor = "multi_thread")]
