@@ -347,22 +347,7 @@ impl Gate {
 /// start finish, then drains: exit 0, with the drain logged.
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_during_start_finishes_the_start_and_drains() {
-    let client = kube_client().await;
-    let ns = unique_namespace(&client, "startterm").await;
-    let dir = tempfile::tempdir().unwrap();
-    let (_, upstream) = kubeconfig_via(0, dir.path());
-    let gate = Gate::start(upstream).await;
-    let (kubeconfig, _) = kubeconfig_via(gate.port, dir.path());
-    let config = format!(
-        "cluster: dev\nkubernetes: {{kubeconfig: {}}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\nsink: {{stdout: {{}}}}\n",
-        kubeconfig.display()
-    );
-    let mut bridge = Bridge::start(&config);
-    bridge.admin_address().await;
-    bridge.signal("TERM");
-    bridge
-        .wait_log("signal during start-up: finishing the start, then draining")
-        .await;
+    let (mut bridge, gate, _dir) = terminated_during_start("startterm", "").await;
     assert_eq!(
         bridge.count_log("bridge started"),
         0,
@@ -397,23 +382,9 @@ async fn sigterm_during_start_finishes_the_start_and_drains() {
 /// for an interrupt), without waiting for the start it interrupted or the grace period.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_second_signal_exits_at_once_with_130() {
-    let client = kube_client().await;
-    let ns = unique_namespace(&client, "secondsignal").await;
-    let dir = tempfile::tempdir().unwrap();
-    let (_, upstream) = kubeconfig_via(0, dir.path());
-    // Never released: the start waits on the API server for as long as the test lasts.
-    let _gate = Gate::start(upstream).await;
-    let (kubeconfig, _) = kubeconfig_via(_gate.port, dir.path());
-    let config = format!(
-        "cluster: dev\nkubernetes: {{kubeconfig: {}}}\ndelivery: {{shutdownGraceSecs: 600}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\nsink: {{stdout: {{}}}}\n",
-        kubeconfig.display()
-    );
-    let mut bridge = Bridge::start(&config);
-    bridge.admin_address().await;
-    bridge.signal("TERM");
-    bridge
-        .wait_log("signal during start-up: finishing the start, then draining")
-        .await;
+    // The gate is never released: the start waits on the API server as long as the test lasts.
+    let (mut bridge, _gate, _dir) =
+        terminated_during_start("secondsignal", "delivery: {shutdownGraceSecs: 600}\n").await;
     bridge.signal("INT");
     let status = bridge
         .wait_exit(Duration::from_secs(30))
@@ -432,6 +403,28 @@ async fn a_second_signal_exits_at_once_with_130() {
         bridge.log_text()
     );
     assert_eq!(bridge.count_log("shutdown complete"), 0);
+}
+
+/// A bridge whose start waits on the API server behind a gate (closed), sent SIGTERM during
+/// that start; `extra` is added to its configuration. The tempdir holds its kubeconfig.
+async fn terminated_during_start(prefix: &str, extra: &str) -> (Bridge, Gate, tempfile::TempDir) {
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, prefix).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_, upstream) = kubeconfig_via(0, dir.path());
+    let gate = Gate::start(upstream).await;
+    let (kubeconfig, _) = kubeconfig_via(gate.port, dir.path());
+    let config = format!(
+        "cluster: dev\nkubernetes: {{kubeconfig: {}}}\n{extra}resources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\nsink: {{stdout: {{}}}}\n",
+        kubeconfig.display()
+    );
+    let bridge = Bridge::start(&config);
+    bridge.admin_address().await;
+    bridge.signal("TERM");
+    bridge
+        .wait_log("signal during start-up: finishing the start, then draining")
+        .await;
+    (bridge, gate, dir)
 }
 
 /// SIGTERM while a large initial list is being published drains and exits 0; the next start

@@ -205,21 +205,30 @@ mod tests {
         cluster
     }
 
+    /// Sends one record, then runs `end` (a flush or a commit) on a blocking thread; the
+    /// record's fate.
+    async fn send_then(
+        producer: &Producer,
+        end: impl FnOnce(Producer) -> rdkafka::error::KafkaResult<()> + Send + 'static,
+    ) -> super::OwnedDeliveryResult {
+        let record = FutureRecord::to(TOPIC).key("k").payload("v");
+        let delivery = producer.send_result(record).map_err(|(e, _)| e).unwrap();
+        let ending = producer.clone();
+        tokio::task::spawn_blocking(move || end(ending))
+            .await
+            .unwrap()
+            .unwrap();
+        delivery.await.unwrap()
+    }
+
     #[tokio::test(flavor = "multi_thread")]
     async fn a_flush_sends_what_the_producer_lingers_on_and_the_thread_serves_its_report() {
         let cluster = cluster();
         let producer = lingering(&cluster);
-        let record = FutureRecord::to(TOPIC).key("k").payload("v");
-        let delivery = producer.send_result(record).map_err(|(e, _)| e).unwrap();
-        let flushing = producer.clone();
         // Within a fifth of the linger: the flush sends at once and returns when the report
         // is served, by the polling thread.
-        tokio::task::spawn_blocking(move || flushing.flush(Duration::from_secs(6)))
-            .await
-            .unwrap()
-            .unwrap();
-        let delivered = delivery.await.unwrap().unwrap();
-        assert_eq!(delivered.offset, 0);
+        let delivered = send_then(&producer, |p| p.flush(Duration::from_secs(6))).await;
+        assert_eq!(delivered.unwrap().offset, 0);
     }
 
     #[tokio::test(flavor = "multi_thread")]
@@ -239,14 +248,9 @@ mod tests {
         .await
         .unwrap()
         .unwrap();
-        let record = FutureRecord::to(TOPIC).key("k").payload("v");
-        let delivery = producer.send_result(record).map_err(|(e, _)| e).unwrap();
-        let committing = producer.clone();
-        tokio::task::spawn_blocking(move || committing.commit_transaction(Duration::from_secs(6)))
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(delivery.await.unwrap().is_ok());
+        let committed =
+            send_then(&producer, |p| p.commit_transaction(Duration::from_secs(6))).await;
+        assert!(committed.is_ok());
     }
 
     #[tokio::test(flavor = "multi_thread")]
@@ -276,14 +280,8 @@ mod tests {
         let cluster = cluster();
         let producer = lingering(&cluster);
         // The thread is polling: it served this record's report.
-        let record = FutureRecord::to(TOPIC).key("k").payload("v");
-        let delivery = producer.send_result(record).map_err(|(e, _)| e).unwrap();
-        let flushing = producer.clone();
-        tokio::task::spawn_blocking(move || flushing.flush(Duration::from_secs(6)))
-            .await
-            .unwrap()
-            .unwrap();
-        delivery.await.unwrap().unwrap();
+        let delivered = send_then(&producer, |p| p.flush(Duration::from_secs(6))).await;
+        delivered.unwrap();
         let base = Arc::downgrade(&producer.shared.base);
         let other = producer.clone();
         drop(producer);
