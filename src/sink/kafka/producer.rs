@@ -25,10 +25,12 @@ use rdkafka::producer::future_producer::{Delivery, OwnedDeliveryResult};
 use rdkafka::producer::{BaseProducer, BaseRecord, FutureRecord, Producer as _, ProducerContext};
 use tracing::warn;
 
-/// How long one call of the polling thread waits for delivery reports. The thread stops at most
-/// this long after the last handle is dropped; the crate's poll spins through the last partial
-/// millisecond of each call, so a longer call spins less often.
-const POLL_FOR: Duration = Duration::from_secs(1);
+/// How long one call of the polling thread waits for delivery reports; the thread stops at most
+/// this long after the last handle is dropped. The crate's poll hands librdkafka whole
+/// milliseconds (truncated) and then spins until its deadline, so an idle call would spin
+/// through the partial millisecond left after its last wait: a second and 50 µs leaves a
+/// remainder that the wake-up's own delay mostly covers.
+const POLL_FOR: Duration = Duration::from_micros(1_000_050);
 
 /// A record's fate: the broker's acknowledgement, or the error and the record. `Canceled` when
 /// the producer was destroyed first.
