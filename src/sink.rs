@@ -112,6 +112,12 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// Knative's `K_CA_CERTS` holds no usable CA certificate.
+    #[error("K_CA_CERTS: {reason}")]
+    KnativeCaCerts {
+        /// What is wrong with it.
+        reason: String,
+    },
     /// An extension name cannot be an HTTP header name.
     #[error("sink.http.extensions.{name}: not usable as a ce- header name")]
     HttpExtension {

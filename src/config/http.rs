@@ -19,6 +19,9 @@ pub const K_SINK: &str = "K_SINK";
 /// The environment variable Knative sets to `{"extensions": {...}}`: attributes added to every
 /// event.
 pub const K_CE_OVERRIDES: &str = "K_CE_OVERRIDES";
+/// The environment variable Knative's SinkBinding sets to the CA certificates (PEM) of an HTTPS
+/// `K_SINK`, trusted besides the public roots.
+pub const K_CA_CERTS: &str = "K_CA_CERTS";
 
 /// HTTP sink settings.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
@@ -53,6 +56,10 @@ pub struct HttpConfig {
     /// How to authenticate and verify the receiver.
     #[serde(default)]
     pub credentials: HttpCredentials,
+    /// CA certificates (PEM) trusted besides the public roots: Knative's `K_CA_CERTS`, for the
+    /// sink `K_SINK` names. Not a field of the file.
+    #[serde(skip)]
+    pub extra_ca_certs: Option<String>,
 }
 
 /// Enough to keep a receiver on the same network busy without opening thousands of
@@ -111,15 +118,18 @@ pub struct Environment {
     pub k_sink: Option<String>,
     /// `K_CE_OVERRIDES`.
     pub ce_overrides: Option<String>,
+    /// `K_CA_CERTS`.
+    pub ca_certs: Option<String>,
 }
 
 impl Environment {
-    /// Reads `K_SINK` and `K_CE_OVERRIDES` (empty values count as unset).
+    /// Reads `K_SINK`, `K_CE_OVERRIDES` and `K_CA_CERTS` (empty values count as unset).
     pub fn from_process() -> Self {
         let var = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
         Self {
             k_sink: var(K_SINK),
             ce_overrides: var(K_CE_OVERRIDES),
+            ca_certs: var(K_CA_CERTS),
         }
     }
 
@@ -146,6 +156,7 @@ impl Environment {
             max_retry_after_secs: default_max_retry_after_secs(),
             extensions,
             credentials: HttpCredentials::default(),
+            extra_ca_certs: self.ca_certs.clone(),
         })
     }
 }
@@ -342,6 +353,7 @@ mod tests {
         let env = Environment {
             k_sink: Some("http://broker-ingress.knative-eventing.svc/default/default".into()),
             ce_overrides: Some(r#"{"extensions": {"team": "a"}}"#.into()),
+            ca_certs: Some("-----BEGIN CERTIFICATE-----".into()),
         };
         let cfg = ConfigFile::parse(BASE).unwrap().validate_in(&env).unwrap();
         let Sink::Http { config, url } = &cfg.sink else {
@@ -352,6 +364,11 @@ mod tests {
             "http://broker-ingress.knative-eventing.svc/default/default"
         );
         assert_eq!(config.extensions["team"], "a");
+        assert_eq!(
+            config.extra_ca_certs.as_deref(),
+            Some("-----BEGIN CERTIFICATE-----"),
+            "K_CA_CERTS goes with K_SINK"
+        );
         let cfg = ConfigFile::parse(&format!("{BASE}sink: {{stdout: {{}}}}\n"))
             .unwrap()
             .validate_in(&env)
@@ -361,6 +378,7 @@ mod tests {
         let bad = Environment {
             k_sink: Some("not a url".into()),
             ce_overrides: Some(r#"{"extensions": {"id": "x"}}"#.into()),
+            ca_certs: None,
         };
         let e = ConfigFile::parse(BASE)
             .unwrap()

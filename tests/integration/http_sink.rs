@@ -549,6 +549,34 @@ async fn http_tls_with_a_custom_ca_and_a_rotated_bearer_token() {
     assert!(!log.contains("s3cret"), "{log}");
 }
 
+/// `K_SINK` naming an HTTPS receiver whose certificate a private CA signed, and that CA in
+/// `K_CA_CERTS` (PEM, as Knative's SinkBinding injects it): the bridge trusts it besides the
+/// public roots and delivers.
+#[tokio::test(flavor = "multi_thread")]
+async fn http_k_sink_over_https_trusts_k_ca_certs() {
+    let (ca, _) = crate::support::testenv_cas();
+    let pki = std::path::Path::new(&ca).parent().unwrap().to_path_buf();
+    let receiver = Receiver::start_tls(&pki.join("broker.crt"), &pki.join("broker.key"));
+    let (client, ns, cluster, dir) = scene("httpkca").await;
+    let config = format!(
+        "cluster: {cluster}\ncheckpoint: {{directory: \"{}\"}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n",
+        dir.path().display()
+    );
+    let url = receiver.url();
+    assert!(url.starts_with("https://"), "{url}");
+    let pem = std::fs::read_to_string(&ca).unwrap();
+    let bridge = Bridge::start_with_env(&config, &[("K_SINK", url.as_str()), ("K_CA_CERTS", &pem)]);
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    cms.create(&PostParams::default(), &cm("one", "1"))
+        .await
+        .unwrap();
+    let events = reader(&receiver)
+        .read_until(WAIT, |got| !got.is_empty())
+        .await;
+    assert_eq!(events[0].ext("name"), "one", "{}", summary(&events));
+    drop(bridge);
+}
+
 /// A receiver whose certificate the configured CA did not sign is refused: nothing is accepted
 /// and the watch reports failing publishes instead of skipping events.
 #[tokio::test(flavor = "multi_thread")]

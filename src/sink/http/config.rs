@@ -47,6 +47,9 @@ pub(super) fn client(config: &HttpConfig) -> Result<reqwest::Client> {
                 b.add_root_certificate(cert)
             });
     }
+    if let Some(pem) = &config.extra_ca_certs {
+        builder = trusting_also(builder, pem)?;
+    }
     if let (Some(cert), Some(key)) = (&c.tls_cert_file, &c.tls_key_file) {
         let mut pem = read_file("tlsCertFile", cert)?;
         pem.push(b'\n');
@@ -58,6 +61,19 @@ pub(super) fn client(config: &HttpConfig) -> Result<reqwest::Client> {
     builder.build().map_err(Error::HttpClient)
 }
 
+/// `builder` trusting the CA certificates in `pem` (Knative's `K_CA_CERTS`) besides its roots.
+fn trusting_also(builder: reqwest::ClientBuilder, pem: &str) -> Result<reqwest::ClientBuilder> {
+    let refused = |reason: String| Error::KnativeCaCerts { reason };
+    let certificates = reqwest::Certificate::from_pem_bundle(pem.as_bytes())
+        .map_err(|e| refused(error_chain(&e)))?;
+    if certificates.is_empty() {
+        return Err(refused("no PEM certificate in it".into()));
+    }
+    Ok(certificates
+        .into_iter()
+        .fold(builder, |b, cert| b.add_root_certificate(cert)))
+}
+
 fn read_file(field: &'static str, path: &Path) -> Result<Vec<u8>> {
     std::fs::read(path).map_err(|source| Error::HttpFile {
         field,
@@ -66,11 +82,15 @@ fn read_file(field: &'static str, path: &Path) -> Result<Vec<u8>> {
     })
 }
 
-fn invalid_file(field: &'static str, path: &Path, e: &reqwest::Error) -> Error {
+/// `e` and its cause, as one line.
+fn error_chain(e: &reqwest::Error) -> String {
     use std::error::Error as _;
-    let reason = e
-        .source()
-        .map_or_else(|| e.to_string(), |s| format!("{e}: {s}"));
+    e.source()
+        .map_or_else(|| e.to_string(), |s| format!("{e}: {s}"))
+}
+
+fn invalid_file(field: &'static str, path: &Path, e: &reqwest::Error) -> Error {
+    let reason = error_chain(e);
     Error::HttpTls {
         field,
         path: path.display().to_string(),
@@ -184,6 +204,21 @@ fn read_secret(field: &str, path: &Path) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn k_ca_certs_without_a_certificate_is_refused_naming_the_variable() {
+        let builder = || reqwest::Client::builder().use_rustls_tls();
+        for (pem, reason) in [
+            ("not a certificate", "no PEM certificate in it"),
+            ("", "no PEM certificate in it"),
+        ] {
+            let e = trusting_also(builder(), pem).err().expect("refused");
+            assert_eq!(e.to_string(), format!("K_CA_CERTS: {reason}"), "{pem:?}");
+        }
+        let broken = "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n";
+        let e = trusting_also(builder(), broken).err().expect("refused");
+        assert!(e.to_string().starts_with("K_CA_CERTS: "), "{e}");
+    }
 
     #[test]
     fn credentials_are_read_without_the_trailing_line_break_and_never_shown() {
