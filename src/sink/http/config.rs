@@ -212,11 +212,11 @@ mod tests {
             ("not a certificate", "no PEM certificate in it"),
             ("", "no PEM certificate in it"),
         ] {
-            let e = trusting_also(builder(), pem).err().expect("refused");
+            let e = trusting_also(builder(), pem).expect_err("refused");
             assert_eq!(e.to_string(), format!("K_CA_CERTS: {reason}"), "{pem:?}");
         }
         let broken = "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n";
-        let e = trusting_also(builder(), broken).err().expect("refused");
+        let e = trusting_also(builder(), broken).expect_err("refused");
         assert!(e.to_string().starts_with("K_CA_CERTS: "), "{e}");
     }
 
