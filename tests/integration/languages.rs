@@ -1,6 +1,7 @@
-//! The consumer examples in other languages, against the real brokers: the Python example
-//! (`examples/consumers/python`: confluent-kafka and the CloudEvents SDK's Kafka binding) reads
-//! a topic, the Go example (`examples/consumers/go`: nats.go's JetStream API) a stream, that the
+//! The consumer examples in other languages, against the real brokers: the Python examples
+//! (`examples/consumers/python`: confluent-kafka and the CloudEvents SDK's Kafka binding; nats-py
+//! and its HTTP binding) read a topic and a stream, the Java example (kafka-clients) a topic, the
+//! Go example (`examples/consumers/go`: nats.go's JetStream API) a stream, that the
 //! bridge wrote through creates, updates, deletes and a recreated name; each store ends equal to
 //! a live LIST (uid and resourceVersion). The Python store's own unit tests pass too (the Go
 //! example's run with `go test` in its folder).
@@ -121,6 +122,15 @@ fn python_store(topic: &str) -> BTreeMap<String, String> {
     objects(cmd, "kafka_store.py")
 }
 
+/// Runs the Python NATS store (nats-py) over `stream`: the objects it holds, uid →
+/// resourceVersion.
+fn python_nats_store(stream: &str) -> BTreeMap<String, String> {
+    let mut cmd = Command::new(python());
+    cmd.args(["nats_store.py", &support::env().nats_url, stream])
+        .current_dir(example_dir());
+    objects(cmd, "nats_store.py")
+}
+
 /// Runs the Go NATS store over `stream`: the objects it holds, uid → resourceVersion.
 fn go_store(stream: &str) -> BTreeMap<String, String> {
     let bin = match std::env::var("KEB_GO_NATSSTORE") {
@@ -210,6 +220,16 @@ async fn python_kafka_consumer_store_equals_the_live_list() {
         SinkKind::Kafka,
         async |cluster| support::create_topic(&topic(cluster), 3).await,
         |cluster| python_store(&topic(cluster)),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_nats_consumer_store_equals_the_live_list() {
+    store_equals_the_live_list(
+        SinkKind::Nats,
+        async |_| {},
+        |cluster| python_nats_store(&stream_name(cluster)),
     )
     .await;
 }
