@@ -30,6 +30,7 @@ use crate::supervisor::WatchHandle;
 use crate::throttle;
 
 mod metrics;
+mod process;
 mod text_format;
 
 /// Metric name prefix.
@@ -76,6 +77,8 @@ pub struct State {
     api: Arc<throttle::Counters>,
     /// Holds the collector that reads this state at scrape time.
     registry: Registry,
+    /// The standard `process_*` metrics.
+    process: Registry,
 }
 
 impl State {
@@ -90,6 +93,7 @@ impl State {
             shard: Mutex::new(None),
             api: throttle::Counters::process(),
             registry: metrics::registry(state.clone()),
+            process: process::registry(),
         })
     }
 
@@ -172,7 +176,7 @@ impl State {
 
     /// The `/metrics` document (OpenMetrics text).
     pub fn metrics(&self) -> String {
-        metrics::encode(&self.registry)
+        metrics::encode(&[&self.registry, &self.process])
     }
 
     /// The running watches, as registered last.

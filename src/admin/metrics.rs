@@ -57,11 +57,14 @@ pub(super) fn registry(state: Weak<State>) -> Registry {
     registry
 }
 
-/// The OpenMetrics text of `registry`.
-pub(super) fn encode(registry: &Registry) -> String {
+/// The OpenMetrics text of `registries`, one document.
+pub(super) fn encode(registries: &[&Registry]) -> String {
     let mut out = String::new();
-    // Writing to a String cannot fail, and the collector fails only when its writer does.
-    let _ = text::encode(&mut out, registry);
+    // Writing to a String cannot fail, and the collectors fail only when their writer does.
+    for registry in registries {
+        let _ = text::encode_registry(&mut out, registry);
+    }
+    let _ = text::encode_eof(&mut out);
     out
 }
 

@@ -1,0 +1,132 @@
+//! The standard process metrics (`process_*`, as Prometheus's client libraries name them, without
+//! the bridge's prefix): CPU, memory, file descriptors, threads and start time, read from
+//! `/proc/self` at scrape time (the `procfs` crate). A field that cannot be read is left out of
+//! the scrape, never reported as 0.
+
+use std::fmt;
+
+use procfs::process::{LimitValue, Process};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::{Registry, Unit};
+
+/// A registry holding the process collector (no prefix).
+pub(super) fn registry() -> Registry {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(ProcessCollector));
+    registry
+}
+
+/// Reads `/proc/self` at scrape time.
+#[derive(Debug)]
+struct ProcessCollector;
+
+impl Collector for ProcessCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let Ok(me) = Process::myself() else {
+            return Ok(());
+        };
+        if let Ok(stat) = me.stat() {
+            let ticks = procfs::ticks_per_second() as f64;
+            let cpu = (stat.utime + stat.stime) as f64 / ticks;
+            one(
+                &mut encoder,
+                "process_cpu",
+                "Total user and system CPU time spent in seconds.",
+                Some(&Unit::Seconds),
+                ConstCounter::new(cpu),
+            )?;
+            one(
+                &mut encoder,
+                "process_resident_memory",
+                "Resident memory size in bytes.",
+                Some(&Unit::Bytes),
+                ConstGauge::new(stat.rss.saturating_mul(procfs::page_size()) as i64),
+            )?;
+            one(
+                &mut encoder,
+                "process_virtual_memory",
+                "Virtual memory size in bytes.",
+                Some(&Unit::Bytes),
+                ConstGauge::new(stat.vsize as i64),
+            )?;
+            one(
+                &mut encoder,
+                "process_threads",
+                "Number of OS threads in the process.",
+                None,
+                ConstGauge::new(stat.num_threads),
+            )?;
+            if let Ok(boot) = procfs::boot_time_secs() {
+                let started = boot as f64 + stat.starttime as f64 / ticks;
+                one(
+                    &mut encoder,
+                    "process_start_time",
+                    "Start time of the process since unix epoch in seconds.",
+                    Some(&Unit::Seconds),
+                    ConstGauge::new(started),
+                )?;
+            }
+        }
+        if let Ok(open) = me.fd_count() {
+            one(
+                &mut encoder,
+                "process_open_fds",
+                "Number of open file descriptors.",
+                None,
+                ConstGauge::new(open as i64),
+            )?;
+        }
+        if let Ok(limits) = me.limits()
+            && let LimitValue::Value(max) = limits.max_open_files.soft_limit
+        {
+            one(
+                &mut encoder,
+                "process_max_fds",
+                "Maximum number of open file descriptors.",
+                None,
+                ConstGauge::new(max as i64),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+fn one(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    metric: impl EncodeMetric,
+) -> fmt::Result {
+    metric.encode(encoder.encode_descriptor(name, help, unit, metric.metric_type())?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_process_families_are_named_as_prometheus_clients_name_them() {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry()).unwrap();
+        for sample in [
+            "process_cpu_seconds_total ",
+            "process_resident_memory_bytes ",
+            "process_virtual_memory_bytes ",
+            "process_threads ",
+            "process_start_time_seconds ",
+            "process_open_fds ",
+            "process_max_fds ",
+        ] {
+            let line = text
+                .lines()
+                .find(|l| l.starts_with(sample))
+                .unwrap_or_else(|| panic!("no {sample:?} in:\n{text}"));
+            let value: f64 = line[sample.len()..].parse().unwrap();
+            assert!(value > 0.0, "{line}");
+        }
+    }
+}
