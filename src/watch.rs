@@ -358,7 +358,7 @@ async fn list(target: &Target, tx: &mpsc::Sender<Item>) -> Result<String, Error>
         params = params.fields(f);
     }
     send(tx, Item::ListBegin).await?;
-    let mut count = 0usize;
+    let mut progress = ListProgress::new(Instant::now());
     let list_rv = loop {
         let page = match target.api.list(&params).await {
             Ok(page) => page,
@@ -378,10 +378,18 @@ async fn list(target: &Target, tx: &mpsc::Sender<Item>) -> Result<String, Error>
         };
         let observed = SystemTime::now();
         let average = average_size(&page.items);
+        let listed = page.items.len();
         for mut object in page.items {
             object.types.get_or_insert_with(|| target.types.clone());
             send(tx, Item::Listed(object, observed)).await?;
-            count += 1;
+        }
+        if let Some(p) = progress.page(listed, listed * average, Instant::now()) {
+            info!(
+                objects = p.objects,
+                bytes = p.bytes,
+                objects_per_sec = p.per_sec,
+                "listing"
+            );
         }
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => {
@@ -391,9 +399,65 @@ async fn list(target: &Target, tx: &mpsc::Sender<Item>) -> Result<String, Error>
             None => break page.metadata.resource_version.unwrap_or_default(),
         }
     };
-    info!(rv = %list_rv, objects = count, "listed");
+    info!(
+        rv = %list_rv,
+        objects = progress.objects,
+        secs = progress.started.elapsed().as_secs_f64(),
+        "listed"
+    );
     send(tx, Item::ListEnd(list_rv.clone())).await?;
     Ok(list_rv)
+}
+
+/// How often a long LIST logs how far it has come.
+const LIST_PROGRESS_EVERY: Duration = Duration::from_secs(10);
+
+/// How far a LIST has come: objects and (estimated) bytes so far.
+#[derive(Debug, Clone, Copy)]
+struct ListProgress {
+    started: Instant,
+    reported: Instant,
+    objects: usize,
+    bytes: usize,
+}
+
+/// A progress line: totals so far and the rate since the LIST began.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct ProgressLine {
+    objects: usize,
+    bytes: usize,
+    per_sec: u64,
+}
+
+impl ListProgress {
+    fn new(now: Instant) -> Self {
+        Self {
+            started: now,
+            reported: now,
+            objects: 0,
+            bytes: 0,
+        }
+    }
+
+    /// Counts a page of `objects` (about `bytes`) taken at `now`; a line to log when
+    /// [`LIST_PROGRESS_EVERY`] has passed since the LIST began or the last line.
+    fn page(&mut self, objects: usize, bytes: usize, now: Instant) -> Option<ProgressLine> {
+        self.objects += objects;
+        self.bytes += bytes;
+        if now.duration_since(self.reported) < LIST_PROGRESS_EVERY {
+            return None;
+        }
+        self.reported = now;
+        let secs = now
+            .duration_since(self.started)
+            .as_secs_f64()
+            .max(f64::EPSILON);
+        Some(ProgressLine {
+            objects: self.objects,
+            bytes: self.bytes,
+            per_sec: (self.objects as f64 / secs) as u64,
+        })
+    }
 }
 
 async fn send(tx: &mpsc::Sender<Item>, item: Item) -> Result<(), Error> {
@@ -593,6 +657,32 @@ fn ids(meta: &ObjectMeta) -> Option<(&str, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_list_reports_its_progress_every_ten_seconds_with_its_totals_and_rate() {
+        let t0 = Instant::now();
+        let mut p = ListProgress::new(t0);
+        let at = |secs| t0 + Duration::from_secs(secs);
+        assert_eq!(p.page(500, 500_000, at(4)), None, "too soon");
+        assert_eq!(
+            p.page(500, 500_000, at(10)),
+            Some(ProgressLine {
+                objects: 1_000,
+                bytes: 1_000_000,
+                per_sec: 100
+            })
+        );
+        assert_eq!(
+            p.page(1_000, 1_000_000, at(19)),
+            None,
+            "ten seconds after the last line"
+        );
+        let line = p.page(1_000, 1_000_000, at(20)).expect("a line");
+        assert_eq!(
+            (line.objects, line.bytes, line.per_sec),
+            (3_000, 3_000_000, 150)
+        );
+    }
 
     #[tokio::test]
     async fn pages_hold_what_fits_their_bytes_at_the_average_size() {
