@@ -1,13 +1,14 @@
-//! The consumer examples in other languages, against the real brokers: the Python examples
-//! (`examples/consumers/python`: confluent-kafka and the CloudEvents SDK's Kafka binding; nats-py
-//! and its HTTP binding) read a topic and a stream, the Java example (kafka-clients) a topic, the
-//! Go example (`examples/consumers/go`: nats.go's JetStream API) a stream, that the
-//! bridge wrote through creates, updates, deletes and a recreated name; each store ends equal to
-//! a live LIST (uid and resourceVersion). The Python store's own unit tests pass too (the Go
-//! example's run with `go test` in its folder).
+//! The consumer examples in other languages, against the real brokers: Python
+//! (`examples/consumers/python`: confluent-kafka and the CloudEvents SDK's Kafka binding for a
+//! topic, nats-py and its HTTP binding for a stream), Java (`examples/consumers/java`:
+//! kafka-clients, a topic) and Go (`examples/consumers/go`: franz-go for a topic, nats.go's
+//! JetStream API for a stream) each read what the bridge wrote through creates, updates, deletes
+//! and a recreated name; each store ends equal to a live LIST (uid and resourceVersion). The
+//! stores' own unit tests pass too (Python's `test_store.py`, Java's `StoreTest`, Go's `go test`).
 //!
-//! `KEB_PYTHON` (a venv with the examples' pinned packages from PyPI) and `KEB_GO_NATSSTORE` (the
-//! Go example, built) come from `scripts/testenv`; without them the tests fail.
+//! `KEB_PYTHON` (a venv with the examples' pinned packages from PyPI), `KEB_GO_NATSSTORE` and
+//! `KEB_GO_KAFKASTORE` (the Go examples, built) and `KEB_JAVA_CONSUMER` come from
+//! `scripts/testenv`; without them the tests fail.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -131,18 +132,29 @@ fn python_nats_store(stream: &str) -> BTreeMap<String, String> {
     objects(cmd, "nats_store.py")
 }
 
-/// Runs the Go NATS store over `stream`: the objects it holds, uid → resourceVersion.
-fn go_store(stream: &str) -> BTreeMap<String, String> {
-    let bin = match std::env::var("KEB_GO_NATSSTORE") {
-        Ok(p) if Path::new(&p).is_file() => p,
+/// A Go consumer example, built by `scripts/testenv` (its path in `var`).
+fn go_example(var: &str) -> Command {
+    match std::env::var(var) {
+        Ok(p) if Path::new(&p).is_file() => Command::new(p),
         _ => panic!(
-            "the Go consumer example is not built (KEB_GO_NATSSTORE): run `scripts/testenv up` and \
-             load its variables"
+            "the Go consumer examples are not built ({var}): run `scripts/testenv up` and load \
+             its variables"
         ),
-    };
-    let mut cmd = Command::new(bin);
+    }
+}
+
+/// Runs the Go NATS store (nats.go) over `stream`: the objects it holds, uid → resourceVersion.
+fn go_store(stream: &str) -> BTreeMap<String, String> {
+    let mut cmd = go_example("KEB_GO_NATSSTORE");
     cmd.args([&support::env().nats_url, stream]);
     objects(cmd, "natsstore")
+}
+
+/// Runs the Go Kafka store (franz-go) over `topic`: the objects it holds, uid → resourceVersion.
+fn go_kafka_store(topic: &str) -> BTreeMap<String, String> {
+    let mut cmd = go_example("KEB_GO_KAFKASTORE");
+    cmd.args([&support::env().kafka_bootstrap, topic]);
+    objects(cmd, "kafkastore")
 }
 
 /// Runs a bridge on `sink` over a fresh namespace through creates (before and after its start),
@@ -240,6 +252,17 @@ async fn go_nats_consumer_store_equals_the_live_list() {
         SinkKind::Nats,
         async |_| {},
         |cluster| go_store(&stream_name(cluster)),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn go_kafka_consumer_store_equals_the_live_list() {
+    let topic = |cluster: &str| format!("k8s.{cluster}.core.configmaps");
+    store_equals_the_live_list(
+        SinkKind::Kafka,
+        async |cluster| support::create_topic(&topic(cluster), 3).await,
+        |cluster| go_kafka_store(&topic(cluster)),
     )
     .await;
 }

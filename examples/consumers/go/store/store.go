@@ -1,4 +1,6 @@
-package main
+// Package store keeps the current objects from kube-event-bridge's events by the rules of
+// docs/consumers.md ("The rules for a consumer in any language").
+package store
 
 import "strings"
 
@@ -19,8 +21,8 @@ type Store struct {
 	Applied, Dropped int
 }
 
-// NewStore returns an empty store.
-func NewStore() *Store {
+// New returns an empty store.
+func New() *Store {
 	return &Store{objects: map[string]Entry{}, names: map[key]string{}, deleted: map[string]bool{}}
 }
 
@@ -70,6 +72,20 @@ func (s *Store) remove(uid string) {
 	delete(s.objects, uid)
 	if s.names[key{e.Namespace, e.Name}] == uid {
 		delete(s.names, key{e.Namespace, e.Name})
+	}
+}
+
+// Tombstone applies a null-valued Kafka record: it removes the object its key names
+// (namespace/name when the topic is keyed by name, else the uid).
+func (s *Store) Tombstone(recordKey string, byName bool) {
+	uid := recordKey
+	if byName {
+		i := strings.LastIndex(recordKey, "/")
+		uid = s.names[key{recordKey[:max(i, 0)], recordKey[i+1:]}]
+	}
+	if _, ok := s.objects[uid]; ok {
+		s.remove(uid)
+		s.deleted[uid] = true
 	}
 }
 

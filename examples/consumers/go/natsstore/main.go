@@ -17,6 +17,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"kube-event-bridge.dev/examples/consumers/store"
 )
 
 func main() {
@@ -52,7 +54,7 @@ func run(server, stream string) error {
 	}
 	// Where the stream ends now: read until that sequence.
 	last := info.State.LastSeq
-	store := NewStore()
+	held := store.New()
 	if last > 0 {
 		consumer, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
 		if err != nil {
@@ -63,7 +65,7 @@ func run(server, stream string) error {
 			if err != nil {
 				return fmt.Errorf("reading up to sequence %d: %w", last, err)
 			}
-			if err := store.ApplyMessage(msg.Headers()); err != nil {
+			if err := applyMessage(held, msg.Headers()); err != nil {
 				return err
 			}
 			meta, err := msg.Metadata()
@@ -76,12 +78,12 @@ func run(server, stream string) error {
 		}
 	}
 	return json.NewEncoder(os.Stdout).Encode(map[string]any{
-		"objects": store.Snapshot(), "applied": store.Applied, "dropped": store.Dropped,
+		"objects": held.Snapshot(), "applied": held.Applied, "dropped": held.Dropped,
 	})
 }
 
-// ApplyMessage applies one message in binary mode: attributes in `ce-*` headers, percent-encoded.
-func (s *Store) ApplyMessage(headers nats.Header) error {
+// applyMessage applies one message in binary mode: attributes in `ce-*` headers, percent-encoded.
+func applyMessage(s *store.Store, headers nats.Header) error {
 	attributes := map[string]string{}
 	for name, values := range headers {
 		lower := strings.ToLower(name)

@@ -1,4 +1,4 @@
-package main
+package store
 
 import (
 	"fmt"
@@ -15,7 +15,7 @@ func event(change, uid string, rv int, name string) map[string]string {
 }
 
 func TestDuplicatesStaleVersionsDeletesAndRecreatedNames(t *testing.T) {
-	s := NewStore()
+	s := New()
 	s.Apply(event("added", "u1", 5, "a"))
 	s.Apply(event("modified", "u1", 9, "a"))
 	if s.Apply(event("modified", "u1", 9, "a")) || s.Apply(event("modified", "u1", 7, "a")) {
@@ -34,5 +34,20 @@ func TestDuplicatesStaleVersionsDeletesAndRecreatedNames(t *testing.T) {
 	}
 	if got := s.Snapshot(); !reflect.DeepEqual(got, map[string]string{"new": "30"}) {
 		t.Fatalf("store %v", got)
+	}
+}
+
+func TestATombstoneRemovesWhatItsKeyNames(t *testing.T) {
+	s := New()
+	s.Apply(event("added", "u1", 5, "a"))
+	s.Apply(event("added", "u2", 6, "b"))
+	s.Tombstone("u1", false)
+	s.Tombstone("ns/b", true)
+	s.Tombstone("ns/missing", true)
+	if got := s.Snapshot(); len(got) != 0 {
+		t.Fatalf("held %v", got)
+	}
+	if s.Apply(event("modified", "u1", 9, "a")) {
+		t.Fatal("a uid removed by its tombstone came back")
 	}
 }
