@@ -397,14 +397,33 @@ pub async fn create_topic(name: &str, partitions: i32) {
     );
     let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
     let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    let results = admin
-        .create_topics([&topic], &options)
-        .await
-        .unwrap_or_else(|e| panic!("cannot create Kafka topic {name}: {e}"));
-    for result in results {
-        match result {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((topic, code)) => panic!("cannot create Kafka topic {topic}: {code}"),
+    // A broker a fault test just restarted may answer late on a loaded machine: a request that
+    // timed out is made again (an existing topic counts as created), three attempts at most.
+    let timed_out = |code: RDKafkaErrorCode| {
+        matches!(
+            code,
+            RDKafkaErrorCode::OperationTimedOut | RDKafkaErrorCode::RequestTimedOut
+        )
+    };
+    for attempt in 1..=3 {
+        let last = attempt == 3;
+        let outcome = match admin.create_topics([&topic], &options).await {
+            Ok(results) => results.into_iter().try_for_each(|result| match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => Ok(()),
+                Err((_, code)) => Err(code),
+            }),
+            Err(e) => Err(e
+                .rdkafka_error_code()
+                .unwrap_or_else(|| panic!("cannot create Kafka topic {name}: {e}"))),
+        };
+        match outcome {
+            Ok(()) => break,
+            Err(code) if timed_out(code) && !last => {
+                eprintln!(
+                    "creating Kafka topic {name} timed out (attempt {attempt}): trying again"
+                );
+            }
+            Err(code) => panic!("cannot create Kafka topic {name}: {code}"),
         }
     }
 
