@@ -408,7 +408,7 @@ impl EncodeMetric for Unowned {
 }
 
 /// One family with one sample without labels.
-fn single(
+pub(super) fn single(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,

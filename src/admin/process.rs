@@ -6,8 +6,10 @@
 use std::fmt;
 
 use procfs::process::{LimitValue, Process};
+
+use super::metrics::single;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
@@ -31,28 +33,28 @@ impl Collector for ProcessCollector {
         if let Ok(stat) = me.stat() {
             let ticks = procfs::ticks_per_second() as f64;
             let cpu = (stat.utime + stat.stime) as f64 / ticks;
-            one(
+            single(
                 &mut encoder,
                 "process_cpu",
                 "Total user and system CPU time spent in seconds.",
                 Some(&Unit::Seconds),
                 ConstCounter::new(cpu),
             )?;
-            one(
+            single(
                 &mut encoder,
                 "process_resident_memory",
                 "Resident memory size in bytes.",
                 Some(&Unit::Bytes),
                 ConstGauge::new(stat.rss.saturating_mul(procfs::page_size()) as i64),
             )?;
-            one(
+            single(
                 &mut encoder,
                 "process_virtual_memory",
                 "Virtual memory size in bytes.",
                 Some(&Unit::Bytes),
                 ConstGauge::new(stat.vsize as i64),
             )?;
-            one(
+            single(
                 &mut encoder,
                 "process_threads",
                 "Number of OS threads in the process.",
@@ -61,7 +63,7 @@ impl Collector for ProcessCollector {
             )?;
             if let Ok(boot) = procfs::boot_time_secs() {
                 let started = boot as f64 + stat.starttime as f64 / ticks;
-                one(
+                single(
                     &mut encoder,
                     "process_start_time",
                     "Start time of the process since unix epoch in seconds.",
@@ -71,7 +73,7 @@ impl Collector for ProcessCollector {
             }
         }
         if let Ok(open) = me.fd_count() {
-            one(
+            single(
                 &mut encoder,
                 "process_open_fds",
                 "Number of open file descriptors.",
@@ -82,7 +84,7 @@ impl Collector for ProcessCollector {
         if let Ok(limits) = me.limits()
             && let LimitValue::Value(max) = limits.max_open_files.soft_limit
         {
-            one(
+            single(
                 &mut encoder,
                 "process_max_fds",
                 "Maximum number of open file descriptors.",
@@ -92,16 +94,6 @@ impl Collector for ProcessCollector {
         }
         Ok(())
     }
-}
-
-fn one(
-    encoder: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    unit: Option<&Unit>,
-    metric: impl EncodeMetric,
-) -> fmt::Result {
-    metric.encode(encoder.encode_descriptor(name, help, unit, metric.metric_type())?)
 }
 
 #[cfg(test)]
