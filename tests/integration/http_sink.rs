@@ -510,8 +510,7 @@ async fn http_400_is_skipped_and_401_blocks_until_fixed() {
 #[tokio::test(flavor = "multi_thread")]
 async fn http_tls_with_a_custom_ca_and_a_rotated_bearer_token() {
     let (ca, _) = crate::support::testenv_cas();
-    let pki = std::path::Path::new(&ca).parent().unwrap().to_path_buf();
-    let receiver = Receiver::start_tls(&pki.join("broker.crt"), &pki.join("broker.key"));
+    let receiver = Receiver::start_https();
     let (client, ns, cluster, dir) = scene("httptls").await;
     let token = dir.path().join("token");
     std::fs::write(&token, "first-s3cret\n").unwrap();
@@ -555,8 +554,7 @@ async fn http_tls_with_a_custom_ca_and_a_rotated_bearer_token() {
 #[tokio::test(flavor = "multi_thread")]
 async fn http_k_sink_over_https_trusts_k_ca_certs() {
     let (ca, _) = crate::support::testenv_cas();
-    let pki = std::path::Path::new(&ca).parent().unwrap().to_path_buf();
-    let receiver = Receiver::start_tls(&pki.join("broker.crt"), &pki.join("broker.key"));
+    let receiver = Receiver::start_https();
     let (client, ns, cluster, dir) = scene("httpkca").await;
     let config = format!(
         "cluster: {cluster}\ncheckpoint: {{directory: \"{}\"}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n",
@@ -581,9 +579,8 @@ async fn http_k_sink_over_https_trusts_k_ca_certs() {
 /// and the watch reports failing publishes instead of skipping events.
 #[tokio::test(flavor = "multi_thread")]
 async fn http_tls_refuses_a_receiver_the_ca_did_not_sign() {
-    let (ca, other_ca) = crate::support::testenv_cas();
-    let pki = std::path::Path::new(&ca).parent().unwrap().to_path_buf();
-    let receiver = Receiver::start_tls(&pki.join("broker.crt"), &pki.join("broker.key"));
+    let (_, other_ca) = crate::support::testenv_cas();
+    let receiver = Receiver::start_https();
     let (client, ns, cluster, dir) = scene("httptlsno").await;
     let sink = format!(
         "    url: \"{}\"\n    credentials: {{tlsCaFile: \"{other_ca}\"}}\n",

@@ -225,15 +225,21 @@ async fn store_equals_the_live_list(
     drop(bridge);
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn python_kafka_consumer_store_equals_the_live_list() {
+/// [`store_equals_the_live_list`] for a Kafka reader: `store` reads the topic of the watch's
+/// ConfigMaps (created first, three partitions).
+async fn kafka_store_equals_the_live_list(store: fn(&str) -> BTreeMap<String, String>) {
     let topic = |cluster: &str| format!("k8s.{cluster}.core.configmaps");
     store_equals_the_live_list(
         SinkKind::Kafka,
         async |cluster| support::create_topic(&topic(cluster), 3).await,
-        |cluster| python_store(&topic(cluster)),
+        |cluster| store(&topic(cluster)),
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_kafka_consumer_store_equals_the_live_list() {
+    kafka_store_equals_the_live_list(python_store).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -258,22 +264,10 @@ async fn go_nats_consumer_store_equals_the_live_list() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn go_kafka_consumer_store_equals_the_live_list() {
-    let topic = |cluster: &str| format!("k8s.{cluster}.core.configmaps");
-    store_equals_the_live_list(
-        SinkKind::Kafka,
-        async |cluster| support::create_topic(&topic(cluster), 3).await,
-        |cluster| go_kafka_store(&topic(cluster)),
-    )
-    .await;
+    kafka_store_equals_the_live_list(go_kafka_store).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn java_kafka_consumer_store_equals_the_live_list() {
-    let topic = |cluster: &str| format!("k8s.{cluster}.core.configmaps");
-    store_equals_the_live_list(
-        SinkKind::Kafka,
-        async |cluster| support::create_topic(&topic(cluster), 3).await,
-        |cluster| java_store(&topic(cluster)),
-    )
-    .await;
+    kafka_store_equals_the_live_list(java_store).await;
 }

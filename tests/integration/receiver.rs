@@ -84,6 +84,14 @@ impl Receiver {
         Self::bind(0, None)
     }
 
+    /// An HTTPS receiver serving the test environment's broker certificate for 127.0.0.1, which
+    /// its CA (`KEB_TESTENV_CA`) signed.
+    pub fn start_https() -> Receiver {
+        let (ca, _) = crate::support::testenv_cas();
+        let pki = Path::new(&ca).parent().unwrap().to_path_buf();
+        Receiver::start_tls(&pki.join("broker.crt"), &pki.join("broker.key"))
+    }
+
     /// An HTTPS receiver serving `cert` and `key` (PEM files).
     pub fn start_tls(cert: &Path, key: &Path) -> Receiver {
         use tokio_rustls::rustls::pki_types::pem::PemObject;
