@@ -102,6 +102,16 @@ mod tests {
 
     #[test]
     fn the_process_families_are_named_as_prometheus_clients_name_them() {
+        // The kernel counts CPU time in ticks: a test process started a moment ago may not have
+        // used one yet, so work until it has (its CPU time must then be scraped as above 0).
+        let used = || {
+            let stat = Process::myself().unwrap().stat().unwrap();
+            stat.utime + stat.stime
+        };
+        let mut spin = 0u64;
+        while used() == 0 {
+            spin = std::hint::black_box(spin.wrapping_add(1));
+        }
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry()).unwrap();
         for sample in [
