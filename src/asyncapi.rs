@@ -22,10 +22,10 @@ mod server;
 
 use serde_json::{Map, Value, json};
 
-use crate::config::{Config, ContentMode, Sink};
+use crate::config::{Config, ContentMode};
 use crate::discovery::ResolvedResource;
 use crate::encode::{self, Event, ResourceInfo};
-use crate::template::Template;
+use crate::sink::describe::{self, Describe, Headers};
 
 /// Errors of building the document.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +36,9 @@ pub enum Error {
     /// An example payload is not JSON.
     #[error("the example payload is not JSON")]
     Example(#[source] serde_json::Error),
+    /// The sink's kind is not registered with the sink layer.
+    #[error(transparent)]
+    Sink(#[from] crate::sink::Error),
 }
 
 /// A `Result` with this module's [`Error`].
@@ -47,191 +50,39 @@ pub const ASYNCAPI_VERSION: &str = "3.0.0";
 /// Where the embedded event schema lives in the document.
 const EVENT_SCHEMA_REF: &str = "#/components/schemas/CloudEvent";
 
-/// The Kafka bindings' version (AsyncAPI bindings repository).
-const KAFKA_BINDING_VERSION: &str = "0.5.0";
-
-/// The HTTP bindings' version (AsyncAPI bindings repository).
-const HTTP_BINDING_VERSION: &str = "0.3.0";
-
-/// How events travel: the sink and its content mode.
-#[derive(Debug, Clone)]
-struct Binding {
-    sink: SinkKind,
-    mode: ContentMode,
+/// How events travel: what the sink says of itself.
+#[derive(Clone, Copy)]
+struct Binding<'a> {
+    sink: &'a dyn Describe,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SinkKind {
-    Kafka,
-    Nats { jetstream: bool },
-    Http,
-    Stdout,
-}
-
-impl Binding {
-    fn new(sink: &Sink) -> Self {
-        match sink {
-            Sink::Kafka { config, .. } => Binding {
-                sink: SinkKind::Kafka,
-                mode: config.content_mode,
-            },
-            Sink::Nats { config, .. } => Binding {
-                sink: SinkKind::Nats {
-                    jetstream: config.jetstream.is_some(),
-                },
-                mode: config.content_mode,
-            },
-            Sink::Http { config, .. } => Binding {
-                sink: SinkKind::Http,
-                mode: config.content_mode,
-            },
-            Sink::Stdout => Binding {
-                sink: SinkKind::Stdout,
-                mode: ContentMode::Structured,
-            },
-        }
-    }
-
+impl Binding<'_> {
     fn stdout(&self) -> bool {
-        self.sink == SinkKind::Stdout
-    }
-
-    /// The CloudEvents protocol binding this follows.
-    fn spec_url(&self) -> &'static str {
-        match self.sink {
-            SinkKind::Kafka => {
-                "https://github.com/cloudevents/spec/blob/v1.0.2/cloudevents/bindings/kafka-protocol-binding.md"
-            }
-            SinkKind::Nats { .. } => {
-                "https://github.com/cloudevents/spec/blob/v1.0.2/cloudevents/bindings/nats-protocol-binding.md"
-            }
-            SinkKind::Http => {
-                "https://github.com/cloudevents/spec/blob/v1.0.2/cloudevents/bindings/http-protocol-binding.md"
-            }
-            SinkKind::Stdout => {
-                "https://github.com/cloudevents/spec/blob/v1.0.2/cloudevents/formats/json-format.md"
-            }
-        }
+        self.sink.bare()
     }
 
     fn structured(&self) -> bool {
-        self.mode == ContentMode::Structured
+        self.sink.content_mode() == ContentMode::Structured
     }
 
     /// The content type of a message's payload.
     fn content_type(&self) -> &'static str {
-        if self.structured() {
-            encode::STRUCTURED_CONTENT_TYPE
-        } else {
-            encode::DATA_CONTENT_TYPE
-        }
+        describe::content_type(self.sink.content_mode())
     }
 
     /// The headers of one message (none on standard output).
-    fn headers(
-        &self,
-        attributes: &[(String, Value, bool)],
-        example: &Event,
-    ) -> Option<message::Headers> {
-        let (structured, content_type) = (self.structured(), self.content_type());
-        let attributes = if structured { &[][..] } else { attributes };
-        match self.sink {
-            SinkKind::Stdout => None,
-            SinkKind::Http => {
-                let mut headers = self.prefixed(
-                    ("Content-Type", "The content type of the request body."),
-                    ("ce-", "$message.header#/ce-id"),
-                    attributes,
-                    example,
-                );
-                // HTTP adds its own headers (Host, Content-Length, Authorization), and
-                // `sink.http.extensions` adds `ce-` headers of their own.
-                headers.schema["additionalProperties"] = json!(true);
-                Some(headers)
-            }
-            SinkKind::Kafka => Some(self.prefixed(
-                ("content-type", "The content type of the record value."),
-                ("ce_", "$message.header#/ce_id"),
-                attributes,
-                example,
-            )),
-            SinkKind::Nats { jetstream } => {
-                let fixed = [(
-                    "Content-Type",
-                    content_type,
-                    "The content type of the payload.",
-                )];
-                let (headers, _) = crate::sink::nats::message(example, self.mode, jetstream);
-                let values: Map<String, Value> = headers
-                    .iter()
-                    .filter_map(|(k, v)| Some((k.to_string(), json!(v.first()?.as_str()))))
-                    .collect();
-                let mut schema = message::headers_schema(&fixed, "ce-", attributes);
-                if jetstream {
-                    schema["properties"]["Nats-Msg-Id"] = json!({
-                        "type": "string",
-                        "description": "The event id: JetStream drops a message whose \
-                                        Nats-Msg-Id it stored within the stream's duplicate window.",
-                    });
-                    schema["required"]
-                        .as_array_mut()
-                        .expect("required is a list")
-                        .push(json!("Nats-Msg-Id"));
-                }
-                Some(message::Headers {
-                    schema,
-                    example: Value::Object(values),
-                    id_location: if structured {
-                        "$message.payload#/id"
-                    } else {
-                        "$message.header#/ce-id"
-                    },
-                })
-            }
-        }
+    fn headers(&self, attributes: &[describe::Attribute], example: &Event) -> Option<Headers> {
+        let attributes = if self.structured() {
+            &[][..]
+        } else {
+            attributes
+        };
+        self.sink.headers(attributes, example)
     }
 
-    /// The headers of a binding whose binary mode sends one `prefix` + attribute header per
-    /// attribute beside a content-type header (Kafka's `ce_`, HTTP's `ce-`): `content` is that
-    /// header's name and description, `id` the prefix and where the id header is.
-    fn prefixed(
-        &self,
-        (content_header, what): (&'static str, &'static str),
-        (prefix, id_header): (&'static str, &'static str),
-        attributes: &[(String, Value, bool)],
-        example: &Event,
-    ) -> message::Headers {
-        let (structured, content_type) = (self.structured(), self.content_type());
-        let mut values = Map::new();
-        values.insert(content_header.into(), json!(content_type));
-        if !structured {
-            for (name, value) in example.attributes() {
-                values.insert(format!("{prefix}{name}"), json!(value));
-            }
-        }
-        message::Headers {
-            schema: message::headers_schema(
-                &[(content_header, content_type, what)],
-                prefix,
-                attributes,
-            ),
-            example: Value::Object(values),
-            id_location: if structured {
-                "$message.payload#/id"
-            } else {
-                id_header
-            },
-        }
-    }
-
-    /// The message bindings: Kafka's record key.
+    /// The message bindings (Kafka's record key).
     fn message_bindings(&self, key: crate::config::RecordKey) -> Option<Value> {
-        (self.sink == SinkKind::Kafka).then(|| {
-            json!({"kafka": {
-                "key": {"type": "string", "description": message::key_description(key)},
-                "bindingVersion": KAFKA_BINDING_VERSION,
-            }})
-        })
+        self.sink.message_bindings(key)
     }
 }
 
@@ -242,7 +93,8 @@ pub fn document(
     resources: &[ResolvedResource],
     api_server: &str,
 ) -> Result<Value> {
-    let binding = Binding::new(&config.sink);
+    let settings = crate::sink::settings(&config.sink)?;
+    let binding = Binding { sink: settings };
     let event_schema: Value =
         serde_json::from_str(&crate::schema::event_schema()).expect("the event schema is JSON");
     let descriptions = event_schema["properties"]
@@ -253,10 +105,11 @@ pub fn document(
     let mut channels = Map::new();
     let mut operations = Map::new();
     let mut messages = Map::new();
-    let groups = group_by_address(config, resources);
+    let groups = group_by_address(config, binding, resources);
     let origins = server::Origins::of(
         groups.iter().filter_map(|(a, _)| a.as_deref()),
-        &config.sink,
+        config.sink.kind(),
+        binding.sink,
     );
     for (address, members) in groups {
         let (server_id, address) = origins.split(address);
@@ -270,7 +123,7 @@ pub fn document(
             if config.audit_extensions {
                 info = info.with_audit(message::example_cluster_id());
             }
-            let tombstones = info.tombstones && binding.sink == SinkKind::Kafka;
+            let tombstones = info.tombstones && binding.sink.tombstones();
             let name = unique_id(&messages, &message_id(r));
             let m = message::message(&binding, r, info, &descriptions, trait_ref)?;
             messages.insert(name.clone(), m);
@@ -291,18 +144,12 @@ pub fn document(
             .keys()
             .map(|m| json!({"$ref": format!("#/channels/{id}/messages/{m}")}))
             .collect();
-        let mut channel = channel(
-            &binding,
-            config,
-            address.as_deref(),
-            &members,
-            channel_messages,
-        );
+        let mut channel = channel(binding, address.as_deref(), &members, channel_messages);
         if let Some(server_id) = server_id {
             channel["servers"] = json!([{"$ref": format!("#/servers/{server_id}")}]);
         }
         channels.insert(id.clone(), channel);
-        operations.insert(format!("send.{id}"), operation(&binding, config, &id, refs));
+        operations.insert(format!("send.{id}"), operation(binding, &id, refs));
     }
     let mut components = json!({
         "schemas": {"CloudEvent": embedded(event_schema)},
@@ -310,7 +157,7 @@ pub fn document(
         "messageTraits": {"CloudEvent": {
             "externalDocs": {
                 "description": "The CloudEvents binding these messages follow",
-                "url": binding.spec_url(),
+                "url": binding.sink.spec_url(),
             },
             "tags": [{"name": "cloudevents"}, {"name": "kubernetes"}],
         }},
@@ -320,7 +167,7 @@ pub fn document(
         "info": info(config),
         "defaultContentType": encode::DATA_CONTENT_TYPE,
     });
-    if let Some((servers, schemes)) = server::servers(&config.sink, &origins) {
+    if let Some((servers, schemes)) = server::servers(binding.sink, &origins) {
         doc["servers"] = servers;
         if !schemes.is_empty() {
             components["securitySchemes"] = Value::Object(schemes);
@@ -368,19 +215,10 @@ fn embedded(mut schema: Value) -> Value {
     schema
 }
 
-/// The template a resource's events go to, for the configured sink.
-fn template<'a>(config: &'a Config, r: &'a ResolvedResource) -> Option<&'a Template> {
-    match &config.sink {
-        Sink::Kafka { topic, .. } => Some(r.destination(topic)),
-        Sink::Nats { subject, .. } => Some(r.destination(subject)),
-        Sink::Http { url, .. } => Some(r.destination(url)),
-        Sink::Stdout => None,
-    }
-}
-
 /// Resources grouped by channel address (`None`: standard output), in configuration order.
 fn group_by_address<'a>(
     config: &'a Config,
+    binding: Binding<'_>,
     resources: &'a [ResolvedResource],
 ) -> Vec<(Option<String>, Vec<&'a ResolvedResource>)> {
     let mut groups: Vec<(Option<String>, Vec<&ResolvedResource>)> = Vec::new();
@@ -389,10 +227,10 @@ fn group_by_address<'a>(
         if let (true, Some([namespace])) = (r.namespaced, r.config.namespaces.as_deref()) {
             values.namespace = Some(namespace);
         }
-        let address = template(config, r).map(|t| {
-            t.address(
+        let address = config.sink.destination().map(|t| {
+            r.destination(t).address(
                 &values,
-                matches!(config.sink, Sink::Nats { .. }),
+                binding.sink.subject_addresses(),
                 namespace_parameter(r),
             )
         });
@@ -451,28 +289,24 @@ fn unique_id(taken: &Map<String, Value>, base: &str) -> String {
 
 /// The Channel Object of one address.
 fn channel(
-    binding: &Binding,
-    config: &Config,
+    binding: Binding<'_>,
     address: Option<&str>,
     members: &[&ResolvedResource],
     messages: Map<String, Value>,
 ) -> Value {
     let labels: Vec<String> = members.iter().map(|r| r.label()).collect();
-    let what = if binding.stdout() {
-        "JSON lines on the bridge's standard output (one structured CloudEvent per line, \
-         flushed before the event counts as delivered; logs go to standard error)"
-            .to_string()
-    } else if binding.sink == SinkKind::Kafka {
-        "Kafka topic".to_string()
-    } else if binding.sink == SinkKind::Http {
-        "HTTP POST to the path".to_string()
-    } else {
-        "NATS subject".to_string()
-    };
+    let mut description = format!(
+        "{}: the changes of {}.",
+        binding.sink.channel_kind(),
+        labels.join(", ")
+    );
+    if let Some(note) = binding.sink.channel_note() {
+        description = format!("{description} {note}");
+    }
     let mut channel = json!({
         "address": address,
         "title": labels.join(", "),
-        "description": format!("{what}: the changes of {}.", labels.join(", ")),
+        "description": description,
         "messages": messages,
     });
     if let Some(address) = address {
@@ -480,45 +314,20 @@ fn channel(
         if !parameters.is_empty() {
             channel["parameters"] = Value::Object(parameters);
         }
-        if binding.sink == SinkKind::Kafka && !templated(address) {
-            channel["bindings"] = json!({"kafka": {
-                "topic": address,
-                "bindingVersion": KAFKA_BINDING_VERSION,
-            }});
+        if let Some(bindings) = binding.sink.channel_bindings(address) {
+            channel["bindings"] = bindings;
         }
     }
-    if let Sink::Nats { config: nats, .. } = &config.sink
-        && let Some(js) = &nats.jetstream
-    {
-        channel["description"] = json!(format!(
-            "{} Captured by JetStream stream `{}` (duplicate window {} s).",
-            channel["description"].as_str().unwrap_or_default(),
-            js.stream,
-            js.duplicate_window_secs
-        ));
-    }
     channel
-}
-
-/// Whether an address has parameters (a per-object template).
-fn templated(address: &str) -> bool {
-    address.contains("{namespace}") || address.contains("{name}")
 }
 
 /// The parameters of a templated address: `{namespace}` and `{name}`.
 fn parameters(
     address: &str,
-    binding: &Binding,
+    binding: Binding<'_>,
     members: &[&ResolvedResource],
 ) -> Map<String, Value> {
-    let safe = if binding.sink == SinkKind::Http {
-        "percent-encoded but for `[A-Za-z0-9._~-]`"
-    } else if binding.sink == SinkKind::Kafka {
-        "characters outside `[A-Za-z0-9._-]` replaced by `_`"
-    } else {
-        "characters outside `[A-Za-z0-9_-]` (including `.`, `*`, `>`) replaced by `_`, so that \
-         it is exactly one subject token"
-    };
+    let safe = binding.sink.parameter_encoding();
     let mut out = Map::new();
     if address.contains("{namespace}") {
         let mut p = json!({"description": format!(
@@ -548,25 +357,7 @@ fn parameters(
 }
 
 /// The `send` operation of one channel.
-fn operation(binding: &Binding, config: &Config, channel: &str, messages: Vec<Value>) -> Value {
-    let delivery = match binding.sink {
-        SinkKind::Kafka => {
-            "Idempotent producer with acks=all; with checkpoints, events are \
-                            written in transactions: read with isolation.level=read_committed."
-        }
-        SinkKind::Nats { jetstream: true } => {
-            "Each publish waits for JetStream's \
-                                               acknowledgement; a retry keeps the Nats-Msg-Id."
-        }
-        SinkKind::Nats { jetstream: false } => "Core NATS: at most once, no acknowledgement.",
-        SinkKind::Http => {
-            "Each event is one POST; a 2xx response acknowledges it. 5xx, 429, timeouts and \
-             connection errors are retried with the same id (honouring Retry-After)."
-        }
-        SinkKind::Stdout => {
-            "Each line is written and flushed before the event counts as delivered."
-        }
-    };
+fn operation(binding: Binding<'_>, channel: &str, messages: Vec<Value>) -> Value {
     let mut op = json!({
         "action": "send",
         "channel": {"$ref": format!("#/channels/{channel}")},
@@ -574,23 +365,13 @@ fn operation(binding: &Binding, config: &Config, channel: &str, messages: Vec<Va
         "summary": "The bridge publishes every add, update and delete of the channel's resources.",
         "description": format!(
             "Per object, in the order the API server made the changes; no order across objects. \
-             Duplicates keep their id. {delivery}"
+             Duplicates keep their id. {}",
+            binding.sink.delivery()
         ),
         "messages": messages,
     });
-    if binding.sink == SinkKind::Http {
-        op["bindings"] =
-            json!({"http": {"method": "POST", "bindingVersion": HTTP_BINDING_VERSION}});
-    }
-    if let Sink::Kafka { config: kafka, .. } = &config.sink {
-        let client_id = kafka
-            .properties
-            .get("client.id")
-            .map_or("kube-event-bridge", String::as_str);
-        op["bindings"] = json!({"kafka": {
-            "clientId": {"type": "string", "enum": [client_id]},
-            "bindingVersion": KAFKA_BINDING_VERSION,
-        }});
+    if let Some(bindings) = binding.sink.operation_bindings() {
+        op["bindings"] = bindings;
     }
     op
 }

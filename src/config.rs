@@ -6,19 +6,20 @@
 //! [`crate::discovery`].
 //!
 //! The parts: `file` (the sections as written, with their defaults), `resource` (one
-//! `resources[]` entry), `sink` (the sink section), `http` (the HTTP sink and Knative's
-//! `K_SINK`), `destination` (topic and subject templates,
-//! fixed broker names), `limits` (the range of every number), `names` (DNS and broker name
-//! rules), `validate` (the rules across sections, and building the [`Config`]).
+//! `resources[]` entry), `sink` (the sink section: each sink kind registers its own settings
+//! from its folder under `src/sink/`), `environment` (the process environment a sink kind may
+//! read, such as Knative's `K_SINK`), `destination` (topic and subject templates), `limits` (the
+//! range of every number), `names` (DNS and broker name rules), `validate` (the rules across
+//! sections, and building the [`Config`]).
 
 use std::path::{Path, PathBuf};
 
 mod content;
 mod destination;
+mod environment;
 mod file;
 #[cfg(test)]
 mod fuzz;
-mod http;
 mod limits;
 mod names;
 mod resource;
@@ -26,23 +27,27 @@ mod sink;
 mod validate;
 
 pub use content::ContentMode;
+pub use destination::{Destination, check_url, parse_template, parse_url};
+pub use environment::Environment;
+pub use file::NatsCredentials;
 pub use file::{
     AdminConfig, CheckpointConfig, CheckpointNats, ConfigFile, DeliveryConfig, DiscoveryConfig,
     HeartbeatConfig, KubernetesConfig, LeaderElectionConfig, ShardingConfig, SnapshotPolicy,
 };
-pub use http::{Environment, HttpConfig, HttpCredentials, K_CE_OVERRIDES, K_SINK, check_url};
 pub use limits::{
-    ACK_TIMEOUT_SECS, BURST, CHECKPOINT_INTERVAL_MS, DISCOVERY_REFRESH_SECS, DUPLICATE_WINDOW_SECS,
-    HEARTBEAT_INTERVAL_SECS, HTTP_MAX_IN_FLIGHT, HTTP_MAX_RETRY_AFTER_SECS, HTTP_TIMEOUT_SECS,
-    LEASE_DURATION_SECS, Limit, MAX_IN_FLIGHT, MAX_QUEUE_BYTES, QPS, QUEUE_CAPACITY,
-    RETRY_PERIOD_SECS, SHARD_LEASE_DURATION_SECS, SHARD_RENEW_SECS, SHUTDOWN_DELAY_SECS,
-    SHUTDOWN_GRACE_SECS, TRANSACTION_TIMEOUT_SECS,
+    ACK_TIMEOUT_SECS, BURST, CHECKPOINT_INTERVAL_MS, COMMIT_INTERVAL_MS, DISCOVERY_REFRESH_SECS,
+    DUPLICATE_WINDOW_SECS, HEARTBEAT_INTERVAL_SECS, HTTP_MAX_IN_FLIGHT, HTTP_MAX_RETRY_AFTER_SECS,
+    HTTP_TIMEOUT_SECS, LEASE_DURATION_SECS, Limit, MAX_IN_FLIGHT, MAX_QUEUE_BYTES, QPS,
+    QUEUE_CAPACITY, RETRY_PERIOD_SECS, SHARD_LEASE_DURATION_SECS, SHARD_RENEW_SECS,
+    SHUTDOWN_DELAY_SECS, SHUTDOWN_GRACE_SECS, TRANSACTION_TIMEOUT_SECS,
 };
+pub use names::is_nats_name;
 pub use resource::{
     EventFormat, Exclude, ExcludeConfig, RecordKey, Resource, ResourceConfig, glob, same_objects,
 };
 pub use sink::{
-    JetStreamConfig, KafkaConfig, NatsConfig, NatsCredentials, Sink, SinkConfig, StdoutConfig,
+    CheckpointSupport, Context, ResourceFields, Sink, SinkConfig, SinkKind, SinkSettings,
+    parse_section,
 };
 
 /// Errors of reading or validating a configuration.
@@ -105,13 +110,13 @@ pub struct Config {
 }
 
 impl Config {
-    /// Whether checkpoints are kept somewhere durable (a broker, or the stdout or http sink's
-    /// directory, which the http sink requires);
+    /// Whether checkpoints are kept somewhere durable (the sink's broker, or a store apart from
+    /// it, which some sinks require);
     /// they are then tied to the cluster's identity (the uid of namespace `kube-system`).
     pub fn keeps_checkpoints(&self) -> bool {
         let c = &self.checkpoint;
-        c.enabled
-            && !(matches!(self.sink, Sink::Stdout) && c.directory.is_none() && c.nats.is_none())
+        let optional = self.sink.checkpoints() == CheckpointSupport::Apart { required: false };
+        c.enabled && !(optional && c.directory.is_none() && c.nats.is_none())
     }
 
     /// Whether the bridge reads the cluster's identity (the uid of namespace `kube-system`) at
@@ -151,7 +156,7 @@ impl ConfigFile {
 
 /// The message of every problem in `yaml`, which must be refused.
 #[cfg(test)]
-fn invalid(yaml: &str) -> String {
+pub(crate) fn invalid(yaml: &str) -> String {
     match ConfigFile::parse(yaml).and_then(ConfigFile::validate) {
         Ok(_) => panic!("expected an error for:\n{yaml}"),
         Err(e) => e.to_string(),
@@ -170,7 +175,7 @@ mod tests {
         .unwrap()
         .validate()
         .unwrap();
-        assert!(matches!(cfg.sink, Sink::Stdout));
+        assert_eq!(cfg.sink.kind(), "stdout");
         assert_eq!(cfg.resources[0].events.len(), 3);
         assert_eq!(cfg.resources[0].group, "");
         assert!(cfg.resources[0].redact_secret_data);

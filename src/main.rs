@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
-use kube_event_bridge::config::{Config, ConfigFile, Sink};
+use kube_event_bridge::config::{Config, ConfigFile};
 use kube_event_bridge::discovery::{self, ResolvedResource};
 use kube_event_bridge::{allocator, kubernetes, runtime, schema, shutdown, snapshot, tail};
 
@@ -350,23 +350,9 @@ fn plan_line(config: &Config, r: &ResolvedResource) -> String {
         (None, None) if r.namespaced => "*".into(),
         (None, None) => "-".into(),
     };
-    let values = r.template_values(&config.cluster);
-    let destination = match &config.sink {
-        Sink::Kafka { topic, .. } if r.destination(topic).per_object() => {
-            format!("kafka topic {} (per namespace)", r.destination(topic))
-        }
-        Sink::Kafka { topic, .. } => {
-            format!("kafka topic {}", r.destination(topic).render_topic(&values))
-        }
-        Sink::Nats { subject, .. } => format!(
-            "nats subject {}",
-            r.destination(subject).subject_filter(&values)
-        ),
-        Sink::Http { url, .. } if r.destination(url).per_object() => {
-            format!("http {} (per object)", r.destination(url))
-        }
-        Sink::Http { url, .. } => format!("http {}", r.destination(url).render_url(&values)),
-        Sink::Stdout => "stdout".into(),
+    let destination = match kube_event_bridge::sink::settings(&config.sink) {
+        Ok(sink) => sink.plan(&config.cluster, r),
+        Err(e) => e.to_string(),
     };
     let events: Vec<&str> = r.config.events.iter().map(|k| k.as_str()).collect();
     format!(

@@ -10,9 +10,14 @@
 //! [`Outcome::Rejected`] (the broker refuses it for good: logged with the object's reference,
 //! counted, and skipped so it never blocks the objects behind it) in one place per sink.
 //!
-//! Each sink is a folder (`kafka/`, `nats/`, `http/`, `stdout/`): its client settings in `config.rs`
-//! beside the sink in `sink.rs`. Adding one means such a folder and a line in [`connect`].
+//! Each sink is a folder (`kafka/`, `nats/`, `http/`, `stdout/`) holding everything about it: its
+//! settings with their defaults and validation (`settings.rs`, registered with [`register!`]),
+//! its errors, its client and the sink itself, what `tail` subscribes to and what the AsyncAPI
+//! document says of it ([`Settings`]). Adding one means such a folder and its `mod` line below;
+//! docs/architecture.md walks through it.
 
+pub mod decode;
+pub mod describe;
 pub mod http;
 pub mod kafka;
 pub mod nats;
@@ -20,12 +25,14 @@ pub mod nats;
 pub(crate) mod scripted;
 pub mod stdout;
 
+use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 
-use crate::config;
+use crate::config::{self, SinkSettings};
 use crate::discovery::ResolvedResource;
 use crate::encode::Event;
 
@@ -132,6 +139,28 @@ pub enum Error {
         /// The broker client's error.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A sink kind's settings type was not registered with [`register!`].
+    #[error("sink {kind}: its settings type is not registered (register_sink!)")]
+    Unregistered {
+        /// The kind.
+        kind: &'static str,
+    },
+    /// The sink has nothing `tail` could subscribe to.
+    #[error("sink is {kind}: {reason}")]
+    NoSubscription {
+        /// The kind.
+        kind: &'static str,
+        /// Where its events are instead.
+        reason: &'static str,
+    },
+    /// A subscription for `tail` failed.
+    #[error("{kind}: cannot subscribe: {reason}")]
+    Subscribe {
+        /// The kind.
+        kind: &'static str,
+        /// The client's report.
+        reason: String,
     },
     /// A newer producer with the same transactional id exists: this instance must stop.
     #[error("producer fenced by a newer instance with the same transactional id")]
@@ -317,18 +346,71 @@ pub enum Checkpoints<'a> {
     Unsupported(&'static str),
 }
 
+/// What a sink kind does with its validated settings, beyond what the configuration knows of
+/// them ([`SinkSettings`]): implemented by the settings type in each sink's folder.
+pub trait Settings: SinkSettings + describe::Describe {
+    /// Connects to the sink. Destinations are prepared per resource, when their watches start
+    /// ([`Sink::prepare`]).
+    fn connect(&self) -> BoxFuture<'_, Result<Arc<AnySink>>>;
+
+    /// Where the events of `r` go, as `check-config --cluster` prints it
+    /// (`kafka topic k8s.dev.core.pods`).
+    fn plan(&self, cluster: &str, r: &ResolvedResource) -> String;
+
+    /// Subscribes where the events of `resources` are published, for `tail`: every message
+    /// decoded as a CloudEvent, or why it could not be. Fails with [`Error::NoSubscription`]
+    /// when the sink has nothing to subscribe to.
+    fn subscribe<'a>(
+        &'a self,
+        cluster: &'a str,
+        resources: &'a [ResolvedResource],
+        from_beginning: bool,
+    ) -> BoxFuture<'a, Result<Messages>>;
+}
+
+/// The messages of a subscription, each decoded as a CloudEvent or why it is not one.
+pub type Messages = BoxStream<'static, std::result::Result<cloudevents::Event, String>>;
+
+/// How a sink kind's settings type is found from the configuration's [`config::Sink`].
+pub struct Registered {
+    cast: fn(&dyn Any) -> Option<&dyn Settings>,
+}
+
+inventory::collect!(Registered);
+
+impl Registered {
+    /// The registration of settings type `T`.
+    pub const fn of<T: Settings>() -> Self {
+        Self { cast: cast::<T> }
+    }
+}
+
+fn cast<T: Settings>(settings: &dyn Any) -> Option<&dyn Settings> {
+    settings.downcast_ref::<T>().map(|t| t as &dyn Settings)
+}
+
+/// Registers a sink kind: its [`config::SinkKind`] (name, schema, validation) and its settings
+/// type, which implements [`Settings`]. The one line a sink's folder adds outside itself is its
+/// `mod` line in `sink.rs`.
+#[macro_export]
+macro_rules! register_sink {
+    ($settings:ty, $kind:expr) => {
+        ::inventory::submit!($kind);
+        ::inventory::submit!($crate::sink::Registered::of::<$settings>());
+    };
+}
+pub use register_sink as register;
+
+/// What the sink kind of `sink` does with it.
+pub fn settings(sink: &config::Sink) -> Result<&dyn Settings> {
+    inventory::iter::<Registered>
+        .into_iter()
+        .find_map(|r| (r.cast)(sink.as_any()))
+        .ok_or(Error::Unregistered { kind: sink.kind() })
+}
+
 /// Connects to the configured sink. Destinations are prepared per resource, when their watches
 /// start ([`Sink::prepare`]).
 pub async fn connect(sink: &config::Sink) -> Result<Arc<AnySink>> {
-    Ok(match sink {
-        config::Sink::Kafka { config, topic } => {
-            kafka::check_brokers(config).await?;
-            Arc::new(kafka::KafkaSink::new(config, topic.clone())?)
-        }
-        config::Sink::Nats { config, subject } => {
-            Arc::new(nats::NatsSink::connect(config, subject.clone()).await?)
-        }
-        config::Sink::Http { config, url } => Arc::new(http::HttpSink::new(config, url.clone())?),
-        config::Sink::Stdout => Arc::new(stdout::StdoutSink::new()),
-    })
+    settings(sink)?.connect().await
 }

@@ -13,7 +13,7 @@ use serde_json::{Map, Value, json};
 
 use crate::attribute;
 use crate::change::{Change, ChangeKind, Origin};
-use crate::config::{EventFormat, RecordKey};
+use crate::config::EventFormat;
 use crate::discovery::ResolvedResource;
 use crate::encode::{self, DATA_CONTENT_TYPE, Event, ResourceInfo};
 use crate::payload::Mode;
@@ -351,60 +351,4 @@ fn reference_schema(info: &ResourceInfo) -> Value {
         "properties": properties,
         "additionalProperties": false,
     })
-}
-
-/// What a binding's headers look like for one message.
-pub(super) struct Headers {
-    /// The headers' JSON Schema.
-    pub schema: Value,
-    /// The example event's headers, as published.
-    pub example: Value,
-    /// Where the event id is: a runtime expression.
-    pub id_location: &'static str,
-}
-
-/// The headers schema: `fixed` headers (name, value) first, then one header per attribute named
-/// `prefix` + attribute; every header is a string and no other header is sent.
-pub(super) fn headers_schema(
-    fixed: &[(&str, &str, &str)],
-    prefix: &str,
-    attributes: &[(String, Value, bool)],
-) -> Value {
-    let mut properties = Map::new();
-    let mut required = Vec::new();
-    for (name, value, description) in fixed {
-        properties.insert(
-            name.to_string(),
-            json!({"type": "string", "const": value, "description": description}),
-        );
-        required.push(json!(name));
-    }
-    for (name, schema, always) in attributes {
-        let header = format!("{prefix}{name}");
-        if *always {
-            required.push(json!(header));
-        }
-        properties.insert(header, schema.clone());
-    }
-    json!({
-        "type": "object",
-        "properties": properties,
-        "required": required,
-        "additionalProperties": false,
-    })
-}
-
-/// Whether the resource keys records by name.
-pub(super) fn key_description(key: RecordKey) -> &'static str {
-    match key {
-        RecordKey::Uid => {
-            "The object's uid (the `partitionkey` extension): every change of an \
-                           object lands in one partition, in order."
-        }
-        RecordKey::NamespacedName => {
-            "`namespace/name`, or `name` for cluster-scoped objects (the \
-                                      `partitionkey` extension): every change of an object lands \
-                                      in one partition, in order."
-        }
-    }
 }

@@ -1,6 +1,7 @@
 //! The configuration file as written: one struct per section, camelCase keys, unknown keys
 //! rejected, and the defaults of every setting (each with the reason for its value).
 
+use std::fmt;
 use std::path::PathBuf;
 
 use schemars::JsonSchema;
@@ -12,7 +13,7 @@ use super::limits::{
     SHARD_LEASE_DURATION_SECS, SHARD_RENEW_SECS, SHUTDOWN_DELAY_SECS, SHUTDOWN_GRACE_SECS,
 };
 use super::resource::{EventFormat, ResourceConfig, default_true};
-use super::sink::{NatsCredentials, SinkConfig};
+use super::sink::SinkConfig;
 
 /// The configuration file as written (camelCase keys, unknown keys rejected).
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
@@ -66,6 +67,15 @@ pub struct ConfigFile {
     /// CRDs and namespaces the watches of CRDs and namespaces missed.
     #[serde(default)]
     pub discovery: DiscoveryConfig,
+}
+
+impl ConfigFile {
+    /// `heartbeat.destination` with `{cluster}` replaced.
+    pub fn heartbeat_destination(&self) -> String {
+        self.heartbeat
+            .destination
+            .replace("{cluster}", &self.cluster)
+    }
 }
 
 /// Dynamic discovery settings.
@@ -302,6 +312,74 @@ pub struct CheckpointNats {
     /// How to authenticate, as for `sink.nats.credentials`.
     #[serde(default)]
     pub credentials: NatsCredentials,
+}
+
+/// NATS credentials, of the NATS sink and of the NATS checkpoint store. Secret values are read from files so they never sit in the config itself.
+#[derive(Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct NatsCredentials {
+    /// User name, with `passwordFile`.
+    pub user: Option<String>,
+    /// File holding the password.
+    pub password_file: Option<PathBuf>,
+    /// File holding a token.
+    pub token_file: Option<PathBuf>,
+    /// File holding an nkey seed.
+    pub nkey_seed_file: Option<PathBuf>,
+    /// A `.creds` file (JWT and seed).
+    pub creds_file: Option<PathBuf>,
+    /// CA bundle to verify the server's TLS certificate; implies TLS.
+    pub tls_ca_file: Option<PathBuf>,
+    /// Client certificate, with `tlsKeyFile`.
+    pub tls_cert_file: Option<PathBuf>,
+    /// Client key, with `tlsCertFile`.
+    pub tls_key_file: Option<PathBuf>,
+}
+
+impl NatsCredentials {
+    /// Settings that only work in pairs; problems are named under `at`.
+    pub fn check(&self, at: &str, errors: &mut Vec<String>) {
+        if self.password_file.is_some() != self.user.is_some() {
+            errors.push(format!(
+                "{at}: user and passwordFile must be given together"
+            ));
+        }
+        if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
+            errors.push(format!(
+                "{at}: tlsCertFile and tlsKeyFile must be given together"
+            ));
+        }
+    }
+
+    /// The files secrets are read from.
+    pub fn files(&self) -> Vec<PathBuf> {
+        [
+            &self.password_file,
+            &self.token_file,
+            &self.nkey_seed_file,
+            &self.creds_file,
+            &self.tls_ca_file,
+            &self.tls_cert_file,
+            &self.tls_key_file,
+        ]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect()
+    }
+}
+
+impl fmt::Debug for NatsCredentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Paths only, never contents; still, keep the shape small in logs.
+        f.debug_struct("NatsCredentials")
+            .field("user", &self.user)
+            .field("password_file", &self.password_file.is_some())
+            .field("token_file", &self.token_file.is_some())
+            .field("nkey_seed_file", &self.nkey_seed_file.is_some())
+            .field("creds_file", &self.creds_file.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 fn default_checkpoint_topic() -> String {

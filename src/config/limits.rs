@@ -15,7 +15,7 @@ pub struct Limit {
 
 impl Limit {
     /// Records a problem at `path` unless `min <= value <= max`.
-    pub(super) fn check(self, path: &str, value: impl TryInto<u64>, errors: &mut Vec<String>) {
+    pub fn check(self, path: &str, value: impl TryInto<u64>, errors: &mut Vec<String>) {
         let value = value.try_into().unwrap_or(u64::MAX);
         if !(self.min..=self.max).contains(&value) {
             errors.push(format!(

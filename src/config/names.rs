@@ -2,7 +2,7 @@
 //! name, API groups), API versions (`v1`, `v2beta1`), JetStream stream and bucket names.
 
 /// A JetStream stream or KV bucket name: letters, digits, `_` and `-`.
-pub(super) fn is_nats_name(s: &str) -> bool {
+pub fn is_nats_name(s: &str) -> bool {
     !s.is_empty()
         && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')

@@ -332,7 +332,7 @@ pub(super) fn validate_resource(
     let url = r
         .url
         .as_deref()
-        .and_then(|u| super::http::parse_url(&format!("{at}.url"), u, errors));
+        .and_then(|u| super::destination::parse_url(&format!("{at}.url"), u, errors));
     (errors.len() == before).then_some(Resource {
         index: i,
         group,
@@ -518,33 +518,39 @@ fn check_payload(
     }
 }
 
-/// Fields only one sink understands, checked once the sink is known.
-pub(super) fn check_sink_fields(resources: &[Resource], sink: &str, errors: &mut Vec<String>) {
+/// Fields only some sinks read, checked once the sink is known: each resource may replace the
+/// sink's destination template by the field the sink names, and give record keys when the sink's
+/// records have them.
+pub(super) fn check_sink_fields(
+    resources: &[Resource],
+    sink: &str,
+    fields: super::sink::ResourceFields,
+    errors: &mut Vec<String>,
+) {
+    let instead = fields
+        .destination
+        .map_or(String::new(), |f| format!("; use {f}"));
     for r in resources {
         let at = format!("resources[{}]", r.index);
-        if r.topic.is_some() && sink != "kafka" {
+        for (field, set) in [
+            ("topic", r.topic.is_some()),
+            ("subject", r.subject.is_some()),
+            ("url", r.url.is_some()),
+        ] {
+            if set && fields.destination != Some(field) {
+                errors.push(format!(
+                    "{at}.{field}: the {sink} sink does not read it{instead}"
+                ));
+            }
+        }
+        if r.key != RecordKey::Uid && !fields.keys {
             errors.push(format!(
-                "{at}.topic: only the Kafka sink has topics (sink is {sink}); use subject for NATS"
+                "{at}.key: only records with keys have one (sink is {sink})"
             ));
         }
-        if r.subject.is_some() && sink != "nats" {
+        if r.tombstones && !fields.keys {
             errors.push(format!(
-                "{at}.subject: only the NATS sink has subjects (sink is {sink}); use topic for Kafka"
-            ));
-        }
-        if r.url.is_some() && sink != "http" {
-            errors.push(format!(
-                "{at}.url: only the HTTP sink has URLs (sink is {sink})"
-            ));
-        }
-        if r.key != RecordKey::Uid && sink != "kafka" {
-            errors.push(format!(
-                "{at}.key: only Kafka records have keys (sink is {sink})"
-            ));
-        }
-        if r.tombstones && sink != "kafka" {
-            errors.push(format!(
-                "{at}.tombstones: tombstones are Kafka records (sink is {sink})"
+                "{at}.tombstones: tombstones are records with keys (sink is {sink})"
             ));
         }
     }

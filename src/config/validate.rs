@@ -2,18 +2,16 @@
 //! runs the checks of every section, collects every problem with its path, and builds a
 //! `Config` only when there is none.
 
-use super::http::{Environment, check_url};
+use super::environment::Environment;
 use super::limits::{
-    ACK_TIMEOUT_SECS, BURST, CHECKPOINT_INTERVAL_MS, COMMIT_INTERVAL_MS, DISCOVERY_REFRESH_SECS,
-    DUPLICATE_WINDOW_SECS, HEARTBEAT_INTERVAL_SECS, LEASE_DURATION_SECS, MAX_IN_FLIGHT,
-    MAX_QUEUE_BYTES, QPS, QUEUE_CAPACITY, RETRY_PERIOD_SECS, SHARD_LEASE_DURATION_SECS,
-    SHARD_RENEW_SECS, SHUTDOWN_DELAY_SECS, SHUTDOWN_GRACE_SECS, TRANSACTION_TIMEOUT_SECS,
+    BURST, CHECKPOINT_INTERVAL_MS, DISCOVERY_REFRESH_SECS, HEARTBEAT_INTERVAL_SECS,
+    LEASE_DURATION_SECS, MAX_IN_FLIGHT, MAX_QUEUE_BYTES, QPS, QUEUE_CAPACITY, RETRY_PERIOD_SECS,
+    SHARD_LEASE_DURATION_SECS, SHARD_RENEW_SECS, SHUTDOWN_DELAY_SECS, SHUTDOWN_GRACE_SECS,
 };
-use super::names::{is_dns_label, is_dns_subdomain, is_nats_name};
+use super::names::{is_dns_label, is_dns_subdomain};
 use super::resource::{self, Resource};
-use super::sink::{Sink, validate_sink};
+use super::sink::{CheckpointSupport, Checkpointing, Context, Sink, validate_sink};
 use super::{Config, ConfigFile, Error, Result};
-use crate::template;
 
 /// The longest `sharding.leasePrefix`: a Lease name (at most 253 characters) appends `-w-` and
 /// 16 hex digits.
@@ -37,12 +35,23 @@ impl ConfigFile {
             ));
         }
         let resources = self.validate_resources(&mut errors);
-        let sink = validate_sink(self.sink.clone(), &self.cluster, env, &mut errors);
+        let heartbeat = self.heartbeat_destination();
+        let c = &self.checkpoint;
+        let context = Context {
+            cluster: &self.cluster,
+            heartbeat: self.heartbeat.enabled.then_some(heartbeat.as_str()),
+            checkpoint: c.enabled.then_some(Checkpointing {
+                interval_ms: c.interval_ms,
+                kafka_topic: &c.kafka_topic,
+                nats_bucket: &c.nats_bucket,
+            }),
+        };
+        let sink = validate_sink(&self.sink, &context, env, &mut errors);
         if let Some(sink) = &sink {
-            resource::check_sink_fields(&resources, sink.kind(), &mut errors);
+            let (kind, fields) = (sink.kind(), sink.resource_fields());
+            resource::check_sink_fields(&resources, kind, fields, &mut errors);
         }
         self.check_numbers(&mut errors);
-        self.check_names(sink.as_ref(), &mut errors);
         if self.admin.address.parse::<std::net::SocketAddr>().is_err() {
             errors.push(format!(
                 "admin.address: {:?} is not host:port with an IP address",
@@ -131,8 +140,8 @@ impl ConfigFile {
         }
     }
 
-    /// Checkpoints need acknowledgements (JetStream, not core NATS); the stdout and HTTP sinks
-    /// keep them in files or in a NATS key-value bucket, and the HTTP sink needs one of them.
+    /// Checkpoints live where the sink keeps them: in its own broker (no other store may be
+    /// set), or apart from it, in files or a NATS key-value bucket (some sinks require one).
     /// Replicas (leader election, sharding) need a store every replica reaches: a directory is
     /// each pod's own, so a new owner would start from nothing.
     fn check_checkpoint(&self, sink: Option<&Sink>, errors: &mut Vec<String>) {
@@ -140,21 +149,27 @@ impl ConfigFile {
         if !c.enabled {
             return;
         }
-        let own_store = matches!(sink, Some(Sink::Kafka { .. } | Sink::Nats { .. }));
-        match sink {
-            Some(Sink::Nats { config, .. }) if config.jetstream.is_none() => errors.push(
-                "checkpoint.enabled: core NATS has no acknowledgements to checkpoint; set sink.nats.jetstream or checkpoint.enabled: false".into(),
-            ),
-            _ if own_store && c.directory.is_some() => {
-                errors.push("checkpoint.directory: only the stdout and http sinks keep checkpoint files".into())
+        if let Some(sink) = sink {
+            let kind = sink.kind();
+            match sink.checkpoints() {
+                CheckpointSupport::Unsupported(why) => errors.push(format!(
+                    "checkpoint.enabled: {why}, or checkpoint.enabled: false"
+                )),
+                CheckpointSupport::Own if c.directory.is_some() => errors.push(format!(
+                    "checkpoint.directory: the {kind} sink keeps checkpoints in its own broker, not in files"
+                )),
+                CheckpointSupport::Own if c.nats.is_some() => errors.push(format!(
+                    "checkpoint.nats: the {kind} sink keeps checkpoints in its own broker, not apart from it"
+                )),
+                CheckpointSupport::Apart { required: true }
+                    if c.directory.is_none() && c.nats.is_none() =>
+                {
+                    errors.push(format!(
+                        "checkpoint.directory, checkpoint.nats: the {kind} sink needs a checkpoint store; set nats (a JetStream key-value bucket every replica reaches) or a directory on a persistent volume, or checkpoint.enabled: false (every start then lists and sends every object again)"
+                    ))
+                }
+                _ => {}
             }
-            _ if own_store && c.nats.is_some() => errors.push(
-                "checkpoint.nats: only the stdout and http sinks keep checkpoints apart from their broker".into(),
-            ),
-            Some(Sink::Http { .. }) if c.directory.is_none() && c.nats.is_none() => errors.push(
-                "checkpoint.directory, checkpoint.nats: the http sink needs a checkpoint store; set nats (a JetStream key-value bucket every replica reaches) or a directory on a persistent volume, or checkpoint.enabled: false (every start then lists and sends every object again)".into(),
-            ),
-            _ => {}
         }
         if c.directory.is_some() && c.nats.is_some() {
             errors
@@ -176,16 +191,7 @@ impl ConfigFile {
             if n.url.trim().is_empty() {
                 errors.push("checkpoint.nats.url: must not be empty".into());
             }
-            let cr = &n.credentials;
-            if cr.password_file.is_some() != cr.user.is_some() {
-                errors.push(
-                    "checkpoint.nats.credentials: user and passwordFile must be given together"
-                        .into(),
-                );
-            }
-            if cr.tls_cert_file.is_some() != cr.tls_key_file.is_some() {
-                errors.push("checkpoint.nats.credentials: tlsCertFile and tlsKeyFile must be given together".into());
-            }
+            n.credentials.check("checkpoint.nats.credentials", errors);
         }
     }
 
@@ -228,73 +234,6 @@ impl ConfigFile {
         HEARTBEAT_INTERVAL_SECS.check("heartbeat.intervalSecs", heartbeat, errors);
         let refresh = self.discovery.refresh_secs;
         DISCOVERY_REFRESH_SECS.check("discovery.refreshSecs", refresh, errors);
-        if let Some(kafka) = &self.sink.kafka {
-            let timeout = kafka.transaction_timeout_secs;
-            let at = "sink.kafka.transactionTimeoutSecs";
-            TRANSACTION_TIMEOUT_SECS.check(at, timeout, errors);
-            let commit = kafka.commit_interval_ms;
-            COMMIT_INTERVAL_MS.check("sink.kafka.commitIntervalMs", commit, errors);
-            if self.checkpoint.enabled && interval.saturating_mul(2) > timeout.saturating_mul(1000)
-            {
-                errors.push(format!(
-                    "{at}: {timeout} s must be at least twice checkpoint.intervalMs ({interval} ms): a transaction is committed at every checkpoint"
-                ));
-            }
-        }
-        if let Some(js) = self.sink.nats.as_ref().and_then(|n| n.jetstream.as_ref()) {
-            let at = "sink.nats.jetstream";
-            let ack = js.ack_timeout_secs;
-            ACK_TIMEOUT_SECS.check(&format!("{at}.ackTimeoutSecs"), ack, errors);
-            let window = js.duplicate_window_secs;
-            DUPLICATE_WINDOW_SECS.check(&format!("{at}.duplicateWindowSecs"), window, errors);
-        }
-    }
-
-    /// The names the sink is given as they are (not templates): the heartbeat destination
-    /// (`{cluster}` replaced; a URL for the HTTP sink), the checkpoint topic or bucket.
-    fn check_names(&self, sink: Option<&Sink>, errors: &mut Vec<String>) {
-        let destination = self
-            .heartbeat
-            .destination
-            .replace("{cluster}", &self.cluster);
-        let checkpoint = &self.checkpoint;
-        match sink {
-            Some(Sink::Kafka { .. }) => {
-                if self.heartbeat.enabled
-                    && let Err(e) = template::check_topic_name(&destination)
-                {
-                    errors.push(format!("heartbeat.destination: {e}"));
-                }
-                if checkpoint.enabled
-                    && let Err(e) = template::check_topic_name(&checkpoint.kafka_topic)
-                {
-                    errors.push(format!("checkpoint.kafkaTopic: {e}"));
-                }
-            }
-            Some(Sink::Nats { .. }) => {
-                if self.heartbeat.enabled
-                    && let Err(e) = template::check_subject_name(&destination)
-                {
-                    errors.push(format!("heartbeat.destination: {e}"));
-                }
-                let bucket = &checkpoint.nats_bucket;
-                if checkpoint.enabled && !is_nats_name(bucket) {
-                    errors.push(format!(
-                        "checkpoint.natsBucket: {bucket:?} must be letters, digits, '_' or '-'"
-                    ));
-                }
-            }
-            Some(Sink::Http { .. }) => {
-                if self.heartbeat.enabled
-                    && let Err(e) = check_url(&destination)
-                {
-                    errors.push(format!(
-                        "heartbeat.destination: the http sink posts heartbeats to a URL: {e}"
-                    ));
-                }
-            }
-            Some(Sink::Stdout) | None => {}
-        }
     }
 
     /// The validated configuration, once every check passed.
@@ -374,7 +313,7 @@ mod tests {
             "cluster: dev\nresources: [{apiVersion: v1, resource: pods}]\nsink: {kafka: {bootstrapServers: 'k:9092'}}\ncheckpoint: {nats: {url: 'nats://n'}}\n",
         );
         assert!(
-            e.contains("checkpoint.nats: only the stdout and http sinks"),
+            e.contains("checkpoint.nats: the kafka sink keeps checkpoints in its own broker"),
             "{e}"
         );
     }

@@ -807,11 +807,12 @@ async fn backend(
     let backend = match sink {
         SinkKind::Kafka => {
             let topic = "kube-event-bridge.checkpoints";
-            let config: kube_event_bridge::config::KafkaConfig = serde_yaml_ng::from_str(&format!(
-                "bootstrapServers: \"{}\"",
-                crate::support::env().kafka_bootstrap
-            ))
-            .unwrap();
+            let config: kube_event_bridge::sink::kafka::KafkaConfig =
+                serde_yaml_ng::from_str(&format!(
+                    "bootstrapServers: \"{}\"",
+                    crate::support::env().kafka_bootstrap
+                ))
+                .unwrap();
             let events = kube_event_bridge::template::Template::parse("unused").unwrap();
             let sink = if writer {
                 kube_event_bridge::checkpoint::kafka::ensure_topic(

@@ -12,9 +12,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use kube_event_bridge::config::{ConfigFile, Sink};
+use kube_event_bridge::config::ConfigFile;
 use kube_event_bridge::discovery::{self, ResolvedResource};
 use kube_event_bridge::rbac::{self, Grants, Permissions};
+use kube_event_bridge::sink::kafka::Kafka;
+use kube_event_bridge::sink::nats::Nats;
 use serde::Deserialize;
 use serde_yaml_ng::Value;
 
@@ -818,48 +820,12 @@ async fn helm_renders_every_documented_values_file_with_the_rbac_src_rbac_comput
             })
             .map(|m| (str_of(&m["name"]), str_of(&m["mountPath"])))
             .collect();
-        let credential_files: Vec<String> = match &config.sink {
-            Sink::Nats { config, .. } => {
-                let c = &config.credentials;
-                [
-                    &c.creds_file,
-                    &c.tls_ca_file,
-                    &c.password_file,
-                    &c.token_file,
-                ]
-                .into_iter()
-                .flatten()
-                .map(|p| p.display().to_string())
-                .collect()
-            }
-            Sink::Kafka { config, .. } => config
-                .properties
-                .iter()
-                .filter(|(k, _)| k.ends_with(".location"))
-                .map(|(_, v)| v.clone())
-                .chain(
-                    config
-                        .property_files
-                        .values()
-                        .map(|p| p.display().to_string()),
-                )
-                .collect(),
-            Sink::Http { config, .. } => {
-                let c = &config.credentials;
-                [
-                    &c.bearer_token_file,
-                    &c.password_file,
-                    &c.tls_ca_file,
-                    &c.tls_cert_file,
-                    &c.tls_key_file,
-                ]
-                .into_iter()
-                .flatten()
-                .map(|p| p.display().to_string())
-                .collect()
-            }
-            Sink::Stdout => Vec::new(),
-        };
+        let credential_files: Vec<String> = config
+            .sink
+            .secret_files()
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
         for file in &credential_files {
             assert!(
                 secret_mounts
@@ -1410,15 +1376,20 @@ fn docker_compose_runs_kafka_kraft_nats_jetstream_and_the_bridge() {
         let cfg = ConfigFile::parse(&read(&repo().join(&source)))
             .and_then(ConfigFile::validate)
             .unwrap_or_else(|e| panic!("{source}: {e}"));
-        match (&cfg.sink, sink) {
-            (Sink::Kafka { config, .. }, "kafka") => {
-                assert_eq!(config.bootstrap_servers, "localhost:9092")
+        let settings = cfg.sink.as_any();
+        match (
+            settings.downcast_ref::<Kafka>(),
+            settings.downcast_ref::<Nats>(),
+            sink,
+        ) {
+            (Some(kafka), _, "kafka") => {
+                assert_eq!(kafka.config.bootstrap_servers, "localhost:9092")
             }
-            (Sink::Nats { config, .. }, "nats") => {
-                assert_eq!(config.url, "nats://localhost:4222");
-                assert!(config.jetstream.is_some(), "JetStream");
+            (_, Some(nats), "nats") => {
+                assert_eq!(nats.config.url, "nats://localhost:4222");
+                assert!(nats.config.jetstream.is_some(), "JetStream");
             }
-            (other, _) => panic!("{source}: sink {}", other.kind()),
+            _ => panic!("{source}: sink {}", cfg.sink.kind()),
         }
     }
 }

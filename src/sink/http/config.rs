@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::config::{HttpConfig, HttpCredentials};
+use super::{HttpConfig, HttpCredentials};
 use crate::sink::{Error, Result};
 
 /// How long credentials read from files are used before the files are read again.

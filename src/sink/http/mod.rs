@@ -2,7 +2,10 @@
 //! Broker, a webhook or a cloud function; a 2xx response acknowledges the event. Checkpoints live
 //! in files (`checkpoint.directory`).
 
+mod asyncapi;
 mod config;
+mod settings;
 mod sink;
 
+pub use settings::{Http, HttpConfig, HttpCredentials, K_CA_CERTS, K_CE_OVERRIDES, K_SINK};
 pub use sink::{HttpSink, classify, retry_after};

@@ -15,8 +15,9 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AF
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
+use super::HttpConfig;
 use super::config::{Credentials, client};
-use crate::config::{ContentMode, HttpConfig};
+use crate::config::ContentMode;
 use crate::encode::{self, DATA_CONTENT_TYPE, Event, STRUCTURED_CONTENT_TYPE, ce_header};
 use crate::sink::{Delivered, Error, Outcome, Pending, Result, Sink, ready};
 use crate::template::Template;

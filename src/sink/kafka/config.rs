@@ -10,7 +10,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseProducer, Producer, ProducerContext};
 use tracing::{info, warn};
 
-use crate::config::KafkaConfig;
+use super::KafkaConfig;
 use crate::sink::{Error, Result};
 
 /// Producer settings the delivery guarantees rest on; user properties cannot weaken them

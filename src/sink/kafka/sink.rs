@@ -14,12 +14,13 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
 use tracing::warn;
 
+use super::KafkaConfig;
 use super::config::{consumer_settings, producer_config};
 use super::group::{CommitError, Group, Member, Records};
 use super::producer::{DeliveryFuture, Producer};
 use super::reads::SharedReads;
 use crate::change::ChangeKind;
-use crate::config::{ContentMode, KafkaConfig};
+use crate::config::ContentMode;
 use crate::encode::{DATA_CONTENT_TYPE, Event, STRUCTURED_CONTENT_TYPE, ce_header};
 use crate::lease::Validity;
 use crate::sink::{

@@ -2,8 +2,11 @@
 //! id, so the server drops a duplicate within its window. Core NATS (no `jetstream` section) is
 //! fire-and-forget: at most once. Checkpoints live in a JetStream key-value bucket.
 
+mod asyncapi;
 mod config;
+mod settings;
 mod sink;
 
 pub use config::{connect_client, redact_url};
+pub use settings::{JetStreamConfig, Nats, NatsConfig, decode};
 pub use sink::{NatsSink, captures, classify, message};

@@ -12,8 +12,9 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use tracing::{info, warn};
 
+use super::NatsConfig;
 use super::config::connect_client;
-use crate::config::{ContentMode, NatsConfig};
+use crate::config::ContentMode;
 use crate::discovery::ResolvedResource;
 use crate::encode::{DATA_CONTENT_TYPE, Event, STRUCTURED_CONTENT_TYPE, ce_header, header_value};
 use crate::sink::{Checkpoints, Delivered, Error, Outcome, Pending, Result, Sink, ready};

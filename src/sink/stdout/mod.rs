@@ -1,6 +1,9 @@
 //! Standard output: one structured CloudEvent per line, written and flushed before the event
 //! counts as acknowledged. Checkpoints live in files (`checkpoint.directory`).
 
+mod asyncapi;
+mod settings;
+
 use std::io::Write;
 use std::time::Duration;
 
@@ -8,6 +11,7 @@ use futures::future::BoxFuture;
 
 use super::{Error, Outcome, Pending, Result, Sink, ready};
 use crate::encode::Event;
+pub use settings::{Stdout, StdoutConfig};
 
 /// The stdout sink.
 #[derive(Debug, Default)]

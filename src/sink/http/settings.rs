@@ -1,18 +1,39 @@
 //! The `sink.http` section: CloudEvents over HTTP to one URL or a URL per resource (a
 //! template), its credentials read from files, and the Knative drop-in: with no `sink` in the
 //! file, `K_SINK` (as Knative's SinkBinding injects it) selects an HTTP sink, and
-//! `K_CE_OVERRIDES` adds its extensions.
+//! `K_CE_OVERRIDES` adds its extensions. Also what the rest of the bridge asks of an HTTP sink:
+//! its connection and its plan line (`tail` has nothing to subscribe to).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
+use futures::future::BoxFuture;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::content::ContentMode;
-use super::limits::{HTTP_MAX_IN_FLIGHT, HTTP_MAX_RETRY_AFTER_SECS, HTTP_TIMEOUT_SECS};
+use super::HttpSink;
 use crate::attribute;
-use crate::template::{Template, Values};
+use crate::config::{
+    CheckpointSupport, ContentMode, Context, Environment, HTTP_MAX_IN_FLIGHT,
+    HTTP_MAX_RETRY_AFTER_SECS, HTTP_TIMEOUT_SECS, ResourceFields, SinkKind, SinkSettings,
+    check_url, parse_section, parse_url,
+};
+use crate::discovery::ResolvedResource;
+use crate::sink::{AnySink, Error, Messages, Result, Settings};
+use crate::template::Template;
+
+crate::sink::register!(
+    Http,
+    SinkKind {
+        name: "http",
+        description: "POST CloudEvents to an HTTP receiver (CloudEvents HTTP binding): a Knative Broker or\nService, a webhook, a cloud function.",
+        default: false,
+        schema: |g| g.subschema_for::<HttpConfig>(),
+        parse: Http::parse,
+        from_environment: Http::from_environment,
+    }
+);
 
 /// The environment variable Knative's SinkBinding sets to the URL events go to.
 pub const K_SINK: &str = "K_SINK";
@@ -111,54 +132,32 @@ impl std::fmt::Debug for HttpCredentials {
     }
 }
 
-/// What the process environment says about the sink (Knative's SinkBinding).
-#[derive(Debug, Clone, Default)]
-pub struct Environment {
-    /// `K_SINK`.
-    pub k_sink: Option<String>,
-    /// `K_CE_OVERRIDES`.
-    pub ce_overrides: Option<String>,
-    /// `K_CA_CERTS`.
-    pub ca_certs: Option<String>,
-}
-
-impl Environment {
-    /// Reads `K_SINK`, `K_CE_OVERRIDES` and `K_CA_CERTS` (empty values count as unset).
-    pub fn from_process() -> Self {
-        let var = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
-        Self {
-            k_sink: var(K_SINK),
-            ce_overrides: var(K_CE_OVERRIDES),
-            ca_certs: var(K_CA_CERTS),
-        }
-    }
-
-    /// The HTTP sink Knative asked for, when the file configures no sink.
-    pub(super) fn sink(&self, errors: &mut Vec<String>) -> Option<HttpConfig> {
-        let url = self.k_sink.clone()?;
-        let extensions = match &self.ce_overrides {
-            None => BTreeMap::new(),
-            Some(text) => match serde_json::from_str::<CeOverrides>(text) {
-                Ok(o) => o.extensions,
-                Err(e) => {
-                    errors.push(format!(
-                        "{K_CE_OVERRIDES}: not {{\"extensions\": {{name: value}}}}: {e}"
-                    ));
-                    BTreeMap::new()
-                }
-            },
-        };
-        Some(HttpConfig {
-            url,
-            content_mode: ContentMode::default(),
-            max_in_flight: default_max_in_flight(),
-            timeout_secs: default_timeout_secs(),
-            max_retry_after_secs: default_max_retry_after_secs(),
-            extensions,
-            credentials: HttpCredentials::default(),
-            extra_ca_certs: self.ca_certs.clone(),
-        })
-    }
+/// The HTTP sink Knative's SinkBinding asked for (`K_SINK`, with `K_CE_OVERRIDES` and
+/// `K_CA_CERTS`), when the file configures no sink.
+fn knative_sink(env: &Environment, errors: &mut Vec<String>) -> Option<HttpConfig> {
+    let url = env.var(K_SINK)?.to_string();
+    let extensions = match env.var(K_CE_OVERRIDES) {
+        None => BTreeMap::new(),
+        Some(text) => match serde_json::from_str::<CeOverrides>(text) {
+            Ok(o) => o.extensions,
+            Err(e) => {
+                errors.push(format!(
+                    "{K_CE_OVERRIDES}: not {{\"extensions\": {{name: value}}}}: {e}"
+                ));
+                BTreeMap::new()
+            }
+        },
+    };
+    Some(HttpConfig {
+        url,
+        content_mode: ContentMode::default(),
+        max_in_flight: default_max_in_flight(),
+        timeout_secs: default_timeout_secs(),
+        max_retry_after_secs: default_max_retry_after_secs(),
+        extensions,
+        credentials: HttpCredentials::default(),
+        extra_ca_certs: env.var(K_CA_CERTS).map(str::to_string),
+    })
 }
 
 /// Knative's `K_CE_OVERRIDES` document.
@@ -169,7 +168,7 @@ struct CeOverrides {
 }
 
 /// Checks the `sink.http` section. Returns the parsed URL template.
-pub(super) fn validate_http(http: &HttpConfig, errors: &mut Vec<String>) -> Option<Template> {
+fn validate_http(http: &HttpConfig, errors: &mut Vec<String>) -> Option<Template> {
     let at = "sink.http";
     HTTP_MAX_IN_FLIGHT.check(&format!("{at}.maxInFlight"), http.max_in_flight, errors);
     HTTP_TIMEOUT_SECS.check(&format!("{at}.timeoutSecs"), http.timeout_secs, errors);
@@ -202,10 +201,7 @@ pub(super) fn validate_http(http: &HttpConfig, errors: &mut Vec<String>) -> Opti
 }
 
 /// Checks the HTTP sink Knative's environment asked for (`K_SINK`, `K_CE_OVERRIDES`).
-pub(super) fn validate_environment(
-    http: &HttpConfig,
-    errors: &mut Vec<String>,
-) -> Option<Template> {
+fn validate_environment(http: &HttpConfig, errors: &mut Vec<String>) -> Option<Template> {
     let at = format!("{K_CE_OVERRIDES}.extensions");
     check_extensions(&at, &http.extensions, errors);
     parse_url(K_SINK, &http.url, errors)
@@ -230,82 +226,127 @@ fn check_extensions(at: &str, extensions: &BTreeMap<String, String>, errors: &mu
     }
 }
 
-/// Parses a URL template and checks that its renderings are `http(s)` URLs without user
-/// information.
-pub(super) fn parse_url(at: &str, text: &str, errors: &mut Vec<String>) -> Option<Template> {
-    if let Some(problem) = token_before_path(text) {
-        errors.push(format!("{at}: {problem}"));
-        return None;
+/// The validated HTTP sink.
+#[derive(Debug, Clone)]
+pub struct Http {
+    /// Settings.
+    pub config: HttpConfig,
+    /// The parsed URL template.
+    pub url: Template,
+}
+
+impl Http {
+    fn parse(
+        section: serde_yaml_ng::Value,
+        context: &Context<'_>,
+        errors: &mut Vec<String>,
+    ) -> Option<crate::config::Sink> {
+        check_heartbeat(context, errors);
+        let config: HttpConfig = parse_section("http", section, errors)?;
+        let url = validate_http(&config, errors)?;
+        Some(Arc::new(Http { config, url }))
     }
-    let template = match Template::parse(text) {
-        Ok(t) => t,
-        Err(e) => {
-            errors.push(format!("{at}: {e}"));
-            return None;
-        }
-    };
-    let sample = Values {
-        cluster: "c",
-        group: "g",
-        version: "v",
-        resource: "r",
-        namespace: Some("n"),
-        name: "x",
-    };
-    match check_url(&template.render_url(&sample)) {
-        Ok(()) => Some(template),
-        Err(problem) => {
-            // The URL itself is not repeated: a query string may hold a key.
-            errors.push(format!("{at}: {problem}"));
-            None
-        }
+
+    fn from_environment(
+        env: &Environment,
+        context: &Context<'_>,
+        errors: &mut Vec<String>,
+    ) -> Option<crate::config::Sink> {
+        let config = knative_sink(env, errors)?;
+        check_heartbeat(context, errors);
+        let url = validate_environment(&config, errors)?;
+        Some(Arc::new(Http { config, url }))
     }
 }
 
-/// A token in the scheme, user information, host or port of a URL template: whoever can name
-/// an object would choose where its event (and the credentials) go. Tokens may appear in the
-/// path and the query only.
-fn token_before_path(text: &str) -> Option<String> {
-    let authority_end = text
-        .find("://")
-        .map(|i| i + 3)
-        .map(|start| {
-            text[start..]
-                .find(['/', '?', '#'])
-                .map_or(text.len(), |e| start + e)
-        })
-        .unwrap_or_else(|| text.find(['/', '?', '#']).unwrap_or(text.len()));
-    text[..authority_end].contains('{').then(|| {
-        "a template token in the scheme, host or port would let object names choose where          events and credentials go; tokens may appear in the path and query only"
-            .to_string()
-    })
-}
-
-/// Whether `url` is an absolute `http` or `https` URL without user information.
-pub fn check_url(url: &str) -> Result<(), String> {
-    let parsed = reqwest::Url::parse(url).map_err(|e| format!("not a URL: {e}"))?;
-    if !matches!(parsed.scheme(), "http" | "https") {
-        return Err(format!(
-            "the scheme is {:?}; only http and https are supported",
-            parsed.scheme()
+/// Heartbeats are posted to a URL.
+fn check_heartbeat(context: &Context<'_>, errors: &mut Vec<String>) {
+    if let Some(Err(e)) = context.heartbeat.map(check_url) {
+        errors.push(format!(
+            "heartbeat.destination: the http sink posts heartbeats to a URL: {e}"
         ));
     }
-    if !parsed.username().is_empty() || parsed.password().is_some() {
-        return Err(
-            "credentials in the URL would show in logs; use credentials.passwordFile or bearerTokenFile"
-                .into(),
-        );
+}
+
+impl SinkSettings for Http {
+    fn kind(&self) -> &'static str {
+        "http"
     }
-    if parsed.host_str().is_none_or(str::is_empty) {
-        return Err("the URL has no host".into());
+
+    fn destination(&self) -> Option<&Template> {
+        Some(&self.url)
     }
-    Ok(())
+
+    fn resource_fields(&self) -> ResourceFields {
+        ResourceFields {
+            destination: Some("url"),
+            keys: false,
+        }
+    }
+
+    fn checkpoints(&self) -> CheckpointSupport {
+        CheckpointSupport::Apart { required: true }
+    }
+
+    fn secret_files(&self) -> Vec<PathBuf> {
+        let c = &self.config.credentials;
+        [
+            &c.bearer_token_file,
+            &c.password_file,
+            &c.tls_ca_file,
+            &c.tls_cert_file,
+            &c.tls_key_file,
+        ]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect()
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl Settings for Http {
+    fn connect(&self) -> BoxFuture<'_, Result<Arc<AnySink>>> {
+        Box::pin(async move {
+            let sink = HttpSink::new(&self.config, self.url.clone())?;
+            Ok(Arc::new(sink) as Arc<AnySink>)
+        })
+    }
+
+    fn plan(&self, cluster: &str, r: &ResolvedResource) -> String {
+        let url = r.destination(&self.url);
+        if url.per_object() {
+            format!("http {url} (per object)")
+        } else {
+            format!("http {}", url.render_url(&r.template_values(cluster)))
+        }
+    }
+
+    fn subscribe<'a>(
+        &'a self,
+        _: &'a str,
+        _: &'a [ResolvedResource],
+        _: bool,
+    ) -> BoxFuture<'a, Result<Messages>> {
+        Box::pin(std::future::ready(Err(Error::NoSubscription {
+            kind: "http",
+            reason: "the events are posted to its receiver (sink.http.url)",
+        })))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{ConfigFile, Sink, invalid};
+    use crate::config::{ConfigFile, invalid};
+
+    /// The HTTP settings of a validated sink.
+    pub(crate) fn http(sink: &crate::config::Sink) -> &Http {
+        sink.as_any().downcast_ref().expect("an http sink")
+    }
 
     const BASE: &str = "cluster: dev\nresources: [{apiVersion: v1, resource: pods}]\ncheckpoint: {directory: /var/lib/keb}\n";
 
@@ -350,15 +391,16 @@ mod tests {
 
     #[test]
     fn k_sink_selects_the_http_sink_only_without_a_sink_section() {
-        let env = Environment {
-            k_sink: Some("http://broker-ingress.knative-eventing.svc/default/default".into()),
-            ce_overrides: Some(r#"{"extensions": {"team": "a"}}"#.into()),
-            ca_certs: Some("-----BEGIN CERTIFICATE-----".into()),
-        };
+        let env = Environment::from_pairs([
+            (
+                K_SINK,
+                "http://broker-ingress.knative-eventing.svc/default/default",
+            ),
+            (K_CE_OVERRIDES, r#"{"extensions": {"team": "a"}}"#),
+            (K_CA_CERTS, "-----BEGIN CERTIFICATE-----"),
+        ]);
         let cfg = ConfigFile::parse(BASE).unwrap().validate_in(&env).unwrap();
-        let Sink::Http { config, url } = &cfg.sink else {
-            panic!("an http sink: {:?}", cfg.sink)
-        };
+        let Http { config, url } = http(&cfg.sink);
         assert_eq!(
             url.to_string(),
             "http://broker-ingress.knative-eventing.svc/default/default"
@@ -373,13 +415,12 @@ mod tests {
             .unwrap()
             .validate_in(&env)
             .unwrap();
-        assert!(matches!(cfg.sink, Sink::Stdout));
+        assert_eq!(cfg.sink.kind(), "stdout");
 
-        let bad = Environment {
-            k_sink: Some("not a url".into()),
-            ce_overrides: Some(r#"{"extensions": {"id": "x"}}"#.into()),
-            ca_certs: None,
-        };
+        let bad = Environment::from_pairs([
+            (K_SINK, "not a url"),
+            (K_CE_OVERRIDES, r#"{"extensions": {"id": "x"}}"#),
+        ]);
         let e = ConfigFile::parse(BASE)
             .unwrap()
             .validate_in(&bad)
@@ -390,5 +431,21 @@ mod tests {
             e.contains("K_CE_OVERRIDES.extensions.id: the bridge sets this attribute itself"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn http_sink_is_parsed() {
+        let cfg = ConfigFile::parse(
+            "cluster: dev\nresources: [{apiVersion: v1, resource: pods}]\ncheckpoint: {directory: /var/lib/keb}\nsink: {http: {url: 'https://h/{namespace}', contentMode: structured, credentials: {bearerTokenFile: /t}}}\n",
+        )
+        .unwrap()
+        .validate()
+        .unwrap();
+        let Http { config, url } = http(&cfg.sink);
+        assert_eq!(url.to_string(), "https://h/{namespace}");
+        assert_eq!(config.content_mode, ContentMode::Structured);
+        assert_eq!(config.max_in_flight, 64);
+        assert_eq!(config.timeout_secs, 10);
+        assert_eq!(cfg.sink.kind(), "http");
     }
 }
