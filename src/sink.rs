@@ -39,98 +39,12 @@ use crate::encode::Event;
 /// Errors of connecting to or preparing a sink.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The Kafka client could not be created.
-    #[error("sink.kafka: cannot create the producer")]
-    KafkaClient(#[source] rdkafka::error::KafkaError),
-    /// The Kafka brokers refused the credentials, or the TLS handshake with them failed.
-    #[error("{fields}: the brokers at {servers} {what}: {reason}")]
-    KafkaRefused {
-        /// The configuration fields behind the refused setting.
-        fields: String,
-        /// What failed.
-        what: &'static str,
-        /// `bootstrap.servers`.
-        servers: String,
-        /// librdkafka's report, with the broker's reason.
-        reason: String,
-    },
+    /// A sink kind could not connect or prepare its client (its folder's own error).
+    #[error(transparent)]
+    Setup(Box<dyn std::error::Error + Send + Sync>),
     /// A secret file (a password, token, nkey seed or property value) could not be read.
     #[error(transparent)]
     Secret(#[from] crate::secret::Error),
-    /// The NATS client could not load `sink.nats.credentials.credsFile`.
-    #[error("sink.nats.credentials.{field}: cannot read {path}")]
-    NatsCredential {
-        /// The field naming the file.
-        field: &'static str,
-        /// The path.
-        path: String,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The NATS server could not be reached.
-    #[error("sink.nats.url: cannot connect to {url}")]
-    NatsConnect {
-        /// The URL (without credentials).
-        url: String,
-        /// The cause.
-        #[source]
-        source: async_nats::ConnectError,
-    },
-    /// The NATS server refused the credentials, or the TLS handshake with it failed.
-    #[error("{field}: the server at {url} {what}: {reason}")]
-    NatsRefused {
-        /// The configuration field behind the refused setting.
-        field: String,
-        /// The URL (without credentials).
-        url: String,
-        /// What failed.
-        what: &'static str,
-        /// The client's report, with the server's reason.
-        reason: String,
-    },
-    /// The JetStream stream is missing or could not be created.
-    #[error("sink.nats.jetstream.stream: {message}")]
-    NatsStream {
-        /// What went wrong.
-        message: String,
-    },
-    /// The HTTP client could not be created.
-    #[error("sink.http: cannot create the HTTP client")]
-    HttpClient(#[source] reqwest::Error),
-    /// A file of `sink.http.credentials` could not be read.
-    #[error("sink.http.credentials.{field}: cannot read {path}")]
-    HttpFile {
-        /// The field naming the file.
-        field: &'static str,
-        /// The path.
-        path: String,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A file of `sink.http.credentials` holds no usable certificate or key.
-    #[error("sink.http.credentials.{field}: {path}: {reason}")]
-    HttpTls {
-        /// The field naming the file.
-        field: &'static str,
-        /// The path.
-        path: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// Knative's `K_CA_CERTS` holds no usable CA certificate.
-    #[error("K_CA_CERTS: {reason}")]
-    KnativeCaCerts {
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// An extension name cannot be an HTTP header name.
-    #[error("sink.http.extensions.{name}: not usable as a ce- header name")]
-    HttpExtension {
-        /// The extension.
-        name: String,
-    },
     /// An out-of-band message ([`Sink::send_raw`]) was not published.
     #[error("cannot publish to {destination}")]
     Publish {

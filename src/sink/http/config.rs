@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::error::Error as SetupError;
 use super::{HttpConfig, HttpCredentials};
-use crate::sink::{Error, Result};
+use crate::sink::Result;
 
 /// How long credentials read from files are used before the files are read again.
 const CREDENTIALS_TTL: Duration = Duration::from_secs(60);
@@ -35,11 +36,12 @@ pub(super) fn client(config: &HttpConfig) -> Result<reqwest::Client> {
         let certificates = reqwest::Certificate::from_pem_bundle(&pem)
             .map_err(|e| invalid_file("tlsCaFile", path, &e))?;
         if certificates.is_empty() {
-            return Err(Error::HttpTls {
+            return Err(SetupError::Tls {
                 field: "tlsCaFile",
                 path: path.display().to_string(),
                 reason: "no PEM certificate in the file".into(),
-            });
+            }
+            .into());
         }
         builder = certificates
             .into_iter()
@@ -58,16 +60,16 @@ pub(super) fn client(config: &HttpConfig) -> Result<reqwest::Client> {
             reqwest::Identity::from_pem(&pem).map_err(|e| invalid_file("tlsKeyFile", key, &e))?;
         builder = builder.identity(identity);
     }
-    builder.build().map_err(Error::HttpClient)
+    builder.build().map_err(|e| SetupError::Client(e).into())
 }
 
 /// `builder` trusting the CA certificates in `pem` (Knative's `K_CA_CERTS`) besides its roots.
 fn trusting_also(builder: reqwest::ClientBuilder, pem: &str) -> Result<reqwest::ClientBuilder> {
-    let refused = |reason: String| Error::KnativeCaCerts { reason };
+    let refused = |reason: String| SetupError::KnativeCaCerts { reason };
     let certificates = reqwest::Certificate::from_pem_bundle(pem.as_bytes())
         .map_err(|e| refused(error_chain(&e)))?;
     if certificates.is_empty() {
-        return Err(refused("no PEM certificate in it".into()));
+        return Err(refused("no PEM certificate in it".into()).into());
     }
     Ok(certificates
         .into_iter()
@@ -75,11 +77,12 @@ fn trusting_also(builder: reqwest::ClientBuilder, pem: &str) -> Result<reqwest::
 }
 
 fn read_file(field: &'static str, path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|source| Error::HttpFile {
+    let read = std::fs::read(path).map_err(|source| SetupError::File {
         field,
         path: path.display().to_string(),
         source,
-    })
+    });
+    Ok(read?)
 }
 
 /// `e` and its cause, as one line.
@@ -89,9 +92,9 @@ fn error_chain(e: &reqwest::Error) -> String {
         .map_or_else(|| e.to_string(), |s| format!("{e}: {s}"))
 }
 
-fn invalid_file(field: &'static str, path: &Path, e: &reqwest::Error) -> Error {
+fn invalid_file(field: &'static str, path: &Path, e: &reqwest::Error) -> SetupError {
     let reason = error_chain(e);
-    Error::HttpTls {
+    SetupError::Tls {
         field,
         path: path.display().to_string(),
         reason,

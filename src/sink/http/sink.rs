@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use super::HttpConfig;
 use super::config::{Credentials, client};
+use super::error::Error as SetupError;
 use crate::config::ContentMode;
 use crate::encode::{self, DATA_CONTENT_TYPE, Event, STRUCTURED_CONTENT_TYPE, ce_header};
 use crate::sink::{Delivered, Error, Outcome, Pending, Result, Sink, ready};
@@ -64,9 +65,9 @@ impl HttpSink {
             .map(|(name, value)| {
                 HeaderName::try_from(format!("ce-{name}"))
                     .map(|h| (h, value.clone()))
-                    .map_err(|_| Error::HttpExtension { name: name.clone() })
+                    .map_err(|_| SetupError::Extension { name: name.clone() })
             })
-            .collect::<Result<_>>()?;
+            .collect::<std::result::Result<_, SetupError>>()?;
         let max_in_flight = u32::try_from(config.max_in_flight).unwrap_or(u32::MAX);
         Ok(Self {
             inner: Arc::new(Inner {

@@ -11,7 +11,8 @@ use rdkafka::producer::{BaseProducer, Producer, ProducerContext};
 use tracing::{info, warn};
 
 use super::KafkaConfig;
-use crate::sink::{Error, Result};
+use super::error::Error as SetupError;
+use crate::sink::Result;
 
 /// Producer settings the delivery guarantees rest on; user properties cannot weaken them
 /// (validated in `config`). The values of `propertyFiles` are read here, each time.
@@ -54,7 +55,7 @@ pub async fn check_brokers(config: &KafkaConfig) -> Result<()> {
     }
     let producer: BaseProducer<RefusalContext> = settings
         .create_with_context(RefusalContext::default())
-        .map_err(Error::KafkaClient)?;
+        .map_err(SetupError::Client)?;
     let outcome = tokio::task::spawn_blocking(move || {
         let deadline = std::time::Instant::now() + CHECK_TIMEOUT;
         loop {
@@ -85,7 +86,7 @@ pub async fn check_brokers(config: &KafkaConfig) -> Result<()> {
             warn!(servers = %config.bootstrap_servers, error = %error, "kafka brokers not reachable at start; the producer keeps trying");
             Ok(())
         }
-        Err(Refusal { tls, reason }) => Err(Error::KafkaRefused {
+        Err(Refusal { tls, reason }) => Err(SetupError::Refused {
             fields: refused_fields(config, tls),
             what: if tls {
                 "could not complete the TLS handshake"
@@ -94,7 +95,8 @@ pub async fn check_brokers(config: &KafkaConfig) -> Result<()> {
             },
             servers: config.bootstrap_servers.clone(),
             reason,
-        }),
+        }
+        .into()),
     }
 }
 

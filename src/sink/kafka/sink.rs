@@ -16,6 +16,7 @@ use tracing::warn;
 
 use super::KafkaConfig;
 use super::config::{consumer_settings, producer_config};
+use super::error::Error as SetupError;
 use super::group::{CommitError, Group, Member, Records};
 use super::producer::{DeliveryFuture, Producer};
 use super::reads::SharedReads;
@@ -108,7 +109,7 @@ impl WatchSinks {
         let timeout = Duration::from_secs(self.config.transaction_timeout_secs);
         Group::start(&self.settings, id, timeout, owner)
             .await
-            .map_err(Error::KafkaClient)
+            .map_err(|e| SetupError::Client(e).into())
     }
 
     /// Client settings for consumers and admin clients (the checkpoint topic), as
@@ -152,7 +153,7 @@ impl KafkaSink {
         let settings = producer_config(config)?;
         settings
             .create_native_config()
-            .map_err(Error::KafkaClient)?;
+            .map_err(SetupError::Client)?;
         let reads = Arc::default();
         Ok(Self::with(settings, None, config, topic, reads))
     }

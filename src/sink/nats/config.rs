@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
+use super::error::Error as SetupError;
 use crate::config::NatsCredentials;
-use crate::sink::{Error, Result};
+use crate::sink::Result;
 
 /// The secret in the file of `sink.nats.credentials.<field>` (also a checkpoint store's own
 /// credentials, which share the type).
@@ -41,7 +42,7 @@ pub(super) async fn connect_options(c: &NatsCredentials) -> Result<async_nats::C
         o = o
             .credentials_file(path)
             .await
-            .map_err(|source| Error::NatsCredential {
+            .map_err(|source| SetupError::Credential {
                 field: "credsFile",
                 path: path.display().to_string(),
                 source,
@@ -77,7 +78,7 @@ pub async fn connect_client(
                 warn!(url = %redact_url(url), error = %source, retry_in_ms = delay.as_millis() as u64, "cannot reach the nats server; retrying");
                 tokio::time::sleep(delay).await;
             }
-            Err(source) => return Err(connect_error(credentials, url, source)),
+            Err(source) => return Err(connect_error(credentials, url, source).into()),
         }
     }
 }
@@ -97,7 +98,7 @@ pub(super) fn connect_error(
     c: &NatsCredentials,
     url: &str,
     source: async_nats::ConnectError,
-) -> Error {
+) -> SetupError {
     use async_nats::ConnectErrorKind as Kind;
     let url = redact_url(url);
     let (field, what) = match source.kind() {
@@ -108,9 +109,9 @@ pub(super) fn connect_error(
         Kind::Io if is_tls_failure(&source) => {
             (tls_field(c), "could not complete the TLS handshake")
         }
-        _ => return Error::NatsConnect { url, source },
+        _ => return SetupError::Connect { url, source },
     };
-    Error::NatsRefused {
+    SetupError::Refused {
         field: field.into(),
         url,
         what,

@@ -4,6 +4,7 @@
 
 mod asyncapi;
 mod config;
+mod error;
 mod settings;
 mod sink;
 

@@ -14,6 +14,7 @@ use tracing::{info, warn};
 
 use super::NatsConfig;
 use super::config::connect_client;
+use super::error::Error as SetupError;
 use crate::config::ContentMode;
 use crate::discovery::ResolvedResource;
 use crate::encode::{DATA_CONTENT_TYPE, Event, STRUCTURED_CONTENT_TYPE, ce_header, header_value};
@@ -292,7 +293,7 @@ async fn ensure_stream(
     let (name, create, duplicate_window) = (name.as_str(), *create, *duplicate_window);
     match ctx.get_stream(name).await {
         Ok(mut existing) => {
-            let info = existing.info().await.map_err(|e| Error::NatsStream {
+            let info = existing.info().await.map_err(|e| SetupError::Stream {
                 message: format!("cannot read stream {name}: {e}"),
             })?;
             let missing: Vec<&String> = subjects
@@ -301,17 +302,17 @@ async fn ensure_stream(
                 .collect();
             if !missing.is_empty() {
                 if !create {
-                    return Err(Error::NatsStream {
+                    return Err(SetupError::Stream {
                         message: format!(
                             "stream {name} does not capture subjects {missing:?}; add them or set create: true"
                         ),
-                    });
+                    }.into());
                 }
                 let mut config = info.config.clone();
                 config.subjects.extend(missing.into_iter().cloned());
                 ctx.update_stream(config)
                     .await
-                    .map_err(|e| Error::NatsStream {
+                    .map_err(|e| SetupError::Stream {
                         message: format!("cannot extend stream {name}: {e}"),
                     })?;
                 info!(stream = name, "extended stream subjects");
@@ -326,15 +327,16 @@ async fn ensure_stream(
                 ..Default::default()
             })
             .await
-            .map_err(|e| Error::NatsStream {
+            .map_err(|e| SetupError::Stream {
                 message: format!("cannot create stream {name}: {e}"),
             })?;
             info!(stream = name, "created stream");
             Ok(())
         }
-        Err(e) => Err(Error::NatsStream {
+        Err(e) => Err(SetupError::Stream {
             message: format!("stream {name} is not available and create is false: {e}"),
-        }),
+        }
+        .into()),
     }
 }
 
