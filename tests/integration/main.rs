@@ -19,6 +19,7 @@ mod http_sink;
 mod languages;
 mod memory;
 mod receiver;
+mod recorder;
 mod resilience;
 mod shaping;
 mod sharded_dynamic;
