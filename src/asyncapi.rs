@@ -115,7 +115,7 @@ pub fn document(
         let (server_id, address) = origins.split(address);
         let id = unique_id(
             &channels,
-            &address.clone().unwrap_or_else(|| "stdout".into()),
+            &address.clone().unwrap_or_else(|| config.sink.kind().into()),
         );
         let mut channel_messages = Map::new();
         for r in &members {
