@@ -32,6 +32,7 @@ pub use file::FileStore;
 pub use kafka::KafkaStore;
 pub use nats::{NatsStore, nats_bucket};
 
+use futures::future::BoxFuture;
 use journal::{Journal, Plan, Record, Segment, Stored};
 
 use crate::known::{BUCKETS, Encoding, KnownObjects, StoredEntry};
@@ -375,7 +376,7 @@ impl Meta {
 
 /// A stored checkpoint, decoded.
 #[derive(Debug)]
-enum Found {
+pub enum Found {
     /// Everything decoded.
     Intact(Checkpoint),
     /// Not everything could be decoded: what is wrong, and the part of the index that could.
@@ -529,24 +530,114 @@ fn exact_parts<'a>(
         .collect()
 }
 
-/// Where one watch's checkpoints live.
-#[derive(Debug)]
-#[expect(clippy::large_enum_variant, reason = "one value per watch")]
-pub enum Backend {
-    /// Kafka: compacted topic, in the events' transaction.
-    Kafka(KafkaStore),
-    /// NATS JetStream KV.
-    Nats(NatsStore),
-    /// A local file.
-    File(FileStore),
-    /// Not persisted (stdout without a checkpoint file, or checkpoints disabled).
-    Memory,
+/// What a load found: the checkpoint, the announcements tied to it, and the problems of the
+/// announcements that could not be decoded.
+pub type Loaded = (Option<Found>, Vec<StoredEntry>, Vec<String>);
+
+/// Where one watch's checkpoints live: the Kafka topic written in the transactions of the
+/// watch's events ([`KafkaStore`]), a NATS key-value bucket ([`NatsStore`]), a file
+/// ([`FileStore`]), or nothing durable ([`MemoryStore`]). What differs between them is said by
+/// capabilities, not by matching on the store; [`crate::stores`] chooses one for each watch.
+pub trait Backend: std::fmt::Debug + Send + Sync {
+    /// Loads the stored checkpoint, and the announcements tied to it ([`announce`]).
+    fn load<'a>(&'a mut self, journal: &'a mut Journal) -> BoxFuture<'a, Result<Loaded>>;
+
+    /// Saves `plan` in place (see [`Store::save`]).
+    fn save<'a>(
+        &'a mut self,
+        resource_version: &'a str,
+        known: &'a mut KnownObjects,
+        digests: bool,
+        plan: Plan,
+        journal: &'a mut Journal,
+    ) -> BoxFuture<'a, Result<()>>;
+
+    /// Deletes every record of the watch.
+    fn reset(&mut self) -> BoxFuture<'_, Result<()>>;
+
+    /// Whether journal records carry the resourceVersion they stand for: a file's journal is
+    /// appended apart from its meta record, which may lag behind it.
+    fn stamps(&self) -> bool {
+        false
+    }
+
+    /// Whether the objects a watch publishes first must be announced before they are sent:
+    /// the sink's events are not stored with the checkpoint.
+    fn announces(&self) -> bool {
+        false
+    }
+
+    /// Stores announcements of `entries`; called only when [`Backend::announces`].
+    fn announce<'a>(
+        &'a mut self,
+        journal: &'a Journal,
+        entries: &'a [StoredEntry],
+    ) -> BoxFuture<'a, Result<()>> {
+        let _ = (journal, entries);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    /// Whether checkpoints survive a restart.
+    fn durable(&self) -> bool {
+        true
+    }
+
+    /// Encodes a save whole, to be written while the watch goes on, when this store can; gives
+    /// the plan back otherwise.
+    fn stage(
+        &mut self,
+        resource_version: &str,
+        known: &mut KnownObjects,
+        digests: bool,
+        plan: Plan,
+        journal: &mut Journal,
+    ) -> std::result::Result<Staged, Plan> {
+        let _ = (resource_version, known, digests, journal);
+        Err(plan)
+    }
+
+    /// Applies a save [`Backend::stage`] staged, once written.
+    fn finish(&mut self, written: Written, journal: &mut Journal) -> Result<()>;
+}
+
+/// Checkpoints kept nowhere: every start lists and publishes everything again.
+#[derive(Debug, Default)]
+pub struct MemoryStore;
+
+impl Backend for MemoryStore {
+    fn load<'a>(&'a mut self, _: &'a mut Journal) -> BoxFuture<'a, Result<Loaded>> {
+        Box::pin(std::future::ready(Ok((None, Vec::new(), Vec::new()))))
+    }
+
+    fn save<'a>(
+        &'a mut self,
+        _: &'a str,
+        known: &'a mut KnownObjects,
+        _: bool,
+        _: Plan,
+        _: &'a mut Journal,
+    ) -> BoxFuture<'a, Result<()>> {
+        known.take_dirty();
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn reset(&mut self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn durable(&self) -> bool {
+        false
+    }
+
+    fn finish(&mut self, written: Written, _: &mut Journal) -> Result<()> {
+        Err(written.not_staged_here("memory"))
+    }
 }
 
 /// One watch's checkpoint store.
 #[derive(Debug)]
 pub struct Store {
-    backend: Backend,
+    backend: Box<dyn Backend>,
     /// Whether content digests are stored (see [`Store::set_redacted`]).
     digests: bool,
     /// What is stored, and what the next journal record is called.
@@ -574,32 +665,76 @@ pub struct Planned(Plan);
 
 /// A save encoded whole, owning everything it writes.
 #[derive(Debug)]
-pub struct Staged(Box<nats::Staged>);
+pub struct Staged(Box<dyn StagedSave>);
 
 /// A staged save, written: [`Store::finish`] applies it.
 #[derive(Debug)]
-pub struct Written(Box<nats::Written>);
+pub struct Written(Box<dyn WrittenSave>);
+
+/// A save a store encoded whole ([`Backend::stage`]).
+pub trait StagedSave: std::fmt::Debug + Send {
+    /// Writes it; nothing here touches the store.
+    fn write(self: Box<Self>) -> BoxFuture<'static, Written>;
+}
+
+/// A staged save, written ([`StagedSave::write`]).
+pub trait WrittenSave: std::fmt::Debug + Send + std::any::Any {
+    /// Whether the save is stored.
+    fn is_ok(&self) -> bool;
+
+    /// For the store that staged it, which knows its type.
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any>;
+}
 
 impl Staged {
+    /// A staged save of a store.
+    pub fn new(save: impl StagedSave + 'static) -> Self {
+        Self(Box::new(save))
+    }
+
     /// Writes the save's records, then its meta record. Nothing here touches the store: what
     /// the write changed is applied by [`Store::finish`].
     pub async fn write(self) -> Written {
-        Written(Box::new(self.0.write().await))
+        self.0.write().await
     }
 }
 
 impl Written {
+    /// A written save of a store.
+    pub fn new(save: impl WrittenSave + 'static) -> Self {
+        Self(Box::new(save))
+    }
+
     /// Whether the save is stored.
     pub fn is_ok(&self) -> bool {
         self.0.is_ok()
+    }
+
+    /// The save as the type `T` of the store that staged it, or the error of a store that
+    /// did not (`store` names it).
+    pub fn downcast<T: 'static>(self, store: &'static str) -> Result<T> {
+        match self.0.into_any().downcast::<T>() {
+            Ok(save) => Ok(*save),
+            Err(_) => Err(Error::Store {
+                store,
+                message: "a save staged by another store".into(),
+            }),
+        }
+    }
+
+    fn not_staged_here(self, store: &'static str) -> Error {
+        Error::Store {
+            store,
+            message: "this store stages no saves".into(),
+        }
     }
 }
 
 impl Store {
     /// A store on `backend`.
-    pub fn new(backend: Backend) -> Self {
+    pub fn new(backend: impl Backend + 'static) -> Self {
         Self {
-            backend,
+            backend: Box::new(backend),
             digests: true,
             journal: Journal::default(),
         }
@@ -626,12 +761,7 @@ impl Store {
     pub async fn load(&mut self, corrupt: &AtomicU64) -> Result<Option<Checkpoint>> {
         self.journal.forget();
         let journal = &mut self.journal;
-        let (found, announced, problems) = match &mut self.backend {
-            Backend::Kafka(s) => (s.load(journal).await?, Vec::new(), Vec::new()),
-            Backend::Nats(s) => s.load(journal).await?,
-            Backend::File(s) => s.load(journal).await?,
-            Backend::Memory => (None, Vec::new(), Vec::new()),
-        };
+        let (found, announced, problems) = self.backend.load(journal).await?;
         for problem in problems {
             // Only a write cut short by a crash leaves one: what it announced was not sent.
             warn!(error = %problem, "announcement cannot be decoded, skipped");
@@ -707,29 +837,23 @@ impl Store {
     /// into, a file is rewritten, a large compaction is written in batches.
     pub fn stage(&mut self, resource_version: &str, known: &mut KnownObjects) -> Staging {
         let plan = self.plan(resource_version, known);
-        match &mut self.backend {
-            Backend::Nats(s)
-                if matches!(plan, Plan::Append(_)) || known.len() <= STAGED_OBJECTS_MAX =>
-            {
-                let staged = s.stage(
-                    resource_version,
-                    known,
-                    self.digests,
-                    plan,
-                    &mut self.journal,
-                );
-                Staging::Staged(Staged(Box::new(staged)))
+        let staging = match plan {
+            Plan::Compact if known.len() > STAGED_OBJECTS_MAX => Err(plan),
+            plan => {
+                let journal = &mut self.journal;
+                self.backend
+                    .stage(resource_version, known, self.digests, plan, journal)
             }
-            _ => Staging::InPlace(Planned(plan)),
+        };
+        match staging {
+            Ok(staged) => Staging::Staged(staged),
+            Err(plan) => Staging::InPlace(Planned(plan)),
         }
     }
 
     /// Applies a staged save once written. Errors as for [`Store::save`].
     pub fn finish(&mut self, written: Written) -> Result<()> {
-        let Backend::Nats(s) = &mut self.backend else {
-            unreachable!("only a NATS store stages a save")
-        };
-        s.finish(*written.0, &mut self.journal)
+        self.backend.finish(written, &mut self.journal)
     }
 
     /// Saves a planned save in place ([`Store::stage`]).
@@ -739,32 +863,18 @@ impl Store {
         known: &mut KnownObjects,
         Planned(plan): Planned,
     ) -> Result<()> {
-        let digests = self.digests;
-        let journal = &mut self.journal;
-        match &mut self.backend {
-            Backend::Kafka(s) => {
-                s.save(resource_version, known, digests, plan, journal)
-                    .await
-            }
-            Backend::Nats(s) => {
-                s.save(resource_version, known, digests, plan, journal)
-                    .await
-            }
-            Backend::File(s) => {
-                s.save(resource_version, known, digests, plan, journal)
-                    .await
-            }
-            Backend::Memory => {
-                known.take_dirty();
-                Ok(())
-            }
-        }
+        let (digests, journal) = (self.digests, &mut self.journal);
+        self.backend
+            .save(resource_version, known, digests, plan, journal)
+            .await
     }
 
     /// What the next save writes (taking the changes from `known`).
     fn plan(&self, resource_version: &str, known: &mut KnownObjects) -> Plan {
-        let stamp =
-            matches!(self.backend, Backend::File(_)).then_some(journal::Stamp { resource_version });
+        let stamp = self
+            .backend
+            .stamps()
+            .then_some(journal::Stamp { resource_version });
         self.journal.plan(known, self.digests, stamp)
     }
 
@@ -773,12 +883,7 @@ impl Store {
     /// NATS: the meta revision changes) and exits, to be restarted.
     pub async fn reset(&mut self) -> Result<()> {
         self.journal.forget();
-        match &mut self.backend {
-            Backend::Kafka(s) => s.reset().await,
-            Backend::Nats(s) => s.reset().await,
-            Backend::File(s) => s.reset().await,
-            Backend::Memory => Ok(()),
-        }
+        self.backend.reset().await
     }
 
     /// The journal records the stored checkpoint holds beyond its base, as of the last load or
@@ -790,22 +895,18 @@ impl Store {
     /// Whether the objects a watch publishes first must be announced before they are sent
     /// ([`announce`]): the sink's events are not stored with the checkpoint.
     pub fn announces(&self) -> bool {
-        matches!(self.backend, Backend::Nats(_) | Backend::File(_))
+        self.backend.announces()
     }
 
     /// Stores announcements of `entries` (see [`announce`]); called only when
     /// [`Store::announces`] and no save is being written.
     pub async fn announce(&mut self, entries: &[StoredEntry]) -> Result<()> {
-        match &mut self.backend {
-            Backend::Nats(s) => s.announce(entries).await,
-            Backend::File(s) => s.announce(&self.journal, entries).await,
-            Backend::Kafka(_) | Backend::Memory => Ok(()),
-        }
+        self.backend.announce(&self.journal, entries).await
     }
 
     /// Whether checkpoints survive a restart.
     pub fn durable(&self) -> bool {
-        !matches!(self.backend, Backend::Memory)
+        self.backend.durable()
     }
 }
 
@@ -857,11 +958,11 @@ mod tests {
     }
 
     fn file_store(dir: &tempfile::TempDir, cluster: Option<Cluster>) -> Store {
-        Store::new(Backend::File(FileStore {
+        Store::new(FileStore {
             key: key(),
             path: dir.path().join("cp"),
             cluster,
-        }))
+        })
     }
 
     fn sample() -> KnownObjects {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use kube::Client;
 
 use crate::checkpoint::{
-    self, Backend, Cluster, FileStore, KafkaStore, NatsStore, Store, WatchKey,
+    self, Cluster, FileStore, KafkaStore, MemoryStore, NatsStore, Store, WatchKey,
 };
 use crate::config::Config;
 use crate::lease::Validity;
@@ -140,36 +140,36 @@ impl Stores {
         owner: Option<Validity>,
     ) -> Result<(Arc<AnySink>, Store)> {
         let cluster = self.cluster.clone();
-        let (sink, backend) = match &self.kind {
+        let (sink, store) = match &self.kind {
             StoresKind::Kafka {
                 topic,
                 sharing,
                 sinks,
             } => {
                 let producer = Arc::new(sinks.for_watch(&key.id, sharing, owner).await?);
-                let backend = Backend::Kafka(KafkaStore {
+                let store = Store::new(KafkaStore {
                     key: key.clone(),
                     sink: producer.clone(),
                     topic: topic.clone(),
                     cluster,
                 });
-                (producer as Arc<AnySink>, backend)
+                (producer as Arc<AnySink>, store)
             }
             StoresKind::Nats(kv) => (
                 shared.clone(),
-                Backend::Nats(NatsStore::new(key.clone(), kv.clone(), cluster)),
+                Store::new(NatsStore::new(key.clone(), kv.clone(), cluster)),
             ),
             StoresKind::Files(dir) => (
                 shared.clone(),
-                Backend::File(FileStore {
+                Store::new(FileStore {
                     key: key.clone(),
                     path: dir.join(format!("{}.checkpoint", key.id)),
                     cluster,
                 }),
             ),
-            StoresKind::Memory => (shared.clone(), Backend::Memory),
+            StoresKind::Memory => (shared.clone(), Store::new(MemoryStore)),
         };
-        Ok((sink, Store::new(backend)))
+        Ok((sink, store))
     }
 }
 

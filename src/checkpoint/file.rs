@@ -20,7 +20,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::journal::{Journal, Plan, RECORD_BYTES, Record, Segment, Stored};
-use super::{Cluster, Found, Meta, Parts, Result, WatchKey, announce};
+use futures::future::BoxFuture;
+
+use super::{Backend, Cluster, Found, Loaded, Meta, Parts, Result, WatchKey, Written, announce};
 use crate::known::{BUCKETS, Encoding, KnownObjects, StoredEntry};
 
 /// A checkpoint file.
@@ -32,6 +34,55 @@ pub struct FileStore {
     pub path: PathBuf,
     /// The cluster the checkpoint belongs to (`None`: not checked, not recorded).
     pub cluster: Option<Cluster>,
+}
+
+impl Backend for FileStore {
+    fn load<'a>(&'a mut self, journal: &'a mut Journal) -> BoxFuture<'a, Result<Loaded>> {
+        Box::pin(FileStore::load(self, journal))
+    }
+
+    fn save<'a>(
+        &'a mut self,
+        resource_version: &'a str,
+        known: &'a mut KnownObjects,
+        digests: bool,
+        plan: Plan,
+        journal: &'a mut Journal,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(FileStore::save(
+            self,
+            resource_version,
+            known,
+            digests,
+            plan,
+            journal,
+        ))
+    }
+
+    fn reset(&mut self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(FileStore::reset(self))
+    }
+
+    /// The journal is appended apart from the meta record, which may lag behind it.
+    fn stamps(&self) -> bool {
+        true
+    }
+
+    fn announces(&self) -> bool {
+        true
+    }
+
+    fn announce<'a>(
+        &'a mut self,
+        journal: &'a Journal,
+        entries: &'a [StoredEntry],
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(FileStore::announce(self, journal, entries))
+    }
+
+    fn finish(&mut self, written: Written, _: &mut Journal) -> Result<()> {
+        Err(written.not_staged_here("file"))
+    }
 }
 
 impl FileStore {
@@ -58,7 +109,7 @@ impl FileStore {
 
     /// Loads the checkpoint, if any, and the announcements tied to it (or, without one, to no
     /// checkpoint) with the problems of the lines that could not be decoded.
-    pub(super) async fn load(
+    async fn load(
         &self,
         journal: &mut Journal,
     ) -> Result<(Option<Found>, Vec<StoredEntry>, Vec<String>)> {
@@ -85,7 +136,7 @@ impl FileStore {
         decode(&self.key, self.cluster.as_ref(), &stored, &lines, journal).map(Some)
     }
 
-    pub(super) async fn save(
+    async fn save(
         &self,
         resource_version: &str,
         known: &mut KnownObjects,
@@ -132,7 +183,7 @@ impl FileStore {
     }
 
     /// Appends announcements of `entries`, tied to the stored checkpoint, and fsyncs them.
-    pub(super) async fn announce(&self, journal: &Journal, entries: &[StoredEntry]) -> Result<()> {
+    async fn announce(&self, journal: &Journal, entries: &[StoredEntry]) -> Result<()> {
         let mut out = Vec::new();
         for record in announce::encode(&tie(journal), entries) {
             // A JSON record never holds a raw line break.
@@ -169,7 +220,7 @@ impl FileStore {
         Ok(lines)
     }
 
-    pub(super) async fn reset(&self) -> Result<()> {
+    async fn reset(&self) -> Result<()> {
         for path in [
             self.announced_path(),
             self.journal_path(),

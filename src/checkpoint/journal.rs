@@ -402,18 +402,18 @@ mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
 
     use super::*;
-    use crate::checkpoint::{Backend, FileStore, Found, Meta, Store, WatchKey};
+    use crate::checkpoint::{FileStore, Found, Meta, Store, WatchKey};
 
     fn key() -> WatchKey {
         WatchKey::new("dev", "v1", "configmaps", None, None, None)
     }
 
     fn file_store(dir: &tempfile::TempDir) -> Store {
-        Store::new(Backend::File(FileStore {
+        Store::new(FileStore {
             key: key(),
             path: dir.path().join("w.checkpoint"),
             cluster: None,
-        }))
+        })
     }
 
     fn uid(i: u32) -> String {

@@ -20,7 +20,9 @@ use rdkafka::message::BorrowedMessage;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 use super::journal::{Journal, Plan, RECORD_BYTES, Stored};
-use super::{Cluster, Error, Found, Meta, Parts, Result, WatchKey};
+use futures::future::BoxFuture;
+
+use super::{Backend, Cluster, Error, Found, Loaded, Meta, Parts, Result, WatchKey, Written};
 use crate::known::{BUCKETS, KnownObjects};
 use crate::sink::kafka::{CommitError, KafkaSink, Latest};
 
@@ -47,8 +49,47 @@ fn store_err(e: impl std::fmt::Display) -> Error {
     }
 }
 
+impl Backend for KafkaStore {
+    fn load<'a>(&'a mut self, journal: &'a mut Journal) -> BoxFuture<'a, Result<Loaded>> {
+        Box::pin(async move {
+            Ok((
+                KafkaStore::load(self, journal).await?,
+                Vec::new(),
+                Vec::new(),
+            ))
+        })
+    }
+
+    /// A Kafka save commits the transaction the watch's next events go into: in place.
+    fn save<'a>(
+        &'a mut self,
+        resource_version: &'a str,
+        known: &'a mut KnownObjects,
+        digests: bool,
+        plan: Plan,
+        journal: &'a mut Journal,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(KafkaStore::save(
+            self,
+            resource_version,
+            known,
+            digests,
+            plan,
+            journal,
+        ))
+    }
+
+    fn reset(&mut self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(KafkaStore::reset(self))
+    }
+
+    fn finish(&mut self, written: Written, _: &mut Journal) -> Result<()> {
+        Err(written.not_staged_here("kafka"))
+    }
+}
+
 impl KafkaStore {
-    pub(super) async fn load(&self, journal: &mut Journal) -> Result<Option<Found>> {
+    async fn load(&self, journal: &mut Journal) -> Result<Option<Found>> {
         let prefix = format!("{}/", self.key.id);
         let started = std::time::Instant::now();
         let config = self.sink.consumer_config();
@@ -64,7 +105,7 @@ impl KafkaStore {
         decode(&self.key, self.cluster.as_ref(), &records, journal)
     }
 
-    pub(super) async fn save(
+    async fn save(
         &self,
         resource_version: &str,
         known: &mut KnownObjects,
@@ -115,7 +156,7 @@ impl KafkaStore {
         Ok(())
     }
 
-    pub(super) async fn reset(&self) -> Result<()> {
+    async fn reset(&self) -> Result<()> {
         // Every record of the watch, whatever its name.
         let prefix = format!("{}/", self.key.id);
         let stored = read_compacted(

@@ -19,10 +19,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use async_nats::jetstream::kv;
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use futures::{StreamExt, TryStreamExt};
 
 use super::journal::{Journal, Plan, RECORD_BYTES, Segment, Stored};
-use super::{Cluster, Error, Found, Meta, Parts, Result, WatchKey, announce};
+use super::{Backend, Cluster, Error, Found, Loaded, Meta, Parts, Result, WatchKey, announce};
+use crate::checkpoint;
 use crate::known::{KnownObjects, StoredEntry};
 
 /// Records written (or purged) at once by a save.
@@ -240,6 +242,80 @@ fn store_err(e: impl std::fmt::Display) -> Error {
     }
 }
 
+impl Backend for NatsStore {
+    fn load<'a>(&'a mut self, journal: &'a mut Journal) -> BoxFuture<'a, Result<Loaded>> {
+        Box::pin(NatsStore::load(self, journal))
+    }
+
+    fn save<'a>(
+        &'a mut self,
+        resource_version: &'a str,
+        known: &'a mut KnownObjects,
+        digests: bool,
+        plan: Plan,
+        journal: &'a mut Journal,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(NatsStore::save(
+            self,
+            resource_version,
+            known,
+            digests,
+            plan,
+            journal,
+        ))
+    }
+
+    fn reset(&mut self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(NatsStore::reset(self))
+    }
+
+    fn announces(&self) -> bool {
+        true
+    }
+
+    fn announce<'a>(
+        &'a mut self,
+        _: &'a Journal,
+        entries: &'a [StoredEntry],
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(NatsStore::announce(self, entries))
+    }
+
+    /// Encoded whole, the save owns what it writes: the watch goes on while the bucket stores it.
+    fn stage(
+        &mut self,
+        resource_version: &str,
+        known: &mut KnownObjects,
+        digests: bool,
+        plan: Plan,
+        journal: &mut Journal,
+    ) -> std::result::Result<checkpoint::Staged, Plan> {
+        let staged = NatsStore::stage(self, resource_version, known, digests, plan, journal);
+        Ok(checkpoint::Staged::new(staged))
+    }
+
+    fn finish(&mut self, written: checkpoint::Written, journal: &mut Journal) -> Result<()> {
+        let written: Written = written.downcast("nats")?;
+        NatsStore::finish(self, written, journal)
+    }
+}
+
+impl checkpoint::StagedSave for Staged {
+    fn write(self: Box<Self>) -> BoxFuture<'static, checkpoint::Written> {
+        Box::pin(async move { checkpoint::Written::new(Staged::write(*self).await) })
+    }
+}
+
+impl checkpoint::WrittenSave for Written {
+    fn is_ok(&self) -> bool {
+        Written::is_ok(self)
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {
+        self
+    }
+}
+
 impl NatsStore {
     /// A store for one watch in `kv`.
     pub fn new(key: WatchKey, kv: kv::Store, cluster: Option<Cluster>) -> Self {
@@ -278,7 +354,7 @@ impl NatsStore {
 
     /// Loads the checkpoint, if any, and the announcements tied to it (or, without one, to no
     /// checkpoint) with the problems of those that could not be decoded.
-    pub(super) async fn load(
+    async fn load(
         &mut self,
         journal: &mut Journal,
     ) -> Result<(Option<Found>, Vec<StoredEntry>, Vec<String>)> {
@@ -310,7 +386,7 @@ impl NatsStore {
     }
 
     /// Stores announcements of `entries`, tied to the meta record stored.
-    pub(super) async fn announce(&mut self, entries: &[StoredEntry]) -> Result<()> {
+    async fn announce(&mut self, entries: &[StoredEntry]) -> Result<()> {
         let tie = self.tie().await?;
         let prefix = self.announced_prefix();
         let records: Vec<(String, Bytes)> = announce::encode(&tie.to_string(), entries)
@@ -400,7 +476,7 @@ impl NatsStore {
 
     /// Encodes a save whole (the journal records, or every changed bucket under a fresh
     /// generation) with its meta record, to be written apart from the store.
-    pub(super) fn stage(
+    fn stage(
         &mut self,
         resource_version: &str,
         known: &mut KnownObjects,
@@ -441,7 +517,7 @@ impl NatsStore {
     /// Saves in place: a compaction is written in batches of about [`BATCH_BYTES`] as its
     /// buckets are encoded (a large index is never held whole), then its last batch and the meta
     /// record as a staged save; a journal record is staged and written at once.
-    pub(super) async fn save(
+    async fn save(
         &mut self,
         resource_version: &str,
         known: &mut KnownObjects,
@@ -478,7 +554,7 @@ impl NatsStore {
 
     /// Applies a written save: once its meta record is swapped in, the store and the journal
     /// name what it holds; a swap of unknown outcome is remembered (the store may hold it).
-    pub(super) fn finish(&mut self, written: Written, journal: &mut Journal) -> Result<()> {
+    fn finish(&mut self, written: Written, journal: &mut Journal) -> Result<()> {
         let Written { staged, swapped } = written;
         let Staged { swap, layout, .. } = staged;
         self.revision = swap.revision;
@@ -603,7 +679,7 @@ impl NatsStore {
         }
     }
 
-    pub(super) async fn reset(&self) -> Result<()> {
+    async fn reset(&self) -> Result<()> {
         self.kv.purge(self.meta_key()).await.map_err(store_err)
     }
 }

@@ -12,7 +12,7 @@ use super::classify::tests::object;
 use super::{Error, Pipeline, Status};
 use crate::budget::Reservation;
 use crate::change::ChangeKind;
-use crate::checkpoint::{Backend, Checkpoint, FileStore, Store, WatchKey};
+use crate::checkpoint::{Checkpoint, FileStore, MemoryStore, Store, WatchKey};
 use crate::config::SnapshotPolicy;
 use crate::encode::tests::configmaps;
 use crate::lease::Validity;
@@ -48,12 +48,7 @@ struct Run {
 
 impl Run {
     fn start(sink: ScriptedSink, items: Vec<Item>) -> Self {
-        Self::start_with(
-            sink,
-            items,
-            Store::new(Backend::Memory),
-            Duration::from_secs(1),
-        )
+        Self::start_with(sink, items, Store::new(MemoryStore), Duration::from_secs(1))
     }
 
     /// Like [`Run::start`], with checkpoints in `store` every `interval`.
@@ -120,7 +115,7 @@ impl Run {
         Self::start_with(
             sink,
             items,
-            Store::new(Backend::Memory),
+            Store::new(MemoryStore),
             Duration::from_secs(3600),
         )
     }
@@ -212,7 +207,7 @@ async fn a_retry_after_the_lease_lapsed_sends_nothing() {
     sink.script("a", &[Script::Retry, Script::Retry, Script::Retry]);
     let leadership = Validity::unrenewed();
     leadership.renewed(Duration::from_secs(3600), std::time::Instant::now());
-    let store = Store::new(Backend::Memory);
+    let store = Store::new(MemoryStore);
     let items = vec![event("a", "1")];
     let run = Run::start_full(
         sink,
@@ -350,11 +345,11 @@ async fn the_checkpoint_never_passes_an_unacknowledged_event() {
 async fn a_watch_is_synced_only_once_its_starting_point_is_saved() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let path = dir.path().join("watch.checkpoint");
-    let store = Store::new(Backend::File(FileStore {
+    let store = Store::new(FileStore {
         key: WatchKey::new("c", "v1", "configmaps", None, None, None),
         path: path.clone(),
         cluster: None,
-    }));
+    });
     let sink = ScriptedSink::new(true, false);
     sink.script("a", &[Script::Hold]);
     let listed = Item::Listed(object("a", "5", "5"), SystemTime::now());
@@ -555,11 +550,11 @@ async fn a_due_commit_has_what_is_in_flight_sent_now_once() {
 }
 
 fn file_store(path: &std::path::Path) -> Store {
-    Store::new(Backend::File(FileStore {
+    Store::new(FileStore {
         key: WatchKey::new("c", "v1", "configmaps", None, None, None),
         path: path.to_path_buf(),
         cluster: None,
-    }))
+    })
 }
 
 /// An object first published past the checkpoint is announced before it is sent. The watch

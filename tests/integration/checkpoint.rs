@@ -10,7 +10,7 @@ use cloudevents::AttributesReader;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::api::rbac::v1::{ClusterRole, Role};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube_event_bridge::checkpoint::{Backend, NatsStore, Staging, Store, WatchKey};
+use kube_event_bridge::checkpoint::{NatsStore, Staging, Store, WatchKey};
 use kube_event_bridge::known::{KnownObjects, bucket_of};
 use kube_event_bridge::sink::kafka::KafkaSink;
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
@@ -737,7 +737,7 @@ async fn nats_lost_reply_to_a_successful_swap_is_not_fencing() {
         .unwrap();
     let key = WatchKey::new(&unique_name("c"), "v1", "configmaps", None, None, None);
     let store = |kv: &async_nats::jetstream::kv::Store| {
-        Store::new(Backend::Nats(NatsStore::new(key.clone(), kv.clone(), None)))
+        Store::new(NatsStore::new(key.clone(), kv.clone(), None))
     };
     let mut known = KnownObjects::default();
     known.observe("u", "1", Some("ns"), "read only", 0);
@@ -779,8 +779,7 @@ async fn load_checkpoint(
     dir: &std::path::Path,
 ) -> Option<(Option<String>, KnownObjects, u64)> {
     let key = WatchKey::new(cluster, "v1", "configmaps", Some(ns), None, None);
-    let backend = backend(sink, key, dir, false).await?;
-    let mut store = Store::new(backend);
+    let mut store = backend(sink, key, dir, false).await?;
     let corrupt = std::sync::atomic::AtomicU64::new(0);
     let loaded = store.load(&corrupt).await.expect("the checkpoint loads")?;
     assert_eq!(
@@ -803,8 +802,8 @@ async fn backend(
     key: WatchKey,
     dir: &std::path::Path,
     writer: bool,
-) -> Option<Backend> {
-    let backend = match sink {
+) -> Option<Store> {
+    let store = match sink {
         SinkKind::Kafka => {
             let topic = "kube-event-bridge.checkpoints";
             let config: kube_event_bridge::sink::kafka::KafkaConfig =
@@ -827,7 +826,7 @@ async fn backend(
             } else {
                 KafkaSink::new(&config, events)
             };
-            Backend::Kafka(kube_event_bridge::checkpoint::KafkaStore {
+            Store::new(kube_event_bridge::checkpoint::KafkaStore {
                 key,
                 sink: std::sync::Arc::new(sink.unwrap()),
                 topic: topic.into(),
@@ -843,17 +842,15 @@ async fn backend(
             } else {
                 js.get_key_value("kube-event-bridge").await.ok()?
             };
-            Backend::Nats(NatsStore::new(key, kv, None))
+            Store::new(NatsStore::new(key, kv, None))
         }
-        SinkKind::Stdout | SinkKind::Http => {
-            Backend::File(kube_event_bridge::checkpoint::FileStore {
-                path: dir.join(format!("{}.checkpoint", key.id)),
-                key,
-                cluster: None,
-            })
-        }
+        SinkKind::Stdout | SinkKind::Http => Store::new(kube_event_bridge::checkpoint::FileStore {
+            path: dir.join(format!("{}.checkpoint", key.id)),
+            key,
+            cluster: None,
+        }),
     };
-    Some(backend)
+    Some(store)
 }
 
 /// The configmaps of `ns`: uid → (resourceVersion, name).
@@ -1338,7 +1335,7 @@ async fn file_version_three_checkpoint_is_read_and_migrated() {
 /// does.
 async fn writer_store(sink: SinkKind, cluster: &str, ns: &str, dir: &std::path::Path) -> Store {
     let key = WatchKey::new(cluster, "v1", "configmaps", Some(ns), None, None);
-    Store::new(backend(sink, key, dir, true).await.unwrap())
+    backend(sink, key, dir, true).await.unwrap()
 }
 
 /// `n` objects of namespace `ns` with names of 250 characters, all in bucket 7: about 320 bytes
@@ -1626,12 +1623,12 @@ async fn nats_announcements_are_tied_to_the_checkpoint_and_reuse_their_keys() {
     };
     let mut known = KnownObjects::default();
     known.mark_all_dirty();
-    let mut writer = Store::new(Backend::Nats(NatsStore::new(key.clone(), kv.clone(), None)));
+    let mut writer = Store::new(NatsStore::new(key.clone(), kv.clone(), None));
     writer.save("1", &mut known).await.unwrap();
     for round in 0..10 {
         writer.announce(&[entry(2 * round)]).await.unwrap();
         writer.announce(&[entry(2 * round + 1)]).await.unwrap();
-        let mut reader = Store::new(Backend::Nats(NatsStore::new(key.clone(), kv.clone(), None)));
+        let mut reader = Store::new(NatsStore::new(key.clone(), kv.clone(), None));
         let loaded = reader
             .load(&Default::default())
             .await
@@ -1664,7 +1661,7 @@ async fn nats_announcements_are_tied_to_the_checkpoint_and_reuse_their_keys() {
         .unwrap()
         .len();
     assert_eq!(count, 2, "20 announcements over 10 saves used 2 keys");
-    let mut reader = Store::new(Backend::Nats(NatsStore::new(key.clone(), kv, None)));
+    let mut reader = Store::new(NatsStore::new(key.clone(), kv, None));
     let loaded = reader.load(&Default::default()).await.unwrap().unwrap();
     assert!(loaded.announced.is_empty(), "the last save covered them");
 }
