@@ -7,8 +7,7 @@
 //! only the buckets that changed.
 //!
 //! Memory is what limits how many objects one process can watch, so an entry is kept compact
-//! (about 75 bytes of table per object, no allocation of its own in the common case; measured in
-//! docs/architecture.md, "Memory"): a uid that is a UUID in the API server's canonical form is
+//! (no allocation of its own in the common case; measured in docs/architecture.md, "Memory"): a uid that is a UUID in the API server's canonical form is
 //! kept as its 16 bytes, any other uid as text; a resourceVersion that is a decimal integer as a
 //! `u64`, any other as text (they are opaque by contract); a name of up to 24 bytes inline
 //! ([`CompactString`]); the namespace as a 4-byte number into a table of interned names. Every

@@ -22,10 +22,9 @@ struct Cli {
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true, env = "KEB_LOG_FORMAT")]
     log_format: LogFormat,
     /// Threads running the bridge's tasks (blocking calls such as Kafka commits run on threads
-    /// of their own). One core publishes tens of thousands of events a second; a second thread
-    /// mostly adds the cost of handing work between threads (about a quarter more CPU per
-    /// event). Raise it when one core is not enough: many busy watches, snapshots of millions of
-    /// objects.
+    /// of their own). A second thread mostly adds the cost of handing work between threads
+    /// (docs/benchmarks.md). Raise it when one core is not enough: many busy watches, snapshots
+    /// of millions of objects.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256), global = true, env = "KEB_WORKER_THREADS")]
     worker_threads: u16,
     #[command(subcommand)]
