@@ -23,6 +23,7 @@ use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::StreamConsumer;
+use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 use serde_json::json;
 
@@ -412,6 +413,9 @@ pub async fn create_topic(name: &str, partitions: i32) {
                 Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => Ok(()),
                 Err((_, code)) => Err(code),
             }),
+            // A whole request that timed out is `AdminOp`, whose code `rdkafka_error_code`
+            // does not give.
+            Err(KafkaError::AdminOp(code)) => Err(code),
             Err(e) => Err(e
                 .rdkafka_error_code()
                 .unwrap_or_else(|| panic!("cannot create Kafka topic {name}: {e}"))),
