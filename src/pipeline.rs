@@ -37,10 +37,12 @@ mod delivery;
 mod save;
 #[cfg(test)]
 mod tests;
+mod turn;
 
 use classify::{Classifier, Step};
 use delivery::{Failing, Flight, HELD_BYTES_MAX};
 use save::Saving;
+use turn::{Facts, Phase, Turn};
 
 /// Why a pipeline stopped: this instance must not publish for the watch any more.
 #[derive(Debug, thiserror::Error)]
@@ -141,28 +143,24 @@ impl Pipeline {
                 .queue_depth
                 .store((st.flight.queue.len() + rx.len()) as u64, Ordering::Relaxed);
             let listing = st.classifier.listing();
-            let pending = st.position != st.committed && !listing;
-            // A transaction holding part of a list is committed as it goes (events only, the
-            // checkpoint stays where it was), so that no transaction outgrows the broker's
-            // timeout or this process's memory.
-            let flushing = transactional && listing && !st.flight.held.is_empty();
             let interval = self.commit_interval(listing);
-            let elapsed = st.last_commit.elapsed();
-            // On a cadence shorter than the checkpoint interval, a commit waits until what
-            // arrived meanwhile has been taken (each commit then holds everything that queued
-            // during the one before), but never longer than the checkpoint interval.
-            // Once due, a commit stays due until it is made: intake stops, what is in flight is
-            // acknowledged, and the events that queued meanwhile wait for the next transaction
-            // (re-deciding after the drain would take them in, and under steady load never
-            // find the queue empty, so commits would fall back to the checkpoint interval).
-            st.commit_due |= st.flight.held_bytes >= HELD_BYTES_MAX
-                || elapsed >= interval.max(self.checkpoint_interval)
-                || (elapsed >= interval && rx.is_empty());
-            // A watch that sent in a shared transaction commits when another asks: the
-            // transaction commits only with the checkpoint of every watch that sent in it. A
-            // checkpoint being written is awaited (while the watch goes on) before the next.
-            let saving = st.saving.is_some();
-            let due = !saving && (st.commit_due && (pending || flushing) || st.requested);
+            let turn = Turn::decide(Facts {
+                transactional,
+                listing,
+                uncommitted: st.position != st.committed,
+                held: !st.flight.held.is_empty(),
+                held_full: st.flight.held_bytes >= HELD_BYTES_MAX,
+                elapsed: st.last_commit.elapsed(),
+                interval,
+                checkpoint_interval: self.checkpoint_interval,
+                queued: !rx.is_empty(),
+                saving: st.saving.is_some(),
+                requested: st.requested,
+                commit_due: st.commit_due,
+                in_flight: !st.flight.queue.is_empty(),
+            });
+            st.commit_due = turn.commit_due;
+            let (due, saving) = (turn.due(), st.saving.is_some());
             let idle = st.flight.queue.is_empty();
             if idle && self.settle(&mut st, due, listing).await? {
                 st.commit_due = false;
@@ -172,8 +170,7 @@ impl Pipeline {
             }
             // The due commit waits for what is in flight: a Kafka producer sends it now rather
             // than after its batching delay (linger.ms), once per commit.
-            if due
-                && !idle
+            if turn.phase == Phase::Draining
                 && !st.sent_now
                 && let Some(transactions) = self.sink.transactions()
             {
@@ -207,7 +204,7 @@ impl Pipeline {
                 // Only with nothing waiting: a commit time that passed while events wait would
                 // fire at once on every turn, ahead of taking them (a busy loop until the
                 // checkpoint interval forced the commit); they are taken first.
-                () = tokio::time::sleep_until(wake), if (pending || flushing) && idle && rx.is_empty() && !saving => {}
+                () = tokio::time::sleep_until(wake), if turn.wait_for_cadence => {}
                 () = tokio::time::sleep_until(heartbeat_wake.unwrap_or(wake)), if heartbeat_wake.is_some() && idle && !listing && rx.is_empty() => {}
                 item = rx.recv(), if room && !due => {
                     let Some((item, reservation)) = item else { break };

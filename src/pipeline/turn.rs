@@ -1,0 +1,219 @@
+//! The commit rules of one turn of the pipeline's loop, as a pure function: from what the
+//! pipeline knows at the top of a turn ([`Facts`]) to what the turn may do ([`Turn`], with its
+//! [`Phase`]). The loop in `Pipeline::run` only gathers the facts and performs the turn, so these
+//! rules are tested here without I/O.
+
+use std::time::Duration;
+
+/// What the pipeline knows at the top of a turn.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Facts {
+    /// Events are sent in transactions committed with the checkpoint.
+    pub transactional: bool,
+    /// The watch is listing.
+    pub listing: bool,
+    /// Progress was made since the last commit.
+    pub uncommitted: bool,
+    /// Events of the open transaction are held for a possible resend.
+    pub held: bool,
+    /// The held events reached the most a transaction may hold in memory.
+    pub held_full: bool,
+    /// Since the start of the last commit.
+    pub elapsed: Duration,
+    /// The commit cadence now (the sink's, or the checkpoint interval while listing).
+    pub interval: Duration,
+    /// `checkpoint.intervalMs`.
+    pub checkpoint_interval: Duration,
+    /// Changes wait in the watch's queue.
+    pub queued: bool,
+    /// A checkpoint is being written while the watch goes on.
+    pub saving: bool,
+    /// Another watch sharing the transaction asked this one to commit.
+    pub requested: bool,
+    /// A commit fell due in an earlier turn and was not made yet.
+    pub commit_due: bool,
+    /// Events await their acknowledgement.
+    pub in_flight: bool,
+}
+
+/// What a turn is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// No commit is due: changes are taken while there is room.
+    Taking,
+    /// A commit is due and events are in flight: intake stops until they are acknowledged.
+    Draining,
+    /// A commit is due and nothing is in flight: it is made now.
+    Committing,
+}
+
+/// What a turn may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Turn {
+    /// The phase.
+    pub phase: Phase,
+    /// Whether a commit is due, kept until it is made.
+    pub commit_due: bool,
+    /// Whether a commit would carry progress (a checkpoint).
+    pub pending: bool,
+    /// Whether a listing transaction holds events to commit as it goes.
+    pub flushing: bool,
+    /// Whether the turn may sleep until the commit cadence (nothing to take or await first).
+    pub wait_for_cadence: bool,
+}
+
+impl Turn {
+    /// The turn `facts` call for.
+    ///
+    /// A commit falls due when the held events fill their budget, when the checkpoint interval
+    /// has passed, or when the cadence has passed and nothing waits to be taken (each commit then
+    /// holds everything that queued during the one before). Once due it stays due until made:
+    /// intake stops and what is in flight is acknowledged first (re-deciding after the drain
+    /// would take the queued events in, and under steady load never find the queue empty). A
+    /// commit waits for a checkpoint being written. A listing transaction holding events commits
+    /// as it goes, so that none outgrows the broker's timeout or this process's memory; a watch
+    /// asked by another sharing its transaction commits whatever it holds.
+    pub(super) fn decide(f: Facts) -> Turn {
+        let pending = f.uncommitted && !f.listing;
+        let flushing = f.transactional && f.listing && f.held;
+        let commit_due = f.commit_due
+            || f.held_full
+            || f.elapsed >= f.interval.max(f.checkpoint_interval)
+            || (f.elapsed >= f.interval && !f.queued);
+        let due = !f.saving && (commit_due && (pending || flushing) || f.requested);
+        let phase = match (due, f.in_flight) {
+            (false, _) => Phase::Taking,
+            (true, true) => Phase::Draining,
+            (true, false) => Phase::Committing,
+        };
+        Turn {
+            phase,
+            commit_due,
+            pending,
+            flushing,
+            wait_for_cadence: (pending || flushing) && !f.in_flight && !f.queued && !f.saving,
+        }
+    }
+
+    /// Whether a commit is due this turn.
+    pub(super) fn due(&self) -> bool {
+        self.phase != Phase::Taking
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// A Kafka watch past its list, 10 ms after its last commit, on a 50 ms cadence and a
+    /// 500 ms checkpoint interval, with progress to commit and nothing queued or in flight.
+    fn live() -> Facts {
+        Facts {
+            transactional: true,
+            uncommitted: true,
+            elapsed: 10 * MS,
+            interval: 50 * MS,
+            checkpoint_interval: 500 * MS,
+            ..Facts::default()
+        }
+    }
+
+    #[test]
+    fn before_the_cadence_the_watch_takes_changes_and_may_sleep_until_it() {
+        let turn = Turn::decide(live());
+        assert_eq!(turn.phase, Phase::Taking);
+        assert!(!turn.commit_due && turn.pending && turn.wait_for_cadence);
+    }
+
+    #[test]
+    fn at_the_cadence_a_commit_waits_for_the_queue_but_not_past_the_checkpoint_interval() {
+        let queued = Facts {
+            elapsed: 60 * MS,
+            queued: true,
+            ..live()
+        };
+        assert_eq!(Turn::decide(queued).phase, Phase::Taking);
+        let quiet = Facts {
+            queued: false,
+            ..queued
+        };
+        assert_eq!(Turn::decide(quiet).phase, Phase::Committing);
+        let late = Facts {
+            elapsed: 500 * MS,
+            ..queued
+        };
+        assert_eq!(Turn::decide(late).phase, Phase::Committing);
+    }
+
+    #[test]
+    fn a_due_commit_stays_due_and_drains_what_is_in_flight_first() {
+        let draining = Facts {
+            commit_due: true,
+            in_flight: true,
+            queued: true,
+            ..live()
+        };
+        let turn = Turn::decide(draining);
+        assert_eq!(turn.phase, Phase::Draining);
+        assert!(turn.commit_due && !turn.wait_for_cadence);
+    }
+
+    #[test]
+    fn a_commit_waits_for_the_checkpoint_being_written() {
+        let saving = Facts {
+            commit_due: true,
+            saving: true,
+            ..live()
+        };
+        let turn = Turn::decide(saving);
+        assert_eq!(turn.phase, Phase::Taking);
+        assert!(turn.commit_due, "still due once the save is written");
+        assert!(!turn.wait_for_cadence);
+    }
+
+    #[test]
+    fn a_listing_transaction_commits_what_it_holds_and_never_a_checkpoint() {
+        let listing = Facts {
+            listing: true,
+            held: true,
+            elapsed: 600 * MS,
+            ..live()
+        };
+        let turn = Turn::decide(listing);
+        assert_eq!(turn.phase, Phase::Committing);
+        assert!(turn.flushing && !turn.pending);
+        let files = Facts {
+            transactional: false,
+            ..listing
+        };
+        assert_eq!(Turn::decide(files).phase, Phase::Taking);
+    }
+
+    #[test]
+    fn held_events_over_their_budget_make_a_commit_due_at_once() {
+        let full = Facts {
+            held_full: true,
+            queued: true,
+            ..live()
+        };
+        assert_eq!(Turn::decide(full).phase, Phase::Committing);
+    }
+
+    #[test]
+    fn a_request_of_a_watch_sharing_the_transaction_commits_even_without_progress() {
+        let asked = Facts {
+            uncommitted: false,
+            requested: true,
+            ..live()
+        };
+        assert_eq!(Turn::decide(asked).phase, Phase::Committing);
+        let nothing = Facts {
+            requested: false,
+            elapsed: 600 * MS,
+            ..asked
+        };
+        assert_eq!(Turn::decide(nothing).phase, Phase::Taking);
+    }
+}
