@@ -43,16 +43,20 @@ pub(crate) fn new(metadata: ObjectMeta, holder: &str, duration: Duration) -> Lea
 }
 
 /// `current` held by `holder` from now on: renewed, or taken (a new acquire time and one more
-/// transition when the holder changes), with `current`'s resourceVersion for the
-/// compare-and-swap.
+/// transition when the holder changes, a released Lease included), with `current`'s
+/// resourceVersion for the compare-and-swap.
 pub(crate) fn held_by(current: &Lease, holder: &str, duration: Duration) -> Lease {
     let mut lease = current.clone();
     let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
     if spec.holder_identity.as_deref() != Some(holder) {
+        // Held before (now, or until a release): another holder takes over, as client-go counts.
+        let held = spec
+            .holder_identity
+            .as_deref()
+            .is_some_and(|h| !h.is_empty())
+            || spec.acquire_time.is_some();
         spec.acquire_time = Some(now());
-        let before = spec.holder_identity.as_deref().unwrap_or_default();
-        spec.lease_transitions =
-            Some(spec.lease_transitions.unwrap_or(0) + i32::from(!before.is_empty()));
+        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + i32::from(held));
         spec.holder_identity = Some(holder.to_string());
     }
     spec.lease_duration_seconds = Some(duration.as_secs() as i32);
@@ -198,6 +202,11 @@ pub(crate) async fn delete(api: &Api<Lease>, name: &str, resource_version: Optio
     match api.delete(name, &params).await {
         Ok(_) => {}
         Err(e) if lost_race(&e, true) => {}
+        // During an API server outage every Lease of the process fails alike, and the outage is
+        // reported where it stalls something: one line per Lease would flood the log.
+        Err(e) if is_transient(&e) => {
+            tracing::debug!(lease = %name, error = %e, "cannot delete lease; it expires instead")
+        }
         Err(e) => {
             tracing::warn!(lease = %name, error = %e, "cannot delete lease; it expires instead")
         }
@@ -321,9 +330,21 @@ mod tests {
         let seen = Seen::first(free.clone(), Instant::now());
         assert_eq!(seen.holder(), None);
         assert!(seen.free_since().is_some());
-        // Taking a released Lease is not a transition from a holder.
+        // Taking a released Lease is a transition too (a hand-off), as client-go counts it.
         let again = held_by(&free, "c", d);
-        assert_eq!(again.spec.unwrap().lease_transitions, Some(1));
+        assert_eq!(again.spec.unwrap().lease_transitions, Some(2));
+        // A Lease never held (no holder, no acquire time) is taken without one.
+        let mut blank = taken.clone();
+        let spec = blank.spec.as_mut().unwrap();
+        (
+            spec.holder_identity,
+            spec.acquire_time,
+            spec.lease_transitions,
+        ) = (None, None, None);
+        assert_eq!(
+            held_by(&blank, "a", d).spec.unwrap().lease_transitions,
+            Some(0)
+        );
     }
 
     #[test]
