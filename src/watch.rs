@@ -204,65 +204,47 @@ pub struct Target {
 /// was deleted ([`Target::resource_deleted`]), it sends [`Item::Vanished`] last.
 pub async fn run(
     target: Target,
-    mut resource_version: Option<String>,
+    resource_version: Option<String>,
     tx: mpsc::Sender<Item>,
     shutdown: CancellationToken,
     status: Arc<Status>,
 ) {
     let mut backoff = Backoff::default();
     let mut failing_since: Option<std::time::Instant> = None;
-    // Whether the API server must first show it has reached the resourceVersion: one from a
-    // checkpoint, or after a watch that dropped or delivered nothing (it may have been
-    // restored from a backup meanwhile, and would then hold the watch open, silently).
-    let mut verify = resource_version.is_some();
+    let mut resume = Resume::from_checkpoint(resource_version);
     loop {
-        let step = async {
-            match resource_version.clone() {
-                None => list(&target, &tx).await.map(|rv| {
-                    resource_version = Some(rv);
+        let attempt = async {
+            match resume.action() {
+                Action::List => list(&target, &tx).await.map(|rv| {
+                    resume.position = Some(rv);
                     false
                 }),
-                Some(rv) => {
-                    if verify {
-                        probe(&target, &rv).await?;
-                    }
-                    watch(&target, &tx, &rv, &mut resource_version).await
+                Action::Verify(rv) => {
+                    probe(&target, &rv).await?;
+                    watch(&target, &tx, &rv, &mut resume.position).await
                 }
+                Action::Watch(rv) => watch(&target, &tx, &rv, &mut resume.position).await,
             }
         };
-        let result = tokio::select! {
+        let ended = tokio::select! {
             () = shutdown.cancelled() => break,
-            r = step => r,
+            r = attempt => r,
         };
-        let error = match result {
-            Ok(suspect) => {
+        let error = match resume.after(ended) {
+            Effect::Next => {
                 backoff.reset();
                 failing_since = None;
-                verify = suspect;
                 continue;
             }
-            Err(Error::Closed) => return,
-            Err(error) => error,
+            Effect::Stop => return,
+            Effect::Relist(error) => {
+                count(&status.restarts, error.reason());
+                relisting(&error);
+                continue;
+            }
+            Effect::Retry(error) => error,
         };
-        verify = true;
         count(&status.restarts, error.reason());
-        match error {
-            Error::Gone(rv) => {
-                info!(rv = %rv, "watch history lost, relisting");
-                resource_version = None;
-                continue;
-            }
-            Error::TooLarge { rv, message } => {
-                warn!(
-                    rv = %rv,
-                    error = %message,
-                    "resourceVersion is ahead of the API server (etcd restored from a backup?), relisting"
-                );
-                resource_version = None;
-                continue;
-            }
-            _ => {}
-        }
         let delay = backoff.next_delay();
         // A watch that keeps failing (an event it cannot decode, no RBAC, an unreachable API
         // server) is retried for ever, and after STALL_AFTER fails readiness naming the cause.
@@ -303,7 +285,99 @@ pub async fn run(
     {
         info!("the resource was deleted: publishing the deletion of every object still known");
         // The pipeline only closes by failing, when nothing more can be published anyway.
-        let _ = send(&tx, Item::Vanished(resource_version)).await;
+        let _ = send(&tx, Item::Vanished(resume.position)).await;
+    }
+}
+
+/// Logs why the watch lists again.
+fn relisting(error: &Error) {
+    match error {
+        Error::TooLarge { rv, message } => warn!(
+            rv = %rv,
+            error = %message,
+            "resourceVersion is ahead of the API server (etcd restored from a backup?), relisting"
+        ),
+        Error::Gone(rv) => info!(rv = %rv, "watch history lost, relisting"),
+        other => info!(error = %other, "relisting"),
+    }
+}
+
+/// Where the watch resumes from between two attempts, and whether the API server must first
+/// show it has reached that point: kube-runtime's watcher in miniature, its rules in
+/// [`Resume::action`] and [`Resume::after`], tested without I/O.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Resume {
+    /// The resourceVersion reached: of the list, of the last event or bookmark. `None`: list.
+    position: Option<String>,
+    /// Whether the API server must first show it has reached `position`: one from a
+    /// checkpoint, or after a watch that dropped or delivered nothing (it may have been
+    /// restored from a backup meanwhile, and would then hold the watch open, silently).
+    verify: bool,
+}
+
+/// What the next attempt does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Action {
+    /// List, and publish what the list finds.
+    List,
+    /// Check that the API server has reached this resourceVersion, then watch from it.
+    Verify(String),
+    /// Watch from this resourceVersion.
+    Watch(String),
+}
+
+/// What happens before the next attempt.
+#[derive(Debug)]
+enum Effect {
+    /// The attempt went well: the next follows at once, the backoff starts over.
+    Next,
+    /// The pipeline is gone: the watch ends.
+    Stop,
+    /// The resourceVersion is gone or ahead of the API server: list again at once.
+    Relist(Error),
+    /// The attempt failed: the next follows after a backoff.
+    Retry(Error),
+}
+
+impl Resume {
+    /// From a checkpoint's resourceVersion, verified first; without one, a list.
+    fn from_checkpoint(resource_version: Option<String>) -> Self {
+        let verify = resource_version.is_some();
+        Self {
+            position: resource_version,
+            verify,
+        }
+    }
+
+    /// The next attempt.
+    fn action(&self) -> Action {
+        match &self.position {
+            None => Action::List,
+            Some(rv) if self.verify => Action::Verify(rv.clone()),
+            Some(rv) => Action::Watch(rv.clone()),
+        }
+    }
+
+    /// How `ended` (a list or watch that went well, `suspect` when a watch dropped or delivered
+    /// nothing; or its error) changes the state, and what happens next. After any failure the
+    /// position is verified before it is watched again.
+    fn after(&mut self, ended: Result<bool, Error>) -> Effect {
+        match ended {
+            Ok(suspect) => {
+                self.verify = suspect;
+                Effect::Next
+            }
+            Err(Error::Closed) => Effect::Stop,
+            Err(error @ (Error::Gone(_) | Error::TooLarge { .. })) => {
+                self.verify = true;
+                self.position = None;
+                Effect::Relist(error)
+            }
+            Err(error) => {
+                self.verify = true;
+                Effect::Retry(error)
+            }
+        }
     }
 }
 
@@ -657,6 +731,52 @@ fn ids(meta: &ObjectMeta) -> Option<(&str, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_checkpoint_is_verified_before_it_is_watched_and_a_list_is_watched_at_once() {
+        let mut resume = Resume::from_checkpoint(Some("7".into()));
+        assert_eq!(resume.action(), Action::Verify("7".into()));
+        assert!(matches!(resume.after(Ok(false)), Effect::Next));
+        assert_eq!(resume.action(), Action::Watch("7".into()));
+        let mut fresh = Resume::from_checkpoint(None);
+        assert_eq!(fresh.action(), Action::List);
+        fresh.position = Some("9".into());
+        assert!(matches!(fresh.after(Ok(false)), Effect::Next));
+        assert_eq!(fresh.action(), Action::Watch("9".into()));
+    }
+
+    #[test]
+    fn a_watch_that_dropped_or_delivered_nothing_and_any_failure_verify_first() {
+        let mut resume = Resume::from_checkpoint(None);
+        resume.position = Some("5".into());
+        assert!(matches!(resume.after(Ok(true)), Effect::Next));
+        assert_eq!(resume.action(), Action::Verify("5".into()));
+        resume.verify = false;
+        let failed = resume.after(Err(Error::Unproductive(None)));
+        assert!(matches!(failed, Effect::Retry(Error::Unproductive(None))));
+        assert_eq!(
+            resume.action(),
+            Action::Verify("5".into()),
+            "the position is kept"
+        );
+    }
+
+    #[test]
+    fn a_lost_or_future_resource_version_lists_again_and_a_closed_pipeline_stops() {
+        for error in [
+            Error::Gone("5".into()),
+            Error::TooLarge {
+                rv: "5".into(),
+                message: "too large".into(),
+            },
+        ] {
+            let mut resume = Resume::from_checkpoint(Some("5".into()));
+            assert!(matches!(resume.after(Err(error)), Effect::Relist(_)));
+            assert_eq!(resume.action(), Action::List);
+        }
+        let mut resume = Resume::from_checkpoint(Some("5".into()));
+        assert!(matches!(resume.after(Err(Error::Closed)), Effect::Stop));
+    }
 
     #[test]
     fn a_long_list_reports_its_progress_every_ten_seconds_with_its_totals_and_rate() {
