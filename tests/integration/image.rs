@@ -35,7 +35,10 @@ fn required(name: &str, how: &str) -> String {
 
 fn umoci() -> String {
     let umoci = required("KEB_UMOCI", "`eval \"$(scripts/testenv env)\"` sets it");
-    assert!(Path::new(&umoci).is_file(), "KEB_UMOCI={umoci} does not exist");
+    assert!(
+        Path::new(&umoci).is_file(),
+        "KEB_UMOCI={umoci} does not exist"
+    );
     umoci
 }
 
@@ -76,15 +79,22 @@ impl Image {
         let layout = dir.join("oci");
         let blob = |digest: &str| layout.join("blobs").join(digest.replace(':', "/"));
         let index = read_json(&layout.join("index.json"));
-        let manifests = index["manifests"].as_array().expect("index.json lists manifests");
+        let manifests = index["manifests"]
+            .as_array()
+            .expect("index.json lists manifests");
         assert_eq!(manifests.len(), 1, "one image in the layout: {index}");
-        let digest = manifests[0]["digest"].as_str().expect("a digest").to_string();
+        let digest = manifests[0]["digest"]
+            .as_str()
+            .expect("a digest")
+            .to_string();
         let tag = manifests[0]["annotations"]["org.opencontainers.image.ref.name"]
             .as_str()
             .expect("a tag")
             .to_string();
         let manifest = read_json(&blob(&digest));
-        let config = read_json(&blob(manifest["config"]["digest"].as_str().expect("config")));
+        let config = read_json(&blob(
+            manifest["config"]["digest"].as_str().expect("config"),
+        ));
         Image {
             dir,
             layout,
@@ -98,7 +108,11 @@ impl Image {
     fn unpack(&self) -> tempfile::TempDir {
         let dir = tempfile::tempdir().expect("temp dir");
         let image = format!("{}:{}", self.layout.display(), self.tag);
-        output(Command::new(umoci()).args(["raw", "unpack", "--image", &image]).arg(dir.path().join("rootfs")));
+        output(
+            Command::new(umoci())
+                .args(["raw", "unpack", "--image", &image])
+                .arg(dir.path().join("rootfs")),
+        );
         dir
     }
 
@@ -116,7 +130,10 @@ impl Image {
     fn user(&self) -> (u32, u32) {
         let user = self.runtime("User").as_str().expect("config.User");
         let (uid, gid) = user.split_once(':').expect("User is uid:gid");
-        (uid.parse().expect("a numeric uid"), gid.parse().expect("a numeric gid"))
+        (
+            uid.parse().expect("a numeric uid"),
+            gid.parse().expect("a numeric gid"),
+        )
     }
 }
 
@@ -156,7 +173,16 @@ exec chroot --userspec="$user" "$root" "$@"
     let (uid, gid) = image.user();
     let mut command = Command::new("unshare");
     command
-        .args(["--mount", "--propagation", "private", "--", "sh", "-c", RUN, "sh"])
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            RUN,
+            "sh",
+        ])
         .arg(rootfs)
         .arg(config_dir)
         .arg(format!("{uid}:{gid}"))
@@ -189,7 +215,12 @@ fn configuration_directory(dir: &Path, (uid, gid): (u32, u32), files: &[(&str, V
 
 /// Starts the bridge from the image's root filesystem on `config`, with the test kubeconfig and
 /// `files` in its configuration directory.
-fn start_from_image(image: &Image, rootfs: &Path, config: &str, files: Vec<(&str, Vec<u8>)>) -> Bridge {
+fn start_from_image(
+    image: &Image,
+    rootfs: &Path,
+    config: &str,
+    files: Vec<(&str, Vec<u8>)>,
+) -> Bridge {
     let kubeconfig = std::fs::read(support::env().kubeconfig).expect("read the kubeconfig");
     Bridge::start_via(config, |dir| {
         let mut files = files;
@@ -216,7 +247,10 @@ fn proc_status(pid: u32, field: &str) -> Vec<String> {
 }
 
 fn named(name: &str) -> impl Fn(&[Received]) -> bool + '_ {
-    move |got| got.iter().any(|r| r.ext("name") == name && r.change() == "added")
+    move |got| {
+        got.iter()
+            .any(|r| r.ext("name") == name && r.change() == "added")
+    }
 }
 
 async fn create_config_map(client: &kube::Client, namespace: &str, name: &str) {
@@ -244,16 +278,20 @@ async fn the_image_runs_the_bridge_as_its_user_from_its_root_filesystem() {
     bridge.wait_synced(1).await;
 
     let address = bridge.admin_address().await;
-    wait_until("the bridge from the image is ready", Duration::from_secs(30), || async {
-        (get(&address, "/readyz").await.0 == 200).then_some(())
-    })
+    wait_until(
+        "the bridge from the image is ready",
+        Duration::from_secs(30),
+        || async { (get(&address, "/readyz").await.0 == 200).then_some(()) },
+    )
     .await;
     let pid = bridge.pid();
     let (uid, gid) = image.user();
     assert_eq!(proc_status(pid, "Uid"), vec![uid.to_string(); 4]);
     assert_eq!(proc_status(pid, "Gid"), vec![gid.to_string(); 4]);
     assert!(
-        proc_status(pid, "Groups").iter().all(|g| *g == gid.to_string()),
+        proc_status(pid, "Groups")
+            .iter()
+            .all(|g| *g == gid.to_string()),
         "supplementary groups: {:?}",
         proc_status(pid, "Groups")
     );
@@ -263,11 +301,17 @@ async fn the_image_runs_the_bridge_as_its_user_from_its_root_filesystem() {
         .filter(|a| !a.is_empty())
         .map(|a| String::from_utf8_lossy(a).into_owned())
         .collect();
-    let expected: Vec<String> = image.strings("Entrypoint").into_iter().chain(image.strings("Cmd")).collect();
+    let expected: Vec<String> = image
+        .strings("Entrypoint")
+        .into_iter()
+        .chain(image.strings("Cmd"))
+        .collect();
     assert_eq!(argv, expected, "the image's entrypoint and default command");
     // The process's root is the image's root filesystem, not the host's.
-    let os_release = std::fs::read_to_string(format!("/proc/{pid}/root/etc/os-release")).expect("os-release");
-    let image_os_release = std::fs::read_to_string(rootfs.join("etc/os-release")).expect("os-release");
+    let os_release =
+        std::fs::read_to_string(format!("/proc/{pid}/root/etc/os-release")).expect("os-release");
+    let image_os_release =
+        std::fs::read_to_string(rootfs.join("etc/os-release")).expect("os-release");
     assert_eq!(os_release, image_os_release);
 
     create_config_map(&client, &ns, "from-the-image").await;
@@ -304,7 +348,10 @@ async fn the_images_openssl_publishes_to_kafka_over_tls() {
     reader
         .read_until(Duration::from_secs(60), named("over-tls-from-the-image"))
         .await;
-    assert!(!bridge.log_text().contains(&scram.password), "the password appears in the log");
+    assert!(
+        !bridge.log_text().contains(&scram.password),
+        "the password appears in the log"
+    );
 }
 
 /// The Dockerfile's runtime stage at a glance.
@@ -353,16 +400,27 @@ fn parse_dockerfile() -> Dockerfile {
             .unwrap_or_else(|| panic!("no ARG {name}"))
             .to_string()
     };
-    let last_from = ins.iter().rposition(|(op, _)| op == "FROM").expect("a FROM");
-    let base = ins[last_from].1.replace("${DEBIAN_RELEASE}", &arg("DEBIAN_RELEASE"));
+    let last_from = ins
+        .iter()
+        .rposition(|(op, _)| op == "FROM")
+        .expect("a FROM");
+    let base = ins[last_from]
+        .1
+        .replace("${DEBIAN_RELEASE}", &arg("DEBIAN_RELEASE"));
     let release = base
         .strip_prefix("debian:")
         .and_then(|b| b.strip_suffix("-slim"))
-        .unwrap_or_else(|| panic!("the runtime stage starts from debian:<release>-slim, not {base}"))
+        .unwrap_or_else(|| {
+            panic!("the runtime stage starts from debian:<release>-slim, not {base}")
+        })
         .to_string();
     let runtime = &ins[last_from..];
     let one = |op: &str| {
-        let found: Vec<&String> = runtime.iter().filter(|(o, _)| o == op).map(|(_, a)| a).collect();
+        let found: Vec<&String> = runtime
+            .iter()
+            .filter(|(o, _)| o == op)
+            .map(|(_, a)| a)
+            .collect();
         assert_eq!(found.len(), 1, "one {op} in the runtime stage: {found:?}");
         found[0].clone()
     };
@@ -378,7 +436,10 @@ fn parse_dockerfile() -> Dockerfile {
         .filter(|w| !w.starts_with('-'))
         .map(str::to_string)
         .collect();
-    assert!(run.contains("apt-get install -y --no-install-recommends"), "{run}");
+    assert!(
+        run.contains("apt-get install -y --no-install-recommends"),
+        "{run}"
+    );
     let copy = one("COPY");
     let json = |op: &str| -> Vec<String> {
         serde_json::from_str(&one(op)).unwrap_or_else(|e| panic!("{op} in exec form: {e}"))
@@ -388,7 +449,11 @@ fn parse_dockerfile() -> Dockerfile {
         packages,
         useradd: options_of(&run, "useradd", &["uid", "gid", "home-dir", "shell"]),
         groupadd: options_of(&run, "groupadd", &["gid"]),
-        binary: copy.split_whitespace().last().expect("a COPY destination").to_string(),
+        binary: copy
+            .split_whitespace()
+            .last()
+            .expect("a COPY destination")
+            .to_string(),
         user: one("USER"),
         expose: one("EXPOSE"),
         entrypoint: json("ENTRYPOINT"),
@@ -406,18 +471,35 @@ struct Needs {
 }
 
 fn needs(binary: &Path) -> Needs {
-    let text = output(Command::new("readelf").args(["-d", "-l", "-V", "-W"]).arg(binary));
-    let bracketed = |line: &str| line.split('[').nth(1).and_then(|s| s.split(']').next()).map(str::to_string);
+    let text = output(
+        Command::new("readelf")
+            .args(["-d", "-l", "-V", "-W"])
+            .arg(binary),
+    );
+    let bracketed = |line: &str| {
+        line.split('[')
+            .nth(1)
+            .and_then(|s| s.split(']').next())
+            .map(str::to_string)
+    };
     let version = |v: &str| {
         let (major, minor) = v.split_once('.')?;
         Some((major.parse().ok()?, minor.split('.').next()?.parse().ok()?))
     };
     Needs {
-        libraries: text.lines().filter(|l| l.contains("(NEEDED)")).filter_map(bracketed).collect(),
+        libraries: text
+            .lines()
+            .filter(|l| l.contains("(NEEDED)"))
+            .filter_map(bracketed)
+            .collect(),
         interpreter: text
             .lines()
             .find(|l| l.contains("Requesting program interpreter"))
-            .and_then(|l| bracketed(l)?.strip_prefix("Requesting program interpreter: ").map(str::to_string))
+            .and_then(|l| {
+                bracketed(l)?
+                    .strip_prefix("Requesting program interpreter: ")
+                    .map(str::to_string)
+            })
             .expect("an interpreter"),
         glibc: text
             .split_whitespace()
@@ -440,27 +522,47 @@ fn the_dockerfile_describes_the_image() {
 
     assert_eq!(image.config["os"], "linux");
     assert_eq!(image.config["architecture"], ARCHITECTURE);
-    assert_eq!(image.runtime("User").as_str(), Some(docker.user.as_str()), "USER");
+    assert_eq!(
+        image.runtime("User").as_str(),
+        Some(docker.user.as_str()),
+        "USER"
+    );
     assert_eq!(image.strings("Entrypoint"), docker.entrypoint, "ENTRYPOINT");
     assert_eq!(image.strings("Cmd"), docker.cmd, "CMD");
-    assert_eq!(docker.entrypoint, [docker.binary.clone()], "the entrypoint is the copied binary");
-    let ports: Vec<&String> = image.runtime("ExposedPorts").as_object().expect("ExposedPorts").keys().collect();
+    assert_eq!(
+        docker.entrypoint,
+        [docker.binary.clone()],
+        "the entrypoint is the copied binary"
+    );
+    let ports: Vec<&String> = image
+        .runtime("ExposedPorts")
+        .as_object()
+        .expect("ExposedPorts")
+        .keys()
+        .collect();
     assert_eq!(ports, [&format!("{}/tcp", docker.expose)], "EXPOSE");
     assert!(
-        image.strings("Env").contains(&"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string()),
+        image.strings("Env").contains(
+            &"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string()
+        ),
         "the PATH of Debian's images: {:?}",
         image.strings("Env")
     );
 
     let os_release = std::fs::read_to_string(rootfs.join("etc/os-release")).expect("os-release");
     assert!(
-        os_release.lines().any(|l| l == format!("VERSION_CODENAME={}", docker.release)),
+        os_release
+            .lines()
+            .any(|l| l == format!("VERSION_CODENAME={}", docker.release)),
         "the image is Debian {}:\n{os_release}",
         docker.release
     );
     let installed = installed_packages(&rootfs);
     for package in &docker.packages {
-        assert!(installed.contains_key(package), "{package} is not installed in the image");
+        assert!(
+            installed.contains_key(package),
+            "{package} is not installed in the image"
+        );
     }
 
     let (uid, gid) = image.user();
@@ -474,14 +576,26 @@ fn the_dockerfile_describes_the_image() {
         "{name}:x:{uid}:{gid}::{}:{}",
         docker.useradd["home-dir"], docker.useradd["shell"]
     );
-    assert!(passwd.lines().any(|l| l == entry), "{entry} not in /etc/passwd:\n{passwd}");
+    assert!(
+        passwd.lines().any(|l| l == entry),
+        "{entry} not in /etc/passwd:\n{passwd}"
+    );
     let group = std::fs::read_to_string(rootfs.join("etc/group")).expect("group");
-    assert!(group.lines().any(|l| l == format!("{name}:x:{gid}:")), "{name} not in /etc/group:\n{group}");
+    assert!(
+        group.lines().any(|l| l == format!("{name}:x:{gid}:")),
+        "{name} not in /etc/group:\n{group}"
+    );
 
     let binary = rootfs.join(docker.binary.trim_start_matches('/'));
-    let meta = std::fs::symlink_metadata(&binary).unwrap_or_else(|e| panic!("{}: {e}", binary.display()));
+    let meta =
+        std::fs::symlink_metadata(&binary).unwrap_or_else(|e| panic!("{}: {e}", binary.display()));
     assert!(meta.is_file(), "{} is a regular file", docker.binary);
-    assert_eq!((meta.mode() & 0o7777, meta.uid(), meta.gid()), (0o755, 0, 0), "{}", docker.binary);
+    assert_eq!(
+        (meta.mode() & 0o7777, meta.uid(), meta.gid()),
+        (0o755, 0, 0),
+        "{}",
+        docker.binary
+    );
 
     let needs = needs(&binary);
     for library in &needs.libraries {
@@ -491,15 +605,30 @@ fn the_dockerfile_describes_the_image() {
         );
     }
     let interpreter = rootfs.join(needs.interpreter.trim_start_matches('/'));
-    assert!(interpreter.exists(), "no loader {} in the image", needs.interpreter);
+    assert!(
+        interpreter.exists(),
+        "no loader {} in the image",
+        needs.interpreter
+    );
     let libc = &installed["libc6"];
     let (major, minor) = libc.split('-').next().unwrap().split_once('.').unwrap();
     let image_glibc: (u32, u32) = (major.parse().unwrap(), minor.parse().unwrap());
-    assert!(image_glibc >= needs.glibc, "the binary needs glibc {:?}, the image has {libc}", needs.glibc);
-    assert!(!needs.relr || image_glibc >= (2, 36), "DT_RELR needs glibc 2.36, the image has {libc}");
+    assert!(
+        image_glibc >= needs.glibc,
+        "the binary needs glibc {:?}, the image has {libc}",
+        needs.glibc
+    );
+    assert!(
+        !needs.relr || image_glibc >= (2, 36),
+        "DT_RELR needs glibc 2.36, the image has {libc}"
+    );
     let certificates = rootfs.join("etc/ssl/certs/ca-certificates.crt");
     let bundle = std::fs::read_to_string(&certificates).expect("the CA certificates bundle");
-    assert!(bundle.matches("BEGIN CERTIFICATE").count() > 100, "a near-empty {}", certificates.display());
+    assert!(
+        bundle.matches("BEGIN CERTIFICATE").count() > 100,
+        "a near-empty {}",
+        certificates.display()
+    );
 }
 
 /// The SBOM beside the image (SPDX, by syft) names this image and lists exactly the Debian
@@ -511,15 +640,31 @@ fn the_sbom_lists_the_images_debian_packages() {
     let installed = installed_packages(&unpacked.path().join("rootfs"));
     let sbom = read_json(&image.dir.join("sbom.spdx.json"));
 
-    assert!(sbom["spdxVersion"].as_str().is_some_and(|v| v.starts_with("SPDX-2.")), "{}", sbom["spdxVersion"]);
+    assert!(
+        sbom["spdxVersion"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("SPDX-2.")),
+        "{}",
+        sbom["spdxVersion"]
+    );
     let creators = sbom["creationInfo"]["creators"].to_string();
     assert!(creators.contains("Tool: syft-"), "made by syft: {creators}");
     let packages = sbom["packages"].as_array().expect("packages");
-    let described: Vec<&Value> = packages.iter().filter(|p| p["primaryPackagePurpose"] == "CONTAINER").collect();
+    let described: Vec<&Value> = packages
+        .iter()
+        .filter(|p| p["primaryPackagePurpose"] == "CONTAINER")
+        .collect();
     assert_eq!(described.len(), 1, "one image described");
-    let hex = image.digest.strip_prefix("sha256:").expect("a sha256 digest");
+    let hex = image
+        .digest
+        .strip_prefix("sha256:")
+        .expect("a sha256 digest");
     assert_eq!(
-        (&described[0]["name"], &described[0]["versionInfo"], &described[0]["checksums"][0]["checksumValue"]),
+        (
+            &described[0]["name"],
+            &described[0]["versionInfo"],
+            &described[0]["checksums"][0]["checksumValue"]
+        ),
         (&json!("kube-event-bridge"), &json!(image.tag), &json!(hex)),
         "the SBOM describes this image"
     );
@@ -539,11 +684,21 @@ fn the_sbom_lists_the_images_debian_packages() {
         .collect();
     let listed: BTreeMap<String, String> = debian
         .iter()
-        .map(|(name, p)| (name.clone(), p["versionInfo"].as_str().unwrap_or_default().to_string()))
+        .map(|(name, p)| {
+            (
+                name.clone(),
+                p["versionInfo"].as_str().unwrap_or_default().to_string(),
+            )
+        })
         .collect();
-    assert_eq!(listed, installed, "the SBOM's Debian packages are the image's");
+    assert_eq!(
+        listed, installed,
+        "the SBOM's Debian packages are the image's"
+    );
     for package in ["libssl3t64", "zlib1g", "ca-certificates", "libc6"] {
-        let licence = debian[package]["licenseDeclared"].as_str().unwrap_or_default();
+        let licence = debian[package]["licenseDeclared"]
+            .as_str()
+            .unwrap_or_default();
         assert!(
             !licence.is_empty() && licence != "NOASSERTION",
             "{package}'s licence is in the SBOM (its copyright file stays in the image): {licence:?}"
