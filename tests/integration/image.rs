@@ -531,7 +531,7 @@ fn the_dockerfile_describes_the_image() {
     assert_eq!(image.strings("Cmd"), docker.cmd, "CMD");
     assert_eq!(
         docker.entrypoint,
-        [docker.binary.clone()],
+        std::slice::from_ref(&docker.binary),
         "the entrypoint is the copied binary"
     );
     let ports: Vec<&String> = image
