@@ -160,11 +160,11 @@ fn installed_packages(rootfs: &Path) -> BTreeMap<String, String> {
 /// the chart runs it; /proc and /dev mounted), with the image's environment and `vars` alone.
 fn in_image(image: &Image, rootfs: &Path, config_dir: &Path, vars: &[(&str, &str)]) -> Command {
     const RUN: &str = r#"set -eu
-root=$1 config=$2 user=$3
-shift 3
-mkdir -p "$root$CONFIG_DIR" "$root/dev"
+root=$1 config=$2 target=$1$3 user=$4
+shift 4
+mkdir -p "$target" "$root/dev"
 mount --bind "$root" "$root"
-mount --bind -o ro "$config" "$root$CONFIG_DIR"
+mount --bind -o ro "$config" "$target"
 mount -t proc proc "$root/proc"
 mount --rbind /dev "$root/dev"
 mount -o remount,bind,ro "$root"
@@ -185,11 +185,11 @@ exec chroot --userspec="$user" "$root" "$@"
         ])
         .arg(rootfs)
         .arg(config_dir)
+        .arg(CONFIG_DIR)
         .arg(format!("{uid}:{gid}"))
         .args(image.strings("Entrypoint"))
         .args(image.strings("Cmd"))
-        .env_clear()
-        .env("CONFIG_DIR", CONFIG_DIR);
+        .env_clear();
     for entry in image.strings("Env") {
         let (name, value) = entry.split_once('=').expect("Env entries are NAME=value");
         command.env(name, value);
