@@ -313,6 +313,17 @@ async fn the_image_runs_the_bridge_as_its_user_from_its_root_filesystem() {
     let image_os_release =
         std::fs::read_to_string(rootfs.join("etc/os-release")).expect("os-release");
     assert_eq!(os_release, image_os_release);
+    let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).expect("mountinfo");
+    let root_options = mounts
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|fields| fields.get(4) == Some(&"/"))
+        .map(|fields| fields[5].to_string())
+        .expect("the process's root mount");
+    assert!(
+        root_options.split(',').any(|o| o == "ro"),
+        "a read-only root: {root_options}"
+    );
 
     create_config_map(&client, &ns, "from-the-image").await;
     Reader::stdout(&bridge)
