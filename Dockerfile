@@ -1,11 +1,13 @@
 # syntax=docker/dockerfile:1
 # kube-event-bridge image: a Rust builder stage, then a small Debian runtime with only the binary
-# and the libraries it links (libssl3, zlib) plus CA certificates, run as uid/gid 65532.
+# and the libraries it links (libssl3t64, zlib) plus CA certificates, run as uid/gid 65532.
 #   docker build -t kube-event-bridge:0.1.0 .
 # Needs BuildKit (the default builder since Docker 23) for the cache mounts. See docs/deploy.md.
+# scripts/image builds the same image without an engine; tests/integration/image.rs keeps the two
+# in step (release, packages, user, binary, entrypoint, command, port).
 
 ARG RUST_VERSION=1.95
-ARG DEBIAN_RELEASE=bookworm
+ARG DEBIAN_RELEASE=trixie
 
 FROM rust:${RUST_VERSION}-${DEBIAN_RELEASE} AS builder
 # librdkafka is compiled from source by rdkafka-sys (C compiler, make, perl) against the system
@@ -38,7 +40,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 FROM debian:${DEBIAN_RELEASE}-slim
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates libssl3 zlib1g \
+    && apt-get install -y --no-install-recommends ca-certificates libssl3t64 zlib1g \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 65532 keb \
     && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \

@@ -1,8 +1,8 @@
 //! Link settings of the bridge's binaries.
 
 fn main() {
-    // Relative relocations packed (DT_RELR, glibc 2.36 or later; the image runs on bookworm's
-    // 2.36): the loader reads far less at start, and those pages no longer stay resident.
+    // Relative relocations packed (DT_RELR, glibc 2.36 or later; the image runs on trixie's
+    // 2.41): the loader reads far less at start, and those pages no longer stay resident.
     // Measured in docs/architecture.md ("Memory").
     let os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     let env = std::env::var("CARGO_CFG_TARGET_ENV").unwrap_or_default();

@@ -1059,7 +1059,7 @@ fn chart_values_schema_embeds_the_config_schema_and_versions_match() {
 // ------------------------------------------------------------------ (d) Dockerfile, compose
 
 /// The Dockerfile's instructions, continuation lines joined, comments dropped.
-fn dockerfile() -> Vec<(String, String)> {
+pub(crate) fn dockerfile() -> Vec<(String, String)> {
     let text = read(&repo().join("Dockerfile"));
     let mut out = Vec::new();
     let mut current = String::new();
@@ -1086,8 +1086,8 @@ fn dockerfile() -> Vec<(String, String)> {
 
 /// Debian packages providing each shared library the release binary links, beyond the base image.
 const RUNTIME_LIBRARIES: [(&str, &str); 8] = [
-    ("libssl.so", "libssl3"),
-    ("libcrypto.so", "libssl3"),
+    ("libssl.so", "libssl3t64"),
+    ("libcrypto.so", "libssl3t64"),
     ("libz.so", "zlib1g"),
     ("libgcc_s.so", "libgcc-s1"),
     ("libc.so", "libc6"),

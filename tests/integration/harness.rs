@@ -97,22 +97,31 @@ impl Bridge {
 
     /// [`Bridge::start`] with these environment variables set.
     pub fn start_with_env(config: &str, vars: &[(&str, &str)]) -> Bridge {
+        Self::start_via(config, |dir| {
+            let mut command = Command::new(bin());
+            command
+                .args(["--log-format", "json", "run", "--config"])
+                .arg(dir.join("bridge.yaml"))
+                .env("RUST_LOG", "info,kube_event_bridge=debug")
+                .envs(vars.iter().copied());
+            command
+        })
+    }
+
+    /// Writes `config` to `bridge.yaml` in a new directory and starts the process `command`
+    /// makes of that directory (it must log JSON): the bridge run another way, from the image's
+    /// root filesystem for example.
+    pub fn start_via(config: &str, command: impl FnOnce(&Path) -> Command) -> Bridge {
         let mut config = config.to_string();
         if !config.contains("\nadmin:") {
             // Tests bind only to loopback, on a free port (read back with `admin_address`).
             config.push_str("admin: {address: \"127.0.0.1:0\"}\n");
         }
-        let config = config.as_str();
         let dir = tempfile::tempdir().expect("temp dir");
-        let path = dir.path().join("bridge.yaml");
-        std::fs::write(&path, config).expect("write config");
+        std::fs::write(dir.path().join("bridge.yaml"), config).expect("write config");
         let log = dir.path().join("bridge.log");
         let stdout = dir.path().join("stdout.jsonl");
-        let child = Command::new(bin())
-            .args(["--log-format", "json", "run", "--config"])
-            .arg(&path)
-            .env("RUST_LOG", "info,kube_event_bridge=debug")
-            .envs(vars.iter().copied())
+        let child = command(dir.path())
             .stdout(std::fs::File::create(&stdout).expect("stdout file"))
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()
@@ -199,9 +208,14 @@ impl Bridge {
         }
     }
 
+    /// The process's id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the bridge runs").id()
+    }
+
     /// The process's peak resident memory so far (`VmHWM`), in bytes.
     pub fn peak_rss(&self) -> u64 {
-        let pid = self.child.as_ref().expect("the bridge runs").id();
+        let pid = self.pid();
         let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
             .unwrap_or_else(|e| panic!("cannot read /proc/{pid}/status: {e}"));
         status

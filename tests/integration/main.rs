@@ -16,6 +16,7 @@ mod deploy;
 mod dynamic;
 mod harness;
 mod http_sink;
+mod image;
 mod languages;
 mod memory;
 mod receiver;
