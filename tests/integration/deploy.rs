@@ -878,7 +878,7 @@ async fn helm_refuses_inline_secrets_unmounted_files_two_sinks_bad_keys_loopback
     let kafka = chart_path(CI_VALUES[0]);
     let nats = chart_path(CI_VALUES[1]);
     let sasl = chart_path(CI_VALUES[2]);
-    let cases: [(&[&str], &str); 13] = [
+    let cases: [(&[&str], &str); 14] = [
         (
             &[
                 "--values",
@@ -901,8 +901,19 @@ async fn helm_refuses_inline_secrets_unmounted_files_two_sinks_bad_keys_loopback
             ],
             "config.sink.kafka.propertyFiles.sasl.password: /etc/elsewhere/password is not under any secretMounts[].mountPath",
         ),
+        // The config schema refuses a second sink first; the chart's own check stays behind it.
         (
             &["--values", &kafka, "--set-json", "config.sink.stdout={}"],
+            "at '/config/sink': maxProperties: got 2, want 1",
+        ),
+        (
+            &[
+                "--skip-schema-validation",
+                "--values",
+                &kafka,
+                "--set-json",
+                "config.sink.stdout={}",
+            ],
             "set exactly one sink",
         ),
         (
