@@ -7,6 +7,7 @@
 //! NATS's `ce-` headers and the structured JSON form alike.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
@@ -26,6 +27,7 @@ use crate::knative;
 use crate::payload::{self, Mode, Pointer};
 pub use crate::payload::{LAST_APPLIED, REDACTED};
 use crate::template::Template;
+use crate::trace::{self, Parent, TraceContext};
 
 /// Prefix of every event type: `io.kubeeventbridge.object.added`, `.modified`, `.deleted`.
 pub const TYPE_PREFIX: &str = "io.kubeeventbridge.object.";
@@ -102,6 +104,10 @@ pub struct ResourceInfo {
     knative_plural: String,
     /// With the audit extensions on: the `clusterid` (uid of namespace `kube-system`).
     cluster_id: Option<Arc<str>>,
+    /// The annotation naming an object's trace context (`traceparent`).
+    traceparent_annotation: String,
+    /// The annotation holding its `tracestate`.
+    tracestate_annotation: String,
 }
 
 impl ResourceInfo {
@@ -147,6 +153,8 @@ impl ResourceInfo {
             strip_last_applied: c.strip_last_applied,
             knative_plural: knative::guess_plural(&api.kind),
             cluster_id: None,
+            traceparent_annotation: c.traceparent_annotation.clone(),
+            tracestate_annotation: c.tracestate_annotation.clone(),
         }
     }
 
@@ -198,6 +206,8 @@ pub struct Event {
     pub truncated: bool,
     /// Who made the newest write (audit extensions on, and the object names a manager).
     pub author: Option<Author>,
+    /// The W3C trace context of the event's span (`traceparent`, `tracestate`).
+    pub trace: TraceContext,
     /// The payload as JSON.
     pub data: Vec<u8>,
     /// When the watch read the change (its `time`), on the monotonic clock, for latency
@@ -284,6 +294,10 @@ impl Event {
                 .cluster_id
                 .as_deref()
                 .map(|id| (attribute::CLUSTERID, id)),
+            Some((attribute::TRACEPARENT, self.trace.traceparent())),
+            self.trace
+                .tracestate()
+                .map(|state| (attribute::TRACESTATE, state)),
         ]
         .into_iter()
         .flatten()
@@ -384,6 +398,8 @@ pub struct Encoded {
     pub event: Event,
     /// Diff mode: the object as published, to diff the next version against.
     pub object: Option<Vec<u8>>,
+    /// Why the object's trace context annotation was ignored, if it was.
+    pub trace_error: Option<trace::context::Error>,
 }
 
 /// Encodes one change of a resource described by `info`. Takes the change by value: the object
@@ -415,6 +431,7 @@ pub fn encode(
         return Err(missing("name"));
     }
     let namespace = meta.namespace.clone();
+    let (trace, trace_error) = trace_context(info, meta.annotations.as_ref());
     // Before `clean` strips managedFields.
     let author = if info.audit {
         meta.managed_fields.as_deref().and_then(audit::author)
@@ -473,12 +490,39 @@ pub fn encode(
             payload,
             truncated: false,
             author,
+            trace,
             data,
             received: monotonic(observed),
             budget: None,
         },
         object: published,
+        trace_error,
     })
+}
+
+/// The event's trace context: a child of the one the object's annotations name, or a new trace
+/// when they name none or an invalid one (the error says why it was ignored). An invalid
+/// `tracestate` is dropped and the `traceparent` kept.
+fn trace_context(
+    info: &ResourceInfo,
+    annotations: Option<&BTreeMap<String, String>>,
+) -> (TraceContext, Option<trace::context::Error>) {
+    let mut rng = rand::rng();
+    let annotation = |key: &String| annotations.and_then(|a| a.get(key));
+    let parent = annotation(&info.traceparent_annotation).map(|v| Parent::parse(v));
+    match parent {
+        None => (TraceContext::root(&mut rng), None),
+        Some(Err(e)) => (TraceContext::root(&mut rng), Some(e)),
+        Some(Ok(parent)) => {
+            let state = annotation(&info.tracestate_annotation).map(|v| trace::context::parse_state(v));
+            let (state, error) = match state {
+                None => (None, None),
+                Some(Ok(state)) => (Some(state.to_string()), None),
+                Some(Err(e)) => (None, Some(e)),
+            };
+            (TraceContext::child(parent, state, &mut rng), error)
+        }
+    }
 }
 
 /// Strips and redacts what the resource asks for, in place.
