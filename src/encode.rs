@@ -514,7 +514,8 @@ fn trace_context(
         None => (TraceContext::root(&mut rng), None),
         Some(Err(e)) => (TraceContext::root(&mut rng), Some(e)),
         Some(Ok(parent)) => {
-            let state = annotation(&info.tracestate_annotation).map(|v| trace::context::parse_state(v));
+            let state =
+                annotation(&info.tracestate_annotation).map(|v| trace::context::parse_state(v));
             let (state, error) = match state {
                 None => (None, None),
                 Some(Ok(state)) => (Some(state.to_string()), None),
@@ -1051,7 +1052,20 @@ pub(crate) mod tests {
         }
     }
 
-    /// A ConfigMap written by `kubectl` (Apply) and then by `ctl` (Update, later).
+    /// W3C's example `traceparent`, and a `tracestate`.
+    const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    const TRACESTATE: &str = "congo=t61rcWkgMzE";
+
+    /// `o` with the default trace context annotations set to `traceparent` and `tracestate`.
+    fn traced(mut o: DynamicObject, traceparent: &str, tracestate: &str) -> DynamicObject {
+        let annotations = o.metadata.annotations.get_or_insert_with(BTreeMap::new);
+        annotations.insert("tracing.k8s.io/traceparent".into(), traceparent.into());
+        annotations.insert("tracing.k8s.io/tracestate".into(), tracestate.into());
+        o
+    }
+
+    /// A ConfigMap written by `kubectl` (Apply) and then by `ctl` (Update, later), in a traced
+    /// request.
     fn managed_object() -> DynamicObject {
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
         let entry = |manager: &str, operation: &str, time: &str| ManagedFieldsEntry {
@@ -1065,7 +1079,78 @@ pub(crate) mod tests {
             entry("kubectl", "Apply", "2025-11-21T14:03:20Z"),
             entry("ctl", "Update", "2025-11-21T14:03:27Z"),
         ]);
-        o
+        traced(o, TRACEPARENT, TRACESTATE)
+    }
+
+    fn encoded(info: &Arc<ResourceInfo>, o: DynamicObject) -> Encoded {
+        super::encode(info, change(ChangeKind::Modified, o), None).unwrap()
+    }
+
+    #[test]
+    fn the_event_span_is_a_child_of_the_annotated_context() {
+        let i = configmaps("");
+        let e = encoded(
+            &i,
+            traced(object(Some("a"), json!({})), TRACEPARENT, TRACESTATE),
+        );
+        assert_eq!(e.trace_error, None);
+        let attrs: BTreeMap<_, _> = e.event.attributes().collect();
+        let traceparent = attrs["traceparent"];
+        assert!(traceparent.starts_with("00-0af7651916cd43dd8448eb211c80319c-"));
+        assert!(traceparent.ends_with("-01"), "{traceparent}");
+        assert_ne!(&traceparent[36..52], "b7ad6b7169203331");
+        assert_eq!(attrs["tracestate"], TRACESTATE);
+        let parent = e.event.trace.parent().unwrap();
+        assert_eq!(parent, Parent::parse(TRACEPARENT).unwrap());
+    }
+
+    #[test]
+    fn without_an_annotation_every_change_starts_a_new_trace() {
+        let i = configmaps("");
+        let a = encoded(&i, object(Some("a"), json!({}))).event;
+        let b = encoded(&i, object(Some("a"), json!({}))).event;
+        assert_ne!(a.trace.trace_id(), b.trace.trace_id());
+        assert!(a.trace.traceparent().ends_with("-00"));
+        assert_eq!(a.trace.parent(), None);
+        let attrs: BTreeMap<_, _> = a.attributes().collect();
+        assert!(!attrs.contains_key("tracestate"));
+    }
+
+    #[test]
+    fn an_invalid_annotation_is_ignored_and_says_why() {
+        let i = configmaps("");
+        let bad = encoded(
+            &i,
+            traced(object(Some("a"), json!({})), "00-xyz", TRACESTATE),
+        );
+        assert_eq!(bad.trace_error, Some(trace::context::Error::Malformed));
+        assert_eq!(bad.event.trace.parent(), None);
+        assert_eq!(bad.event.trace.tracestate(), None);
+        let state = encoded(
+            &i,
+            traced(object(Some("a"), json!({})), TRACEPARENT, "nokey"),
+        );
+        assert_eq!(state.trace_error, Some(trace::context::Error::State));
+        assert!(state.event.trace.parent().is_some());
+        assert_eq!(state.event.trace.tracestate(), None);
+    }
+
+    #[test]
+    fn a_configured_annotation_is_read_instead_of_the_default() {
+        let i = configmaps(", traceparentAnnotation: example.com/trace");
+        let default_only = encoded(
+            &i,
+            traced(object(Some("a"), json!({})), TRACEPARENT, TRACESTATE),
+        );
+        assert_eq!(default_only.event.trace.parent(), None);
+        let mut o = object(Some("a"), json!({}));
+        let annotations = o.metadata.annotations.get_or_insert_with(BTreeMap::new);
+        annotations.insert("example.com/trace".into(), TRACEPARENT.into());
+        let e = encoded(&i, o);
+        assert_eq!(
+            e.event.trace.trace_id(),
+            Parent::parse(TRACEPARENT).unwrap().trace_id
+        );
     }
 
     #[test]

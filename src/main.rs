@@ -173,7 +173,9 @@ fn init_logging(format: LogFormat, default_filter: &str, export: Option<ExportLa
             .with_filter(filter)
             .boxed(),
     };
-    tracing_subscriber::registry().with(vec![log, export]).init();
+    tracing_subscriber::registry()
+        .with(vec![log, export])
+        .init();
 }
 
 /// Loads and validates the configuration file; its errors are prefixed with the file's path.

@@ -415,7 +415,11 @@ impl Pipeline {
         }
         self.check_leadership()?;
         let received = event.received;
-        let pending = self.sink.send(event).instrument(spans::publish(&read)).await;
+        let pending = self
+            .sink
+            .send(event)
+            .instrument(spans::publish(&read))
+            .await;
         self.status
             .send_latency
             .observe(received.elapsed().as_secs_f64());

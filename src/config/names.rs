@@ -78,7 +78,17 @@ mod tests {
             assert!(is_qualified_name(ok), "{ok}");
         }
         let long = "x".repeat(64);
-        for bad in ["", "/x", "a/", "A_b/x", "a/b/c", "-x", "x-", "a b", long.as_str()] {
+        for bad in [
+            "",
+            "/x",
+            "a/",
+            "A_b/x",
+            "a/b/c",
+            "-x",
+            "x-",
+            "a b",
+            long.as_str(),
+        ] {
             assert!(!is_qualified_name(bad), "{bad}");
         }
     }

@@ -628,6 +628,30 @@ mod tests {
     }
 
     #[test]
+    fn trace_annotations_default_to_kep_5915_and_must_be_annotation_keys() {
+        let r = entry("{apiVersion: v1, resource: pods}").unwrap();
+        assert_eq!(r.traceparent_annotation, "tracing.k8s.io/traceparent");
+        assert_eq!(r.tracestate_annotation, "tracing.k8s.io/tracestate");
+        let r = entry("{apiVersion: v1, resource: pods, traceparentAnnotation: example.com/tp}");
+        assert_eq!(r.unwrap().traceparent_annotation, "example.com/tp");
+        let errors = entry(
+            "{apiVersion: v1, resource: pods, traceparentAnnotation: 'a b', tracestateAnnotation: x/}",
+        )
+        .unwrap_err();
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(
+            errors[0].starts_with(
+                "resources[0].traceparentAnnotation: \"a b\" is not an annotation key"
+            ),
+            "{errors:?}"
+        );
+        assert!(
+            errors[1].starts_with("resources[0].tracestateAnnotation: \"x/\""),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
     fn globs() {
         assert!(glob("*.example.com", "stable.example.com"));
         assert!(glob("*.example.com", "a.b.example.com"));

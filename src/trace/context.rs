@@ -85,12 +85,12 @@ pub fn parse_state(value: &str) -> Result<&str> {
         .filter(|m| !m.is_empty())
         .collect();
     let printable = value.bytes().all(|b| (0x20..0x7f).contains(&b));
-    let well_formed = members
-        .iter()
-        .all(|m| m.split_once('=').is_some_and(|(k, v)| !k.is_empty() && !v.is_empty()));
-    let fits = !members.is_empty()
-        && members.len() <= STATE_MEMBERS_MAX
-        && value.len() <= STATE_LEN_MAX;
+    let well_formed = members.iter().all(|m| {
+        m.split_once('=')
+            .is_some_and(|(k, v)| !k.is_empty() && !v.is_empty())
+    });
+    let fits =
+        !members.is_empty() && members.len() <= STATE_MEMBERS_MAX && value.len() <= STATE_LEN_MAX;
     (printable && well_formed && fits)
         .then_some(value)
         .ok_or(Error::State)
@@ -327,7 +327,15 @@ mod tests {
         );
         let many = vec!["k=v"; 33].join(",");
         let long = format!("k={}", "v".repeat(STATE_LEN_MAX));
-        for bad in ["", "novalue", "=v", "k=", "k=\u{e9}", many.as_str(), long.as_str()] {
+        for bad in [
+            "",
+            "novalue",
+            "=v",
+            "k=",
+            "k=\u{e9}",
+            many.as_str(),
+            long.as_str(),
+        ] {
             assert_eq!(parse_state(bad), Err(Error::State), "{bad:?}");
         }
     }

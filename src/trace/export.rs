@@ -72,12 +72,18 @@ pub fn requested(var: impl Fn(&str) -> Option<String>) -> Result<bool> {
         Some(v) if v == "none" => false,
         Some(v) if v == "otlp" => true,
         Some(v) => return Err(Error::Exporter(v)),
-        None => ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"]
-            .iter()
-            .any(|name| set(name).is_some()),
+        None => [
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+        ]
+        .iter()
+        .any(|name| set(name).is_some()),
     };
     if wanted {
-        for name in ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"] {
+        for name in [
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ] {
             match set(name) {
                 Some(v) if v.trim() != "http/protobuf" => {
                     return Err(Error::Protocol {
@@ -174,7 +180,10 @@ mod tests {
     #[test]
     fn export_is_on_only_when_the_environment_asks() {
         let endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318");
-        let traces = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://c:4318/v1/traces");
+        let traces = (
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "http://c:4318/v1/traces",
+        );
         for (vars, on) in [
             (vec![], false),
             (vec![("OTEL_SERVICE_NAME", "bridge")], false),
@@ -200,9 +209,16 @@ mod tests {
     fn an_exporter_or_protocol_this_build_lacks_is_refused() {
         let endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317");
         let e = with(&[("OTEL_TRACES_EXPORTER", "zipkin")]).unwrap_err();
-        assert!(e.to_string().contains("OTEL_TRACES_EXPORTER=\"zipkin\""), "{e}");
+        assert!(
+            e.to_string().contains("OTEL_TRACES_EXPORTER=\"zipkin\""),
+            "{e}"
+        );
         let e = with(&[endpoint, ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")]).unwrap_err();
-        assert!(e.to_string().contains("OTEL_EXPORTER_OTLP_PROTOCOL=\"grpc\""), "{e}");
+        assert!(
+            e.to_string()
+                .contains("OTEL_EXPORTER_OTLP_PROTOCOL=\"grpc\""),
+            "{e}"
+        );
         // The signal's own variable wins over the general one.
         let both = [
             endpoint,

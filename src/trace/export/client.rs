@@ -19,10 +19,13 @@ impl Client {
     /// A client whose requests time out after `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT` or
     /// `OTEL_EXPORTER_OTLP_TIMEOUT` milliseconds (10 s by default), as the exporter's own would.
     pub(super) fn from_env(runtime: tokio::runtime::Handle) -> reqwest::Result<Self> {
-        let timeout = ["OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"]
-            .iter()
-            .find_map(|name| std::env::var(name).ok()?.trim().parse().ok())
-            .map_or(TIMEOUT_DEFAULT, Duration::from_millis);
+        let timeout = [
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+            "OTEL_EXPORTER_OTLP_TIMEOUT",
+        ]
+        .iter()
+        .find_map(|name| std::env::var(name).ok()?.trim().parse().ok())
+        .map_or(TIMEOUT_DEFAULT, Duration::from_millis);
         let http = reqwest::Client::builder().timeout(timeout).build()?;
         Ok(Self { http, runtime })
     }
