@@ -305,7 +305,8 @@ impl Event {
 
     /// The structured-mode document: every attribute, `datacontenttype` and `data`.
     pub fn to_structured_json(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.data.len() + 640);
+        // Room for every attribute beside the data, so the buffer is not grown while writing.
+        let mut out = Vec::with_capacity(self.data.len() + 768);
         out.push(b'{');
         let content_type = [(attribute::DATACONTENTTYPE, DATA_CONTENT_TYPE)];
         for (name, value) in self.attributes().chain(content_type) {

@@ -159,12 +159,14 @@ impl TraceContext {
     }
 
     /// The `traceparent` value: `00-{trace id}-{span id}-{flags}`.
+    #[inline]
     pub fn traceparent(&self) -> &str {
         // Rendered from hexadecimal digits and dashes only.
         std::str::from_utf8(&self.text).unwrap_or_default()
     }
 
     /// The caller's `tracestate`, carried as received.
+    #[inline]
     pub fn tracestate(&self) -> Option<&str> {
         self.state.as_deref()
     }
