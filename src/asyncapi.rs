@@ -528,6 +528,8 @@ mod tests {
             "manager",
             "operation",
             "clusterid",
+            "traceparent",
+            "tracestate",
         ] {
             expected.push(format!("ce_{name}"));
         }
@@ -539,9 +541,11 @@ mod tests {
         assert_eq!(headers["ce_source"]["const"], "/k8s/dev/api/v1/configmaps");
         let required = m["headers"]["required"].as_array().unwrap();
         assert!(required.contains(&json!("ce_clusterid")));
+        assert!(required.contains(&json!("ce_traceparent")));
         assert!(
             !required.contains(&json!("ce_manager")) && !required.contains(&json!("ce_truncated"))
         );
+        assert!(!required.contains(&json!("ce_tracestate")));
         assert_eq!(m["correlationId"]["location"], "$message.header#/ce_id");
         assert!(
             m["bindings"]["kafka"]["key"]["description"]

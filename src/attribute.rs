@@ -91,6 +91,12 @@ attributes! {
         OPERATION = "operation",
         /// The uid of namespace `kube-system` (audit extensions).
         CLUSTERID = "clusterid",
+        /// The W3C `traceparent` of the event's span (the CloudEvents distributed-tracing
+        /// extension): a child of the object's trace context annotation, or a new trace.
+        TRACEPARENT = "traceparent",
+        /// The W3C `tracestate` of the object's trace context annotation, as received (absent
+        /// without one).
+        TRACESTATE = "tracestate",
     }
     structured: {
         /// The content type of `data`: a member of a structured-mode document, the content type

@@ -7,6 +7,7 @@
 //! NATS's `ce-` headers and the structured JSON form alike.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
@@ -26,6 +27,7 @@ use crate::knative;
 use crate::payload::{self, Mode, Pointer};
 pub use crate::payload::{LAST_APPLIED, REDACTED};
 use crate::template::Template;
+use crate::trace::{self, Parent, TraceContext};
 
 /// Prefix of every event type: `io.kubeeventbridge.object.added`, `.modified`, `.deleted`.
 pub const TYPE_PREFIX: &str = "io.kubeeventbridge.object.";
@@ -102,6 +104,10 @@ pub struct ResourceInfo {
     knative_plural: String,
     /// With the audit extensions on: the `clusterid` (uid of namespace `kube-system`).
     cluster_id: Option<Arc<str>>,
+    /// The annotation naming an object's trace context (`traceparent`).
+    traceparent_annotation: String,
+    /// The annotation holding its `tracestate`.
+    tracestate_annotation: String,
 }
 
 impl ResourceInfo {
@@ -147,6 +153,8 @@ impl ResourceInfo {
             strip_last_applied: c.strip_last_applied,
             knative_plural: knative::guess_plural(&api.kind),
             cluster_id: None,
+            traceparent_annotation: c.traceparent_annotation.clone(),
+            tracestate_annotation: c.tracestate_annotation.clone(),
         }
     }
 
@@ -198,6 +206,8 @@ pub struct Event {
     pub truncated: bool,
     /// Who made the newest write (audit extensions on, and the object names a manager).
     pub author: Option<Author>,
+    /// The W3C trace context of the event's span (`traceparent`, `tracestate`).
+    pub trace: TraceContext,
     /// The payload as JSON.
     pub data: Vec<u8>,
     /// When the watch read the change (its `time`), on the monotonic clock, for latency
@@ -284,6 +294,10 @@ impl Event {
                 .cluster_id
                 .as_deref()
                 .map(|id| (attribute::CLUSTERID, id)),
+            Some((attribute::TRACEPARENT, self.trace.traceparent())),
+            self.trace
+                .tracestate()
+                .map(|state| (attribute::TRACESTATE, state)),
         ]
         .into_iter()
         .flatten()
@@ -291,7 +305,8 @@ impl Event {
 
     /// The structured-mode document: every attribute, `datacontenttype` and `data`.
     pub fn to_structured_json(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.data.len() + 640);
+        // Room for every attribute beside the data, so the buffer is not grown while writing.
+        let mut out = Vec::with_capacity(self.data.len() + 768);
         out.push(b'{');
         let content_type = [(attribute::DATACONTENTTYPE, DATA_CONTENT_TYPE)];
         for (name, value) in self.attributes().chain(content_type) {
@@ -384,6 +399,8 @@ pub struct Encoded {
     pub event: Event,
     /// Diff mode: the object as published, to diff the next version against.
     pub object: Option<Vec<u8>>,
+    /// Why the object's trace context annotation was ignored, if it was.
+    pub trace_error: Option<trace::context::Error>,
 }
 
 /// Encodes one change of a resource described by `info`. Takes the change by value: the object
@@ -415,6 +432,7 @@ pub fn encode(
         return Err(missing("name"));
     }
     let namespace = meta.namespace.clone();
+    let (trace, trace_error) = trace_context(info, meta.annotations.as_ref());
     // Before `clean` strips managedFields.
     let author = if info.audit {
         meta.managed_fields.as_deref().and_then(audit::author)
@@ -473,12 +491,40 @@ pub fn encode(
             payload,
             truncated: false,
             author,
+            trace,
             data,
             received: monotonic(observed),
             budget: None,
         },
         object: published,
+        trace_error,
     })
+}
+
+/// The event's trace context: a child of the one the object's annotations name, or a new trace
+/// when they name none or an invalid one (the error says why it was ignored). An invalid
+/// `tracestate` is dropped and the `traceparent` kept.
+fn trace_context(
+    info: &ResourceInfo,
+    annotations: Option<&BTreeMap<String, String>>,
+) -> (TraceContext, Option<trace::context::Error>) {
+    let mut rng = rand::rng();
+    let annotation = |key: &String| annotations.and_then(|a| a.get(key));
+    let parent = annotation(&info.traceparent_annotation).map(|v| Parent::parse(v));
+    match parent {
+        None => (TraceContext::root(&mut rng), None),
+        Some(Err(e)) => (TraceContext::root(&mut rng), Some(e)),
+        Some(Ok(parent)) => {
+            let state =
+                annotation(&info.tracestate_annotation).map(|v| trace::context::parse_state(v));
+            let (state, error) = match state {
+                None => (None, None),
+                Some(Ok(state)) => (Some(state.to_string()), None),
+                Some(Err(e)) => (None, Some(e)),
+            };
+            (TraceContext::child(parent, state, &mut rng), error)
+        }
+    }
 }
 
 /// Strips and redacts what the resource asks for, in place.
@@ -1007,7 +1053,20 @@ pub(crate) mod tests {
         }
     }
 
-    /// A ConfigMap written by `kubectl` (Apply) and then by `ctl` (Update, later).
+    /// W3C's example `traceparent`, and a `tracestate`.
+    const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    const TRACESTATE: &str = "congo=t61rcWkgMzE";
+
+    /// `o` with the default trace context annotations set to `traceparent` and `tracestate`.
+    fn traced(mut o: DynamicObject, traceparent: &str, tracestate: &str) -> DynamicObject {
+        let annotations = o.metadata.annotations.get_or_insert_with(BTreeMap::new);
+        annotations.insert("tracing.k8s.io/traceparent".into(), traceparent.into());
+        annotations.insert("tracing.k8s.io/tracestate".into(), tracestate.into());
+        o
+    }
+
+    /// A ConfigMap written by `kubectl` (Apply) and then by `ctl` (Update, later), in a traced
+    /// request.
     fn managed_object() -> DynamicObject {
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
         let entry = |manager: &str, operation: &str, time: &str| ManagedFieldsEntry {
@@ -1021,7 +1080,78 @@ pub(crate) mod tests {
             entry("kubectl", "Apply", "2025-11-21T14:03:20Z"),
             entry("ctl", "Update", "2025-11-21T14:03:27Z"),
         ]);
-        o
+        traced(o, TRACEPARENT, TRACESTATE)
+    }
+
+    fn encoded(info: &Arc<ResourceInfo>, o: DynamicObject) -> Encoded {
+        super::encode(info, change(ChangeKind::Modified, o), None).unwrap()
+    }
+
+    #[test]
+    fn the_event_span_is_a_child_of_the_annotated_context() {
+        let i = configmaps("");
+        let e = encoded(
+            &i,
+            traced(object(Some("a"), json!({})), TRACEPARENT, TRACESTATE),
+        );
+        assert_eq!(e.trace_error, None);
+        let attrs: BTreeMap<_, _> = e.event.attributes().collect();
+        let traceparent = attrs["traceparent"];
+        assert!(traceparent.starts_with("00-0af7651916cd43dd8448eb211c80319c-"));
+        assert!(traceparent.ends_with("-01"), "{traceparent}");
+        assert_ne!(&traceparent[36..52], "b7ad6b7169203331");
+        assert_eq!(attrs["tracestate"], TRACESTATE);
+        let parent = e.event.trace.parent().unwrap();
+        assert_eq!(parent, Parent::parse(TRACEPARENT).unwrap());
+    }
+
+    #[test]
+    fn without_an_annotation_every_change_starts_a_new_trace() {
+        let i = configmaps("");
+        let a = encoded(&i, object(Some("a"), json!({}))).event;
+        let b = encoded(&i, object(Some("a"), json!({}))).event;
+        assert_ne!(a.trace.trace_id(), b.trace.trace_id());
+        assert!(a.trace.traceparent().ends_with("-00"));
+        assert_eq!(a.trace.parent(), None);
+        let attrs: BTreeMap<_, _> = a.attributes().collect();
+        assert!(!attrs.contains_key("tracestate"));
+    }
+
+    #[test]
+    fn an_invalid_annotation_is_ignored_and_says_why() {
+        let i = configmaps("");
+        let bad = encoded(
+            &i,
+            traced(object(Some("a"), json!({})), "00-xyz", TRACESTATE),
+        );
+        assert_eq!(bad.trace_error, Some(trace::context::Error::Malformed));
+        assert_eq!(bad.event.trace.parent(), None);
+        assert_eq!(bad.event.trace.tracestate(), None);
+        let state = encoded(
+            &i,
+            traced(object(Some("a"), json!({})), TRACEPARENT, "nokey"),
+        );
+        assert_eq!(state.trace_error, Some(trace::context::Error::State));
+        assert!(state.event.trace.parent().is_some());
+        assert_eq!(state.event.trace.tracestate(), None);
+    }
+
+    #[test]
+    fn a_configured_annotation_is_read_instead_of_the_default() {
+        let i = configmaps(", traceparentAnnotation: example.com/trace");
+        let default_only = encoded(
+            &i,
+            traced(object(Some("a"), json!({})), TRACEPARENT, TRACESTATE),
+        );
+        assert_eq!(default_only.event.trace.parent(), None);
+        let mut o = object(Some("a"), json!({}));
+        let annotations = o.metadata.annotations.get_or_insert_with(BTreeMap::new);
+        annotations.insert("example.com/trace".into(), TRACEPARENT.into());
+        let e = encoded(&i, o);
+        assert_eq!(
+            e.event.trace.trace_id(),
+            Parent::parse(TRACEPARENT).unwrap().trace_id
+        );
     }
 
     #[test]

@@ -9,7 +9,11 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use kube_event_bridge::config::{Config, ConfigFile};
 use kube_event_bridge::discovery::{self, ResolvedResource};
+use kube_event_bridge::trace::export::{ExportLayer, Exporter};
 use kube_event_bridge::{allocator, kubernetes, runtime, schema, shutdown, snapshot, tail};
+use tracing_subscriber::Layer as _;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
 
 #[derive(Parser)]
 #[command(
@@ -132,25 +136,45 @@ enum Command {
     },
 }
 
-fn init_logging(format: LogFormat, default_filter: &str) {
+/// Logs to standard error; with `export`, the per-event spans also go to the OTLP exporter.
+fn init_logging(format: LogFormat, default_filter: &str, export: Option<ExportLayer>) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| default_filter.into());
     // Colours only for a person at a terminal: never in a file or a pipe (a log collector, the
     // demo's log file), nor when NO_COLOR is set (no-color.org).
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let Some(export) = export else {
+        // Without export, the subscriber is the plain formatter with one global filter.
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_ansi(ansi)
+            .with_writer(std::io::stderr);
+        return match format {
+            LogFormat::Text => builder.init(),
+            LogFormat::Json => builder
+                .json()
+                .flatten_event(true)
+                .with_current_span(true)
+                .init(),
+        };
+    };
+    let log = tracing_subscriber::fmt::layer()
         .with_ansi(ansi)
         .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder
+    // The log keeps its filter; the exporter's layer filters for the per-event spans alone.
+    let log = match format {
+        LogFormat::Text => log.with_filter(filter).boxed(),
+        LogFormat::Json => log
             .json()
             .flatten_event(true)
             .with_current_span(true)
-            .init(),
-    }
+            .with_filter(filter)
+            .boxed(),
+    };
+    tracing_subscriber::registry()
+        .with(vec![log, export])
+        .init();
 }
 
 /// Loads and validates the configuration file; its errors are prefixed with the file's path.
@@ -173,21 +197,43 @@ fn main() -> ExitCode {
         Command::Tail { .. } => "warn",
         _ => "info,kube_client=warn,rdkafka=warn",
     };
-    init_logging(cli.log_format, default_filter);
     // The main thread runs the start (discovery, sink, checkpoints): it allocates like a worker.
     allocator::thread_cache_on();
     let runtime = allocator::async_runtime(cli.worker_threads.into());
     let ran = match runtime {
         Ok(runtime) => {
+            // Only `run` exports spans; the exporter sends its requests on the runtime.
+            let exporter = match &cli.command {
+                Command::Run { .. } => Exporter::from_env(runtime.handle().clone()),
+                _ => Ok(None),
+            };
+            let (exporter, layer) = match exporter {
+                Ok(Some((exporter, layer))) => (Some(exporter), Some(layer)),
+                Ok(None) => (None, None),
+                Err(e) => {
+                    eprintln!("error: {:#}", anyhow::Error::new(e));
+                    return ExitCode::FAILURE;
+                }
+            };
+            init_logging(cli.log_format, default_filter, layer);
+            if let Some(exporter) = &exporter {
+                exporter.installed();
+                tracing::info!("exporting spans over OTLP");
+            }
             let ran = runtime.block_on(command(cli.command));
             if ran.as_ref().is_err_and(aborted) {
                 // What the second signal interrupted (a drain, a commit on a blocking thread) is
                 // not waited for.
                 runtime.shutdown_background();
+            } else if let Some(exporter) = exporter {
+                exporter.shutdown();
             }
             ran
         }
-        Err(e) => Err(anyhow::Error::new(e).context("cannot start the async runtime")),
+        Err(e) => {
+            init_logging(cli.log_format, default_filter, None);
+            Err(anyhow::Error::new(e).context("cannot start the async runtime"))
+        }
     };
     match ran {
         Ok(()) => ExitCode::SUCCESS,

@@ -18,7 +18,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tracing::{error, info, warn};
+use tracing::{Instrument as _, error, info, warn};
 
 use crate::budget::{self, Reservation};
 use crate::change::{Change, ChangeKind, Origin};
@@ -29,6 +29,7 @@ use crate::lease::Validity;
 use crate::payload::Mode;
 use crate::sink::AnySink;
 use crate::status::{STALL_AFTER, Status, count, kind_index};
+use crate::trace::spans;
 use crate::watch::Item;
 
 mod announce;
@@ -377,11 +378,15 @@ impl Pipeline {
             self.status.filtered.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
+        let read = spans::read();
         let diff = self.info.payload == Mode::Diff;
         let uid = change.object.metadata.uid.as_deref().unwrap_or_default();
         let last = diff.then(|| st.previous.get(uid)).flatten();
         let mut event = match encode::encode(&self.info, change, last.map(|b| &b[..])) {
             Ok(encoded) => {
+                if let Some(error) = encoded.trace_error {
+                    self.trace_context_ignored(&encoded.event, error);
+                }
                 if diff {
                     let uid: Box<str> = encoded.event.uid.as_str().into();
                     match (encoded.event.kind, encoded.object) {
@@ -399,6 +404,7 @@ impl Pipeline {
             }
         };
         event.budget = budget;
+        spans::adopt(&read, &mut event);
         if !self.sink.ordered_in_flight() {
             // Never two publishes of one object awaiting acknowledgement at once.
             while st.flight.uids.contains_key(&event.uid) && self.settle_next(st).await? {}
@@ -406,12 +412,25 @@ impl Pipeline {
         }
         self.check_leadership()?;
         let received = event.received;
-        let pending = self.sink.send(event).await;
+        let pending = self
+            .sink
+            .send(event)
+            .instrument(spans::publish(&read))
+            .await;
         self.status
             .send_latency
             .observe(received.elapsed().as_secs_f64());
-        st.flight.push(pending);
+        st.flight.push(spans::acknowledged(pending, &read));
         Ok(())
+    }
+
+    /// The object's trace context annotation was invalid: counted and logged, and the event
+    /// published with a new trace (or without the `tracestate`).
+    fn trace_context_ignored(&self, event: &encode::Event, error: crate::trace::context::Error) {
+        self.status
+            .trace_context_invalid
+            .fetch_add(1, Ordering::Relaxed);
+        warn!(object = %event.reference(), error = %error, "invalid trace context annotation ignored");
     }
 
     /// Publishes a heartbeat with the checkpoint's resourceVersion and the lag, then commits (a

@@ -79,6 +79,16 @@ pub struct EventEnvelope {
     /// is renamed; absent with `auditExtensions: false`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clusterid: Option<String>,
+    /// The W3C `traceparent` of the event's span (the CloudEvents distributed-tracing
+    /// extension): `00-{trace id}-{span id}-{flags}`. A child of the trace context the object's
+    /// annotation names (`tracing.k8s.io/traceparent` by default: same trace id, that span as
+    /// parent), otherwise a new trace per change; flags `01` when the trace is recorded.
+    #[schemars(regex(pattern = "^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"))]
+    pub traceparent: String,
+    /// The W3C `tracestate` of the object's annotation (`tracing.k8s.io/tracestate` by
+    /// default), carried as received; absent without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
     /// `full`: the object as the API server sent it, with `metadata.managedFields` and the
     /// last-applied annotation stripped and Secret values (and configured pointers) redacted by
     /// default; a repaired delete carries only apiVersion, kind and metadata (name, namespace,

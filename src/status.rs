@@ -43,6 +43,9 @@ pub struct Status {
     pub truncated: AtomicU64,
     /// Changes that could not be encoded.
     pub encode_failed: AtomicU64,
+    /// Trace context annotations ignored as invalid (the event started a new trace, or went
+    /// without the `tracestate`).
+    pub trace_context_invalid: AtomicU64,
     /// Publish attempts that were retried.
     pub retried: AtomicU64,
     /// Repaired events (found by a relist after lost history).

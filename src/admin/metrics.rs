@@ -223,6 +223,11 @@ fn events(f: &mut Families) -> fmt::Result {
         "events_repaired",
         "Events found by a relist after lost watch history.",
         |s| s.repaired.load(Ordering::Relaxed),
+    )?;
+    f.per_watch_counter(
+        "trace_context_invalid",
+        "Trace context annotations ignored as invalid: the event started a new trace (an invalid traceparent) or went without the tracestate.",
+        |s| s.trace_context_invalid.load(Ordering::Relaxed),
     )
 }
 
@@ -602,6 +607,7 @@ mod tests {
         busy.encode_failed.store(14, Relaxed);
         busy.retried.store(15, Relaxed);
         busy.repaired.store(16, Relaxed);
+        busy.trace_context_invalid.store(21, Relaxed);
         count(&busy.rejected, "too_large");
         count(&busy.rejected, "invalid");
         count(&busy.rejected, "invalid");
@@ -735,6 +741,7 @@ mod tests {
             ("events_suppressed_total", 12.0),
             ("events_truncated_total", 13.0),
             ("events_repaired_total", 16.0),
+            ("trace_context_invalid_total", 21.0),
             ("transactions_aborted_total", 20.0),
             ("queue_depth_events", 19.0),
             ("checkpoints_total", 17.0),
@@ -837,6 +844,7 @@ mod tests {
             ("events_suppressed", "counter"),
             ("events_truncated", "counter"),
             ("events_repaired", "counter"),
+            ("trace_context_invalid", "counter"),
             ("publish_failures", "counter"),
             ("watch_stalled", "gauge"),
             ("transactions_aborted", "counter"),

@@ -21,15 +21,21 @@ use crate::payload::Mode;
 use super::{Binding, Error, Result};
 
 /// Attributes an event of a resource may lack: set only on some events.
-const SOMETIMES: [&str; 3] = [
+const SOMETIMES: [&str; 4] = [
     attribute::TRUNCATED,
     attribute::MANAGER,
     attribute::OPERATION,
+    attribute::TRACESTATE,
 ];
 
 /// The uid of the example object (and, in examples, of the cluster's `kube-system`).
 const EXAMPLE_UID: &str = "6f1c2d3e-4b5a-4c7d-8e9f-0a1b2c3d4e5f";
 const EXAMPLE_CLUSTER_ID: &str = "3c8a0f2e-9b7d-4e61-a5c4-2d1f0e9b8a76";
+/// The example object's trace context annotations (W3C's own examples).
+const EXAMPLE_TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+const EXAMPLE_TRACESTATE: &str = "congo=t61rcWkgMzE";
+/// The example event's span id: fixed, so the document is the same on every run.
+const EXAMPLE_SPAN_ID: [u8; 8] = [0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7];
 
 /// The message of one resource, as an AsyncAPI Message Object.
 pub(super) fn message(
@@ -116,7 +122,7 @@ fn message_name(r: &ResolvedResource) -> String {
 }
 
 /// An example event of the resource: a live update of an object written last by
-/// `kubectl-client-side-apply`, truncated when `truncated`.
+/// `kubectl-client-side-apply` in a traced request, truncated when `truncated`.
 fn example_event(info: &Arc<ResourceInfo>, r: &ResolvedResource, truncated: bool) -> Result<Event> {
     let namespace = r.namespaced.then(|| {
         r.config
@@ -135,6 +141,15 @@ fn example_event(info: &Arc<ResourceInfo>, r: &ResolvedResource, truncated: bool
             namespace,
             uid: Some(EXAMPLE_UID.into()),
             resource_version: Some("184467".into()),
+            annotations: Some(
+                [
+                    (&r.config.traceparent_annotation, EXAMPLE_TRACEPARENT),
+                    (&r.config.tracestate_annotation, EXAMPLE_TRACESTATE),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.clone(), v.to_string()))
+                .collect(),
+            ),
             managed_fields: Some(vec![ManagedFieldsEntry {
                 manager: Some("kubectl-client-side-apply".into()),
                 operation: Some("Update".into()),
@@ -154,6 +169,8 @@ fn example_event(info: &Arc<ResourceInfo>, r: &ResolvedResource, truncated: bool
     let mut event = encode::encode(info, change, None)
         .map_err(Error::Encode)?
         .event;
+    let trace = &mut event.trace;
+    trace.recorded_as(trace.trace_id(), EXAMPLE_SPAN_ID, trace.sampled());
     if truncated {
         event.truncate();
     }

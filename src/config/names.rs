@@ -24,6 +24,23 @@ pub(super) fn is_dns_subdomain(s: &str) -> bool {
     !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 
+/// An annotation key (a qualified name): an optional DNS subdomain prefix and `/`, then a name
+/// of at most 63 letters, digits, `-`, `_` and `.` that starts and ends with a letter or digit.
+pub(super) fn is_qualified_name(s: &str) -> bool {
+    let (prefix, name) = match s.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, s),
+    };
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    prefix.is_none_or(is_dns_subdomain)
+        && name.len() <= 63
+        && edge(name.chars().next())
+        && edge(name.chars().last())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
 /// A Kubernetes API version: `v1`, `v2alpha3`, `v1beta1`.
 pub(super) fn is_version(v: &str) -> bool {
     let Some(rest) = v.strip_prefix('v') else {
@@ -52,6 +69,27 @@ mod tests {
         }
         for bad in ["1", "v", "vbeta1", "v1beta", "v1gamma1", "V1"] {
             assert!(!is_version(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn annotation_keys() {
+        for ok in ["tracing.k8s.io/traceparent", "traceparent", "a/B_c.d-9"] {
+            assert!(is_qualified_name(ok), "{ok}");
+        }
+        let long = "x".repeat(64);
+        for bad in [
+            "",
+            "/x",
+            "a/",
+            "A_b/x",
+            "a/b/c",
+            "-x",
+            "x-",
+            "a b",
+            long.as_str(),
+        ] {
+            assert!(!is_qualified_name(bad), "{bad}");
         }
     }
 }

@@ -8,7 +8,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::destination::{Destination, parse_template};
-use super::names::{is_dns_label, is_dns_subdomain, is_version};
+use super::names::{is_dns_label, is_dns_subdomain, is_qualified_name, is_version};
 use crate::change::ChangeKind;
 use crate::payload::{self, Pointer};
 use crate::template::Template;
@@ -87,6 +87,38 @@ pub struct ResourceConfig {
     pub tombstones: bool,
     /// The event shape for this resource; default the top-level `eventFormat`.
     pub event_format: Option<EventFormat>,
+    /// The annotation holding the W3C `traceparent` of whatever changed the object (KEP-5915
+    /// proposes `tracing.k8s.io/traceparent`): the event's span is its child. Without it, or
+    /// when its value is invalid, each change starts a new trace.
+    #[serde(default = "default_traceparent_annotation")]
+    pub traceparent_annotation: String,
+    /// The annotation holding the `tracestate` that goes with it, carried as received.
+    #[serde(default = "default_tracestate_annotation")]
+    pub tracestate_annotation: String,
+}
+
+/// KEP-5915's annotation (proposed) for the trace context of an object's last change.
+fn default_traceparent_annotation() -> String {
+    "tracing.k8s.io/traceparent".into()
+}
+
+/// The `tracestate` beside KEP-5915's annotation.
+fn default_tracestate_annotation() -> String {
+    "tracing.k8s.io/tracestate".into()
+}
+
+/// Both trace context annotations (`traceparent`, `tracestate`) are annotation keys.
+fn check_trace_annotations(at: &str, keys: [&str; 2], errors: &mut Vec<String>) {
+    for (field, key) in ["traceparentAnnotation", "tracestateAnnotation"]
+        .into_iter()
+        .zip(keys)
+    {
+        if !is_qualified_name(key) {
+            errors.push(format!(
+                "{at}.{field}: {key:?} is not an annotation key ([prefix/]name, the name at most 63 letters, digits, '-', '_' or '.')"
+            ));
+        }
+    }
 }
 
 /// A resource a wildcard entry leaves out.
@@ -173,6 +205,10 @@ pub struct Resource {
     pub tombstones: bool,
     /// Event shape.
     pub event_format: EventFormat,
+    /// The annotation naming the object's trace context (`traceparent`).
+    pub traceparent_annotation: String,
+    /// The annotation holding its `tracestate`.
+    pub tracestate_annotation: String,
 }
 
 /// A validated exclusion.
@@ -316,6 +352,8 @@ pub(super) fn validate_resource(
     ] {
         check_selector(&at, field, selector.as_deref(), errors);
     }
+    let trace_keys = [&r.traceparent_annotation, &r.tracestate_annotation];
+    check_trace_annotations(&at, trace_keys.map(String::as_str), errors);
     let events = validate_events(&at, r.events, errors);
     let event_format = r.event_format.unwrap_or(default_format);
     check_payload(&at, r.payload, r.include_previous, event_format, errors);
@@ -358,6 +396,8 @@ pub(super) fn validate_resource(
         key: r.key,
         tombstones: r.tombstones,
         event_format,
+        traceparent_annotation: r.traceparent_annotation,
+        tracestate_annotation: r.tracestate_annotation,
     })
 }
 
@@ -585,6 +625,30 @@ mod tests {
         let r: ResourceConfig = serde_yaml_ng::from_str(yaml).unwrap();
         let mut errors = Vec::new();
         validate_resource(0, r, EventFormat::Cloudevents, "dev", &mut errors).ok_or(errors)
+    }
+
+    #[test]
+    fn trace_annotations_default_to_kep_5915_and_must_be_annotation_keys() {
+        let r = entry("{apiVersion: v1, resource: pods}").unwrap();
+        assert_eq!(r.traceparent_annotation, "tracing.k8s.io/traceparent");
+        assert_eq!(r.tracestate_annotation, "tracing.k8s.io/tracestate");
+        let r = entry("{apiVersion: v1, resource: pods, traceparentAnnotation: example.com/tp}");
+        assert_eq!(r.unwrap().traceparent_annotation, "example.com/tp");
+        let errors = entry(
+            "{apiVersion: v1, resource: pods, traceparentAnnotation: 'a b', tracestateAnnotation: x/}",
+        )
+        .unwrap_err();
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(
+            errors[0].starts_with(
+                "resources[0].traceparentAnnotation: \"a b\" is not an annotation key"
+            ),
+            "{errors:?}"
+        );
+        assert!(
+            errors[1].starts_with("resources[0].tracestateAnnotation: \"x/\""),
+            "{errors:?}"
+        );
     }
 
     #[test]

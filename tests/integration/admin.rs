@@ -28,6 +28,7 @@ pub const METRICS: &[&str] = &[
     "kube_event_bridge_events_suppressed_total",
     "kube_event_bridge_events_truncated_total",
     "kube_event_bridge_events_repaired_total",
+    "kube_event_bridge_trace_context_invalid_total",
     "kube_event_bridge_publish_failures_total",
     "kube_event_bridge_publish_latency_seconds",
     "kube_event_bridge_queue_depth_events",
@@ -52,7 +53,8 @@ pub const CONDITIONAL_METRICS: &[&str] = &[
     "kube_event_bridge_watch_stalled",
 ];
 
-fn sample(body: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+/// The sum of the samples of `name` with `labels` in a scrape.
+pub fn sample(body: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     let lines = body.lines().map(|l| Ok(l.to_string()));
     let scrape =
         prometheus_parse::Scrape::parse(lines).expect("metrics parse as Prometheus text format");

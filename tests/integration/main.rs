@@ -1,5 +1,5 @@
 //! Integration tests against the real local environment (etcd + kube-apiserver, Kafka, NATS
-//! JetStream) started by `scripts/testenv up`; see `support::env` for the variables they need.
+//! JetStream, an OTLP receiver) started by `scripts/testenv up`; see `support::env` for the variables they need.
 
 mod access_review;
 mod admin;
@@ -28,4 +28,5 @@ mod sharding;
 mod stalls;
 mod store_check;
 mod support;
+mod tracing;
 mod transactions;
