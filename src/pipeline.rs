@@ -29,13 +29,13 @@ use crate::lease::Validity;
 use crate::payload::Mode;
 use crate::sink::AnySink;
 use crate::status::{STALL_AFTER, Status, count, kind_index};
-use crate::trace::spans;
 use crate::watch::Item;
 
 mod announce;
 mod classify;
 mod delivery;
 mod save;
+mod spans;
 #[cfg(test)]
 mod tests;
 mod turn;

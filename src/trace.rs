@@ -2,11 +2,10 @@
 //! CloudEvents distributed-tracing extension, `traceparent` and `tracestate`), a child of the
 //! context an object's annotation names, or the root of a new trace ([`context`]); and, when the
 //! standard `OTEL_*` variables ask for it, the bridge exports its spans of each event (`read`,
-//! `publish`, `ack`) over OTLP ([`export`], [`spans`]). Export is off by default, and then no
+//! `publish`, `ack`) over OTLP ([`export`]; the pipeline makes them, `pipeline::spans`). Export is off by default, and then no
 //! span is created per event.
 
 pub mod context;
 pub mod export;
-pub mod spans;
 
 pub use context::{Parent, TraceContext};

@@ -1,4 +1,4 @@
-//! The spans of one event, exported over OTLP ([`super::export`]):
+//! The spans of one event, exported over OTLP ([`crate::trace::export`]):
 //!
 //! ```text
 //! read     the pipeline takes the change, encodes it and hands it to the sink; its span id is
@@ -19,9 +19,9 @@ use tracing::Span;
 use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
-use super::export::{TARGET, exporting};
 use crate::encode::Event;
 use crate::sink::{Outcome, Pending};
+use crate::trace::export::{TARGET, exporting};
 
 /// The event's `read` span, started before it is encoded; [`Span::none`] unless exporting.
 pub fn read() -> Span {
