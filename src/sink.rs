@@ -282,6 +282,17 @@ pub trait Settings: SinkSettings + describe::Describe {
     ) -> BoxFuture<'a, Result<Messages>>;
 }
 
+/// [`Settings::subscribe`] of a sink with nothing to subscribe to: its events are at `reason`.
+pub fn no_subscription(
+    kind: &'static str,
+    reason: &'static str,
+) -> BoxFuture<'static, Result<Messages>> {
+    Box::pin(std::future::ready(Err(Error::NoSubscription {
+        kind,
+        reason,
+    })))
+}
+
 /// The messages of a subscription, each decoded as a CloudEvent or why it is not one.
 pub type Messages = BoxStream<'static, std::result::Result<cloudevents::Event, String>>;
 

@@ -20,7 +20,7 @@ use crate::config::{
     check_url, parse_section, parse_url,
 };
 use crate::discovery::ResolvedResource;
-use crate::sink::{AnySink, Error, Messages, Result, Settings};
+use crate::sink::{AnySink, Messages, Result, Settings, no_subscription};
 use crate::template::Template;
 
 crate::sink::register!(
@@ -331,10 +331,10 @@ impl Settings for Http {
         _: &'a [ResolvedResource],
         _: bool,
     ) -> BoxFuture<'a, Result<Messages>> {
-        Box::pin(std::future::ready(Err(Error::NoSubscription {
-            kind: "http",
-            reason: "the events are posted to its receiver (sink.http.url)",
-        })))
+        no_subscription(
+            "http",
+            "the events are posted to its receiver (sink.http.url)",
+        )
     }
 }
 

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::StdoutSink;
 use crate::config::{CheckpointSupport, Context, SinkKind, SinkSettings, parse_section};
 use crate::discovery::ResolvedResource;
-use crate::sink::{AnySink, Error, Messages, Result, Settings};
+use crate::sink::{AnySink, Messages, Result, Settings, no_subscription};
 
 crate::sink::register!(
     Stdout,
@@ -75,9 +75,6 @@ impl Settings for Stdout {
         _: &'a [ResolvedResource],
         _: bool,
     ) -> BoxFuture<'a, Result<Messages>> {
-        Box::pin(std::future::ready(Err(Error::NoSubscription {
-            kind: "stdout",
-            reason: "the events are on the bridge's standard output",
-        })))
+        no_subscription("stdout", "the events are on the bridge's standard output")
     }
 }
