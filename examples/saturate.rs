@@ -30,6 +30,7 @@ use kube_event_bridge::pipeline::{self, Pipeline};
 use kube_event_bridge::sink;
 use kube_event_bridge::status::Status;
 use kube_event_bridge::stores::Stores;
+use kube_event_bridge::tasks::Tasks;
 use kube_event_bridge::watch::Item;
 use kube_event_bridge::{discovery, kubernetes};
 use tokio::io::AsyncWriteExt;
@@ -139,6 +140,7 @@ async fn run(config: &str, file: &str, runs: usize) -> anyhow::Result<()> {
     let shared = sink::connect(&config.sink).await?;
     shared.prepare(&config.cluster, &resources).await?;
     let stores = Stores::prepare(&config, &shared, &client).await?;
+    let tasks = Tasks::default();
     let stamp = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)?
         .as_millis();
@@ -167,6 +169,7 @@ async fn run(config: &str, file: &str, runs: usize) -> anyhow::Result<()> {
             config.delivery.queue_capacity,
             Budget::new(config.delivery.max_queue_bytes),
             pipeline::item_bytes,
+            &tasks,
         );
         let pipeline = Pipeline {
             info,

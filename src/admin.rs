@@ -27,6 +27,7 @@ use tokio_io_timeout::TimeoutStream;
 use tracing::{debug, info, warn};
 
 use crate::supervisor::WatchHandle;
+use crate::tasks::Tasks;
 use crate::throttle;
 
 mod metrics;
@@ -233,10 +234,10 @@ const MAX_HEAD_BYTES: usize = 8 * 1024;
 const BUSY: &[u8] =
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
 
-/// Binds `address` and serves the admin endpoints until the process ends, within
+/// Binds `address` and serves the admin endpoints on tasks of `tasks` until they close, within
 /// [`Limits::default`]. Returns the bound address (useful with port 0).
-pub async fn serve(address: &str, state: Arc<State>) -> Result<SocketAddr, Error> {
-    serve_with(address, state, Limits::default()).await
+pub async fn serve(address: &str, state: Arc<State>, tasks: &Tasks) -> Result<SocketAddr, Error> {
+    serve_with(address, state, Limits::default(), tasks).await
 }
 
 /// [`serve`] with explicit limits.
@@ -244,6 +245,7 @@ pub(crate) async fn serve_with(
     address: &str,
     state: Arc<State>,
     limits: Limits,
+    tasks: &Tasks,
 ) -> Result<SocketAddr, Error> {
     let bind_error = |source| Error::Bind {
         address: address.into(),
@@ -256,13 +258,17 @@ pub(crate) async fn serve_with(
         max_connections = limits.max_connections,
         "admin server listening"
     );
-    tokio::spawn(accept_loop(listener, state, limits));
+    let connections = tasks.clone();
+    tasks.spawn(
+        "admin server",
+        accept_loop(listener, state, limits, connections),
+    );
     Ok(local)
 }
 
 /// Accepts connections while a slot is free; refuses the others at once; backs off when
 /// accepting fails for a reason of the process (out of file descriptors), instead of spinning.
-async fn accept_loop(listener: TcpListener, state: Arc<State>, limits: Limits) {
+async fn accept_loop(listener: TcpListener, state: Arc<State>, limits: Limits, tasks: Tasks) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let mut failures = 0u32;
     loop {
@@ -282,7 +288,8 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, limits: Limits) {
         };
         match slots.clone().try_acquire_owned() {
             Ok(slot) => {
-                tokio::spawn(serve_connection(stream, state.clone(), limits, slot));
+                let connection = serve_connection(stream, state.clone(), limits, slot);
+                tasks.spawn("admin connection", connection);
             }
             Err(_) => {
                 debug!(
@@ -530,7 +537,7 @@ mod tests {
         change(&mut limits);
         let state = State::new("stdout");
         state.set_watches(Vec::new());
-        let address = serve_with("127.0.0.1:0", state.clone(), limits)
+        let address = serve_with("127.0.0.1:0", state.clone(), limits, &Tasks::default())
             .await
             .unwrap();
         (address, state)

@@ -13,7 +13,6 @@
 use std::time::Duration;
 
 use tikv_jemalloc_ctl::{Access, AsName as _};
-use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 /// How often the main thread's cache and one worker's are flushed.
@@ -65,18 +64,14 @@ pub fn flush_thread_cache() -> bool {
     }
 }
 
-/// Flushes the cache of the thread it runs on every [`PERIOD`], until `stop`.
-pub async fn release_idle_caches(stop: CancellationToken) {
+/// Flushes the cache of the thread it runs on every [`PERIOD`], until dropped.
+pub async fn release_idle_caches() {
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + PERIOD, PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            _ = tick.tick() => {
-                if !flush_thread_cache() {
-                    debug!("no thread cache to flush");
-                }
-            }
+        tick.tick().await;
+        if !flush_thread_cache() {
+            debug!("no thread cache to flush");
         }
     }
 }

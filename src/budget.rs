@@ -15,6 +15,8 @@ use kube::api::{DynamicObject, TypeMeta};
 use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
+use crate::tasks::Tasks;
+
 /// Budget granularity: sizes are counted in KiB, rounded up.
 const UNIT: usize = 1024;
 
@@ -74,16 +76,17 @@ impl Budget {
 
 /// Forwards what arrives on `rx` to a channel of `capacity`, each item with its reservation of
 /// `size(item)` bytes, taken before it is queued: while the budget is spent, forwarding waits, and
-/// so does the sender behind `rx` once its own (small) channel is full. Ends when `rx` closes or
-/// the receiver is dropped.
+/// so does the sender behind `rx` once its own (small) channel is full. The forwarder is one of
+/// `tasks`; it ends when `rx` closes or the receiver is dropped.
 pub fn metered<T: Send + 'static>(
     mut rx: mpsc::Receiver<T>,
     capacity: usize,
     budget: Budget,
     size: fn(&T) -> usize,
+    tasks: &Tasks,
 ) -> mpsc::Receiver<(T, Reservation)> {
     let (tx, out) = mpsc::channel(capacity);
-    tokio::spawn(async move {
+    tasks.spawn("queue budget", async move {
         while let Some(item) = rx.recv().await {
             let bytes = size(&item);
             let reservation = if bytes == 0 {
@@ -234,7 +237,7 @@ mod tests {
     async fn metered_items_wait_while_the_budget_is_spent() {
         let (tx, rx) = mpsc::channel::<usize>(1);
         let budget = Budget::new(8 * UNIT);
-        let mut out = metered(rx, 100, budget.clone(), |n| *n);
+        let mut out = metered(rx, 100, budget.clone(), |n| *n, &Tasks::default());
         for _ in 0..4 {
             tx.send(3 * UNIT).await.unwrap();
         }

@@ -98,7 +98,20 @@ pub async fn follow(client: Client, refresh: Arc<Notify>, crds: Shared) {
     let api: Api<PartialObjectMeta<CustomResourceDefinition>> = Api::all(client);
     let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
     let mut listed = false;
-    while let Some(event) = stream.next().await {
+    // The second refresh after a change, when one is due.
+    let mut again: Option<tokio::time::Instant> = None;
+    loop {
+        let event = tokio::select! {
+            event = stream.next() => match event {
+                Some(event) => event,
+                None => return,
+            },
+            () = sleep_until(again), if again.is_some() => {
+                again = None;
+                refresh.notify_one();
+                continue;
+            }
+        };
         let lifecycle = || crds.lock().unwrap_or_else(|e| e.into_inner());
         match event {
             Ok(Event::Init) => lifecycle().list_begin(),
@@ -116,11 +129,11 @@ pub async fn follow(client: Client, refresh: Arc<Notify>, crds: Shared) {
             Ok(Event::Apply(crd)) => {
                 let (name, terminating) = identity(&crd.metadata);
                 lifecycle().applied(name, terminating);
-                changed(&refresh);
+                again = Some(changed(&refresh));
             }
             Ok(Event::Delete(crd)) => {
                 lifecycle().removed(identity(&crd.metadata).0);
-                changed(&refresh);
+                again = Some(changed(&refresh));
             }
             Err(e) => {
                 warn!(error = %e, "CustomResourceDefinition watch failed (CRDs are still found by the periodic discovery refresh)");
@@ -138,14 +151,19 @@ fn identity(meta: &ObjectMeta) -> (&str, bool) {
     )
 }
 
-/// Asks for a discovery refresh now and two seconds later.
-fn changed(refresh: &Arc<Notify>) {
+/// Asks for a discovery refresh now; returns when to ask again (a new CRD is served a moment
+/// after it is created).
+fn changed(refresh: &Notify) -> tokio::time::Instant {
     refresh.notify_one();
-    let again = refresh.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        again.notify_one();
-    });
+    tokio::time::Instant::now() + Duration::from_secs(2)
+}
+
+/// Sleeps until `at` (never when there is none).
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 #[cfg(test)]

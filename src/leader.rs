@@ -16,6 +16,7 @@ use crate::backoff::Backoff;
 use crate::config::{Config, LeaderElectionConfig};
 use crate::kubernetes;
 use crate::lease::{self, Seen, Validity};
+use crate::tasks::Tasks;
 
 /// Errors of leader election that waiting will not heal; transient ones (5xx, 429, timeouts,
 /// connection errors) are retried with backoff and never surface.
@@ -147,7 +148,8 @@ const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Waits for leadership when the configuration asks for leader election (with a client of its
 /// own, see [`kubernetes::client`]); `None` when it does not.
-pub async fn elect(config: &Config) -> Result<Option<Leader>> {
+/// The Lease is renewed by a task of `tasks`.
+pub async fn elect(config: &Config, tasks: &Tasks) -> Result<Option<Leader>> {
     if !config.leader_election.enabled {
         return Ok(None);
     }
@@ -155,13 +157,13 @@ pub async fn elect(config: &Config) -> Result<Option<Leader>> {
     let settings = Settings::new(&config.leader_election, &config.cluster, |name| {
         std::env::var(name).ok()
     });
-    Ok(Some(acquire(client, settings).await?))
+    Ok(Some(acquire(client, settings, tasks).await?))
 }
 
-/// Waits until this replica holds the lease, then keeps renewing it in the background.
+/// Waits until this replica holds the lease, then keeps renewing it on a task of `tasks`.
 /// Transient API errors while waiting are logged and retried with backoff; only an error that
 /// will not heal (RBAC, a missing namespace, bad credentials) is returned.
-pub async fn acquire(client: Client, s: Settings) -> Result<Leader> {
+pub async fn acquire(client: Client, s: Settings, tasks: &Tasks) -> Result<Leader> {
     let api: Api<Lease> = Api::namespaced(client, &s.namespace);
     let validity = Validity::unrenewed();
     // The holder's Lease is judged expired by how long it has not changed, as observed here.
@@ -175,7 +177,7 @@ pub async fn acquire(client: Client, s: Settings) -> Result<Leader> {
                 validity.renewed(s.lease_duration, at);
                 info!(lease = %s.name, identity = %s.identity, "leadership acquired");
                 let (release, asked) = mpsc::channel(1);
-                tokio::spawn(hold(api, s, held, validity.clone(), asked));
+                tasks.spawn("leader lease", hold(api, s, held, validity.clone(), asked));
                 return Ok(Leader { validity, release });
             }
             Ok(None) => {

@@ -37,6 +37,7 @@ pub mod status;
 pub mod stores;
 pub mod supervisor;
 pub mod tail;
+pub mod tasks;
 pub mod template;
 pub mod throttle;
 pub mod trace;

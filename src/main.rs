@@ -297,11 +297,11 @@ async fn command(command: Command) -> anyhow::Result<()> {
 async fn run(path: &std::path::Path) -> anyhow::Result<()> {
     // Signals are ours from the first instant: one arriving during start-up stops it cleanly
     // instead of killing the process half-way; a second one returns here at once.
-    let signals = shutdown::listen()?;
-    let config = load(path)?;
-    Ok(signals
-        .unless_aborted(runtime::run(config, signals.drain()))
-        .await??)
+    shutdown::until_aborted(|drain| async move {
+        let config = load(path)?;
+        Ok(runtime::run(config, drain).await?)
+    })
+    .await?
 }
 
 /// Resolves the configured resources through discovery.

@@ -21,6 +21,7 @@ use crate::shard::{self, Shard};
 use crate::sink::{self, AnySink};
 use crate::stores::{self, Stores};
 use crate::supervisor::{self, OnChange, Parts, Supervisor};
+use crate::tasks::Tasks;
 
 /// Errors of starting the bridge, and the reasons it stops other than a clean shutdown.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +56,9 @@ pub enum Error {
     /// The supervisor task ended abnormally.
     #[error("the supervisor task failed")]
     SupervisorTask(#[source] tokio::task::JoinError),
+    /// The supervisor task ended without a result: it panicked (the log says where).
+    #[error("the supervisor task panicked")]
+    SupervisorPanicked,
     /// Validity was lost while running.
     #[error("leadership lost: exiting so that a restart waits as a follower")]
     LeadershipLost,
@@ -73,7 +77,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug)]
 pub struct Bridge {
     stop: CancellationToken,
-    supervisor: JoinHandle<supervisor::Result<()>>,
+    supervisor: JoinHandle<Option<supervisor::Result<()>>>,
     sink: Arc<AnySink>,
 }
 
@@ -81,11 +85,13 @@ impl Bridge {
     /// Resolves every resource, connects the sink, loads each watch's checkpoint and starts one
     /// watch and one pipeline per resource and namespace scope; from then on the supervisor
     /// follows CRDs and namespaces. `on_change` is told the running watches whenever they change.
+    /// Every task it spawns is one of `tasks`.
     pub async fn start(
         config: Config,
         leadership: Option<Validity>,
         shard: Option<Shard>,
         on_change: OnChange,
+        tasks: &Tasks,
     ) -> Result<Self> {
         let (client, api_server) = kubernetes::client_and_url(&config.kubernetes).await?;
         let resources = discovery::resolve(&client, &config.resources).await?;
@@ -107,12 +113,13 @@ impl Bridge {
             shard,
             stop: stop.clone(),
             on_change,
+            tasks: tasks.clone(),
         });
         supervisor.start(resources).await?;
         info!(watches = supervisor.handles().len(), "bridge started");
         Ok(Self {
             stop,
-            supervisor: tokio::spawn(supervisor.run()),
+            supervisor: tasks.spawn("supervisor", supervisor.run()),
             sink: shared,
         })
     }
@@ -144,39 +151,45 @@ impl Bridge {
     /// why; while everything is healthy it never returns.
     pub async fn failure(&mut self) -> Error {
         match (&mut self.supervisor).await {
-            Ok(Err(failure)) => failure.into(),
-            Ok(Ok(())) => Error::AllStopped,
+            Ok(Some(Err(failure))) => failure.into(),
+            Ok(Some(Ok(()))) => Error::AllStopped,
+            Ok(None) => Error::SupervisorPanicked,
             Err(e) => Error::SupervisorTask(e),
         }
     }
 }
 
+/// How long the end of a run waits for its tasks to stop (each stops at its next await).
+const TASKS_CLOSE_WITHIN: Duration = Duration::from_secs(5);
+
 /// Runs the bridge of `config` until `stop` is cancelled (then drains), leadership is lost or a
 /// watch fails for good. Serves the admin endpoints from the start; readiness turns true once
-/// every watch has synced and false when shutdown begins.
+/// every watch has synced and false when shutdown begins. Returns once every task it spawned
+/// has ended.
 pub async fn run(config: Config, stop: CancellationToken) -> Result<()> {
+    let tasks = Tasks::default();
     // The thread polling this future (the main thread, which runs the start) and one worker
     // flush their allocator caches while the bridge runs.
-    let caches = CancellationToken::new();
-    tokio::spawn(allocator::release_idle_caches(caches.clone()));
-    let _caches = caches.clone().drop_guard();
-    tokio::select! {
-        ran = run_bridge(config, stop) => ran,
-        () = allocator::release_idle_caches(caches) => Ok(()),
-    }
+    tasks.spawn("allocator caches", allocator::release_idle_caches());
+    let ran = tokio::select! {
+        ran = run_bridge(config, stop, &tasks) => ran,
+        () = allocator::release_idle_caches() => Ok(()),
+    };
+    tasks.close(TASKS_CLOSE_WITHIN).await;
+    ran
 }
 
-async fn run_bridge(config: Config, stop: CancellationToken) -> Result<()> {
+async fn run_bridge(config: Config, stop: CancellationToken, tasks: &Tasks) -> Result<()> {
     let grace = Duration::from_secs(config.delivery.shutdown_grace_secs);
     let delay = Duration::from_secs(config.admin.shutdown_delay_secs);
     let admin = admin::State::new(config.sink.kind());
-    admin::serve(&config.admin.address, admin.clone()).await?;
+    admin::serve(&config.admin.address, admin.clone(), tasks).await?;
     if config.leader_election.enabled {
         admin.set_role(admin::Role::Follower);
     }
     // Waiting for leadership holds nothing: a signal simply ends the wait.
     let leader = tokio::select! {
-        elected = leader::elect(&config) => elected?,
+        elected = leader::elect(&config, tasks) => elected?,
         () = stop.cancelled() => {
             admin.shutting_down();
             info!("stopped before start-up finished: nothing to drain");
@@ -191,7 +204,7 @@ async fn run_bridge(config: Config, stop: CancellationToken) -> Result<()> {
     // Joining holds nothing yet either: the member Lease expires if a signal ends the join.
     let shard = if config.sharding.enabled {
         tokio::select! {
-            joined = Shard::join(&config, stop.clone()) => Some(joined?),
+            joined = Shard::join(&config, stop.clone(), tasks) => Some(joined?),
             () = stop.cancelled() => {
                 admin.shutting_down();
                 info!("stopped before start-up finished: nothing to drain");
@@ -206,7 +219,7 @@ async fn run_bridge(config: Config, stop: CancellationToken) -> Result<()> {
     }
     let watches = admin.clone();
     let on_change = Box::new(move |w| watches.set_watches(w));
-    let started = Bridge::start(config, leadership.clone(), shard, on_change);
+    let started = Bridge::start(config, leadership.clone(), shard, on_change, tasks);
     tokio::pin!(started);
     // A signal during start lets the start finish (it may have begun writing to the broker and
     // the checkpoint store), then drains: no half-written state, within the grace period.

@@ -40,6 +40,7 @@ use crate::backoff::Backoff;
 use crate::config::{Config, ShardingConfig};
 use crate::kubernetes;
 use crate::lease::{self, Validity};
+use crate::tasks::Tasks;
 
 mod assign;
 mod coordinator;
@@ -316,13 +317,12 @@ pub struct Shard {
 
 impl Shard {
     /// Joins the replicas of `config` (with a Kubernetes client of its own): writes this
-    /// replica's member Lease and lists the group's Leases, then keeps coordinating in the
-    /// background until the process ends. When `stop` is cancelled it leaves: marks its member
-    /// Lease leaving, claims nothing more, keeps renewing it until every watch is released, then
-    /// deletes it.
+    /// replica's member Lease and lists the group's Leases, then keeps coordinating on a task of
+    /// `tasks`. When `stop` is cancelled it leaves: marks its member Lease leaving, claims nothing
+    /// more, keeps renewing it until every watch is released, then deletes it, and the task ends.
     /// Transient API errors are retried with backoff (logged, and `/readyz` says starting);
     /// missing RBAC, a missing namespace or a bad client configuration end the start.
-    pub async fn join(config: &Config, stop: CancellationToken) -> Result<Self> {
+    pub async fn join(config: &Config, stop: CancellationToken, tasks: &Tasks) -> Result<Self> {
         let client = kubernetes::client(&config.kubernetes).await?;
         // The member Lease's renewals and the Lease watch get a client (and a `qps` budget) of
         // their own: hundreds of claims or releases must never delay a renewal, nor hold the
@@ -335,7 +335,7 @@ impl Shard {
         let renew_api: Api<Lease> = Api::namespaced(renewals, &settings.namespace);
         let mut backoff = Backoff::default();
         loop {
-            match Self::try_join(&api, &renew_api, &settings, stop.clone()).await {
+            match Self::try_join(&api, &renew_api, &settings, stop.clone(), tasks).await {
                 Ok(shard) => return Ok(shard),
                 Err(e) if e.is_transient() => {
                     let delay = backoff.next_delay();
@@ -352,9 +352,10 @@ impl Shard {
         renew_api: &Api<Lease>,
         settings: &Settings,
         stop: CancellationToken,
+        tasks: &Tasks,
     ) -> Result<Self> {
         let names = Names::new(&settings.prefix);
-        let leases = follow(renew_api.clone(), &names.selector());
+        let leases = follow(renew_api.clone(), &names.selector(), tasks);
         let (owned_tx, owned) = watch::channel(Owned::new());
         let (commands, commands_rx) = mpsc::unbounded_channel();
         let metrics = Arc::new(Metrics::default());
@@ -371,7 +372,10 @@ impl Shard {
             .await
             .map_err(|e| fatal(settings, e))?;
         let (first_tx, first_rx) = oneshot::channel();
-        tokio::spawn(coordinator.run(leases, commands_rx, stop, first_tx));
+        tasks.spawn(
+            "shard coordinator",
+            coordinator.run(leases, commands_rx, stop, first_tx),
+        );
         let namespace = settings.namespace.clone();
         match first_rx.await {
             Ok(Ok(())) => {}
@@ -453,11 +457,12 @@ enum Command {
 fn follow(
     api: Api<Lease>,
     selector: &str,
+    tasks: &Tasks,
 ) -> mpsc::UnboundedReceiver<watcher::Result<watcher::Event<Lease>>> {
     let config = watcher::Config::default().labels(selector);
     let mut leases = watcher::watcher(api, config).boxed();
     let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
+    tasks.spawn("shard lease watch", async move {
         while let Some(event) = leases.next().await {
             let failed = event.is_err();
             if tx.send(event).is_err() {

@@ -3,6 +3,7 @@
 //! `main` returns at once with exit code [`ABORT_EXIT_CODE`] (as kubert's `Shutdown::signaled`
 //! does), instead of a task ending the process under everyone's feet.
 
+use std::convert::Infallible;
 use std::future::Future;
 
 use futures::{Stream, StreamExt};
@@ -74,17 +75,27 @@ impl Signals {
         self.drain.clone()
     }
 
-    /// Runs `work` (which drains when [`Signals::drain`] is cancelled) to its end, unless a
-    /// second signal abandons it first: then [`Error::Aborted`], and `work` is dropped.
-    pub async fn unless_aborted<T>(&self, work: impl Future<Output = T>) -> Result<T> {
+    /// Runs `work` (which drains when [`Signals::drain`] is cancelled) while following
+    /// `signals` (their names) through [`step`], to its end, unless a second signal abandons it
+    /// first: then [`Error::Aborted`], and `work` is dropped. Nothing outlives the call.
+    async fn run<T>(
+        &self,
+        signals: impl Stream<Item = &'static str>,
+        work: impl Future<Output = T>,
+    ) -> Result<T> {
+        let follow = async {
+            self.follow(signals).await;
+            std::future::pending::<Infallible>().await
+        };
         tokio::select! {
             biased;
             () = self.abort.cancelled() => Err(Error::Aborted),
             done = work => Ok(done),
+            never = follow => match never {},
         }
     }
 
-    /// Follows `signals` (their names) through [`step`] until the second one.
+    /// Follows `signals` through [`step`] until the second one (or their end).
     async fn follow(&self, signals: impl Stream<Item = &'static str>) {
         let mut signals = std::pin::pin!(signals);
         let mut state = State::Running;
@@ -108,9 +119,14 @@ impl Signals {
     }
 }
 
-/// Installs the SIGTERM and SIGINT handlers and follows them on a task: the first signal
-/// cancels [`Signals::drain`], a second one ends [`Signals::unless_aborted`].
-pub fn listen() -> Result<Signals> {
+/// Installs the SIGTERM and SIGINT handlers, then runs `work` with the token the first signal
+/// cancels (stop the watches, drain, save the last checkpoints) to its end, unless a second
+/// signal comes first: then [`Error::Aborted`] at once, and `work` is dropped. Signals are
+/// followed within this call, on no task of their own.
+pub async fn until_aborted<T, F>(work: impl FnOnce(CancellationToken) -> F) -> Result<T>
+where
+    F: Future<Output = T>,
+{
     let term = signal(SignalKind::terminate()).map_err(Error::Signals)?;
     let int = signal(SignalKind::interrupt()).map_err(Error::Signals)?;
     let names = futures::stream::unfold((term, int), |(mut term, mut int)| async move {
@@ -121,9 +137,7 @@ pub fn listen() -> Result<Signals> {
         Some((name, (term, int)))
     });
     let signals = Signals::default();
-    let follower = signals.clone();
-    tokio::spawn(async move { follower.follow(names).await });
-    Ok(signals)
+    signals.run(names, work(signals.drain())).await
 }
 
 #[cfg(test)]
@@ -144,12 +158,10 @@ mod tests {
     #[tokio::test]
     async fn one_signal_drains_and_the_work_ends_normally() {
         let signals = Signals::default();
-        signals.follow(futures::stream::iter(["SIGTERM"])).await;
-        assert!(signals.drain().is_cancelled());
         // The work sees the drain and finishes: its own result comes back.
         let drain = signals.drain();
         let ran = signals
-            .unless_aborted(async move {
+            .run(futures::stream::iter(["SIGTERM"]), async move {
                 drain.cancelled().await;
                 "drained"
             })
@@ -160,19 +172,28 @@ mod tests {
     #[tokio::test]
     async fn a_second_signal_abandons_the_drain() {
         let signals = Signals::default();
-        signals
-            .follow(futures::stream::iter(["SIGTERM", "SIGINT", "SIGTERM"]))
-            .await;
-        assert!(signals.drain().is_cancelled());
-        let ran = signals.unless_aborted(std::future::pending::<()>()).await;
+        let names = futures::stream::iter(["SIGTERM", "SIGINT", "SIGTERM"]);
+        let ran = signals.run(names, std::future::pending::<()>()).await;
         assert!(matches!(ran, Err(Error::Aborted)), "{ran:?}");
+        assert!(signals.drain().is_cancelled());
     }
 
     #[tokio::test]
     async fn without_signals_the_work_runs_to_its_end() {
         let signals = Signals::default();
-        signals.follow(futures::stream::empty()).await;
+        let ran = signals.run(futures::stream::empty(), async { 7 }).await;
+        assert!(matches!(ran, Ok(7)));
         assert!(!signals.drain().is_cancelled());
-        assert!(matches!(signals.unless_aborted(async { 7 }).await, Ok(7)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn signals_that_end_leave_the_work_running() {
+        let signals = Signals::default();
+        let work = async {
+            tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+            "done"
+        };
+        let ran = signals.run(futures::stream::iter(["SIGTERM"]), work).await;
+        assert!(matches!(ran, Ok("done")), "{ran:?}");
     }
 }

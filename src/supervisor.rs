@@ -36,6 +36,7 @@ use crate::shard::{Ownership, Shard};
 use crate::sink::{self, AnySink};
 use crate::status::Status;
 use crate::stores::{self, Stores};
+use crate::tasks::Tasks;
 use crate::watch::{self, Target};
 
 /// Errors of starting watches, and the failures that stop the bridge while it runs.
@@ -187,6 +188,8 @@ pub(crate) struct Supervisor {
     /// The CRDs followed (with a wildcard entry): which were deleted.
     crds: crd::Shared,
     on_change: OnChange,
+    /// The followers of namespaces and CRDs, and each watch's queue forwarder.
+    background: Tasks,
 }
 
 /// What the supervisor needs to start.
@@ -209,6 +212,8 @@ pub(crate) struct Parts {
     pub stop: CancellationToken,
     /// Told about the running watches.
     pub on_change: OnChange,
+    /// Where the followers and forwarders are spawned, tracked.
+    pub tasks: Tasks,
 }
 
 impl Supervisor {
@@ -236,6 +241,7 @@ impl Supervisor {
             selected: Arc::default(),
             crds: Arc::default(),
             on_change: parts.on_change,
+            background: parts.tasks,
         }
     }
 
@@ -251,13 +257,16 @@ impl Supervisor {
             .collect();
         for selector in selectors {
             let (first_tx, first_rx) = oneshot::channel();
-            self.spawn_follower(follow_namespaces(
-                self.client.clone(),
-                selector.clone(),
-                self.selected.clone(),
-                self.rescope.clone(),
-                first_tx,
-            ));
+            self.spawn_follower(
+                "namespace follower",
+                follow_namespaces(
+                    self.client.clone(),
+                    selector.clone(),
+                    self.selected.clone(),
+                    self.rescope.clone(),
+                    first_tx,
+                ),
+            );
             match first_rx.await {
                 Ok(Ok(n)) => info!(selector = %selector, namespaces = n, "namespaces selected"),
                 Ok(Err(error)) => return Err(Error::NamespaceSelector { selector, error }),
@@ -265,11 +274,10 @@ impl Supervisor {
             }
         }
         if self.config.resources.iter().any(|r| r.is_wildcard()) {
-            self.spawn_follower(crd::follow(
-                self.client.clone(),
-                self.refresh.clone(),
-                self.crds.clone(),
-            ));
+            self.spawn_follower(
+                "CRD follower",
+                crd::follow(self.client.clone(), self.refresh.clone(), self.crds.clone()),
+            );
         }
         self.reconcile(resources).await?;
         // With sharding, the first claims land before the watches are reported, so that
@@ -282,9 +290,9 @@ impl Supervisor {
         Ok(())
     }
 
-    fn spawn_follower(&self, task: impl Future<Output = ()> + Send + 'static) {
+    fn spawn_follower(&self, name: &'static str, task: impl Future<Output = ()> + Send + 'static) {
         let stop = self.stop.clone();
-        tokio::spawn(async move {
+        self.background.spawn(name, async move {
             tokio::select! {
                 () = stop.cancelled() => {}
                 () = task => {}
@@ -690,6 +698,7 @@ impl Supervisor {
             config.delivery.queue_capacity,
             Budget::new(config.delivery.max_queue_bytes),
             crate::pipeline::item_bytes,
+            &self.background,
         );
         let start_rv = resume.as_ref().and_then(|c| c.resource_version.clone());
         // A LIST page is held whole while decoded: a quarter of the watch's budget.

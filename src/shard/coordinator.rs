@@ -169,6 +169,10 @@ impl Coordinator {
                     let _ = done.send(());
                 }
             }
+            // Every watch released and the member Lease deleted: nothing is left to coordinate.
+            if self.left {
+                return;
+            }
         }
     }
 

@@ -14,6 +14,7 @@ use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
+use tokio_util::task::AbortOnDropHandle;
 
 use super::HttpConfig;
 use super::config::{Credentials, client};
@@ -139,13 +140,15 @@ impl HttpSink {
         let permit = acquire(&self.permits).await;
         let inner = self.inner.clone();
         let permits = self.permits.clone();
-        let task = tokio::spawn(async move {
+        // Owned by the delivery it serves: dropped with it (a pipeline aborted at the end of
+        // the grace period), it stops, instead of waiting out a `Retry-After` for nobody.
+        let task = AbortOnDropHandle::new(tokio::spawn(async move {
             let origin = url.origin().ascii_serialization();
             let permit = inner.slot_for(&origin, permit, &permits).await;
             let outcome = inner.deliver(Request { url, headers, body }).await;
             drop(permit);
             outcome
-        });
+        }));
         Box::pin(async move {
             let outcome = task.await.unwrap_or_else(|e| Outcome::Retry {
                 error: format!("the request task ended: {e}"),

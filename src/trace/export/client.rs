@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
+use tokio_util::task::AbortOnDropHandle;
 
 /// The spec's default export timeout.
 const TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
@@ -36,7 +37,8 @@ impl HttpClient for Client {
     async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
         let request = reqwest::Request::try_from(request)?;
         let http = self.http.clone();
-        let sent = self.runtime.spawn(async move {
+        // Owned by this call: a caller that gives up stops the request.
+        let sent = AbortOnDropHandle::new(self.runtime.spawn(async move {
             let response = http.execute(request).await?;
             let mut answer = Response::builder().status(response.status());
             if let Some(headers) = answer.headers_mut() {
@@ -44,7 +46,7 @@ impl HttpClient for Client {
             }
             let body = response.bytes().await?;
             Ok::<_, HttpError>(answer.body(body)?)
-        });
+        }));
         sent.await?
     }
 }
