@@ -496,3 +496,88 @@ async fn sigterm_during_a_large_initial_list_drains_and_loses_nothing() {
     second.wait_synced(1).await;
     stop_cleanly(&mut second).await;
 }
+
+/// A port free on 127.0.0.1 now.
+async fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// Runs the bridge in this process until its admin server at `address` says ready.
+async fn run_until_ready(
+    config: &str,
+    address: &str,
+) -> (
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<kube_event_bridge::runtime::Result<()>>,
+) {
+    let config = kube_event_bridge::config::ConfigFile::parse(config)
+        .and_then(kube_event_bridge::config::ConfigFile::validate)
+        .expect("a valid configuration");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn(kube_event_bridge::runtime::run(config, stop.clone()));
+    wait_until("the bridge is ready", Duration::from_secs(60), || async {
+        matches!(
+            crate::admin::try_get(address, "/readyz").await,
+            Ok((200, _))
+        )
+        .then_some(())
+    })
+    .await;
+    (stop, run)
+}
+
+/// Whether nothing listens at `address` any more.
+async fn closed(address: &str) -> bool {
+    TcpStream::connect(address).await.is_err()
+}
+
+/// A run of the bridge in a process that goes on (a test, one of several bridges) leaves no
+/// task behind when it ends, cleanly or by a failure: its admin server stops listening and its
+/// leader Lease is renewed no more.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_that_ends_leaves_no_task_behind() {
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, "tasks").await;
+    let lease = unique_name("lease");
+    let address = format!("127.0.0.1:{}", free_port().await);
+    let config = format!(
+        "cluster: dev\nkubernetes: {{kubeconfig: '{}'}}\nadmin: {{address: '{address}'}}\ncheckpoint: {{nats: {{url: \"{}\"}}}}\nleaderElection: {{enabled: true, namespace: {ns}, leaseName: {lease}, leaseDurationSecs: 4, retryPeriodSecs: 1}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\nsink: {{recorder: {{channel: {}}}}}\n",
+        crate::support::env().kubeconfig,
+        crate::support::env().nats_url,
+        unique_name("tasks"),
+    );
+
+    // A clean stop.
+    let (stop, run) = run_until_ready(&config, &address).await;
+    stop.cancel();
+    let ended = tokio::time::timeout(Duration::from_secs(60), run).await;
+    ended.expect("the run ends").unwrap().expect("a clean stop");
+    assert!(closed(&address).await, "the admin server outlived its run");
+
+    // Leadership lost: the run fails, and still takes its tasks with it.
+    let (_stop, run) = run_until_ready(&config, &address).await;
+    let leases = Api::<Lease>::namespaced(client.clone(), &ns);
+    let taken = json!({"spec": {"holderIdentity": "someone-else", "leaseDurationSeconds": 3600}});
+    leases
+        .patch(&lease, &PatchParams::default(), &Patch::Merge(&taken))
+        .await
+        .expect("take the Lease over");
+    let ended = tokio::time::timeout(Duration::from_secs(60), run).await;
+    let failure = ended
+        .expect("the run ends")
+        .unwrap()
+        .expect_err("a failure");
+    assert!(
+        matches!(failure, kube_event_bridge::runtime::Error::LeadershipLost),
+        "{failure}"
+    );
+    assert!(closed(&address).await, "the admin server outlived its run");
+    let before = leases.get(&lease).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = leases.get(&lease).await.unwrap();
+    assert_eq!(
+        before.metadata.resource_version, after.metadata.resource_version,
+        "the Lease was written after the run ended: {after:?}"
+    );
+}
