@@ -538,22 +538,23 @@ pub type Loaded = (Option<Found>, Vec<StoredEntry>, Vec<String>);
 /// watch's events ([`KafkaStore`]), a NATS key-value bucket ([`NatsStore`]), a file
 /// ([`FileStore`]), or nothing durable ([`MemoryStore`]). What differs between them is said by
 /// capabilities, not by matching on the store; [`crate::stores`] chooses one for each watch.
+#[async_trait::async_trait]
 pub trait Backend: std::fmt::Debug + Send + Sync {
     /// Loads the stored checkpoint, and the announcements tied to it ([`announce`]).
-    fn load<'a>(&'a mut self, journal: &'a mut Journal) -> BoxFuture<'a, Result<Loaded>>;
+    async fn load(&mut self, journal: &mut Journal) -> Result<Loaded>;
 
     /// Saves `plan` in place (see [`Store::save`]).
-    fn save<'a>(
-        &'a mut self,
-        resource_version: &'a str,
-        known: &'a mut KnownObjects,
+    async fn save(
+        &mut self,
+        resource_version: &str,
+        known: &mut KnownObjects,
         digests: bool,
         plan: Plan,
-        journal: &'a mut Journal,
-    ) -> BoxFuture<'a, Result<()>>;
+        journal: &mut Journal,
+    ) -> Result<()>;
 
     /// Deletes every record of the watch.
-    fn reset(&mut self) -> BoxFuture<'_, Result<()>>;
+    async fn reset(&mut self) -> Result<()>;
 
     /// Whether journal records carry the resourceVersion they stand for: a file's journal is
     /// appended apart from its meta record, which may lag behind it.
@@ -568,13 +569,9 @@ pub trait Backend: std::fmt::Debug + Send + Sync {
     }
 
     /// Stores announcements of `entries`; called only when [`Backend::announces`].
-    fn announce<'a>(
-        &'a mut self,
-        journal: &'a Journal,
-        entries: &'a [StoredEntry],
-    ) -> BoxFuture<'a, Result<()>> {
+    async fn announce(&mut self, journal: &Journal, entries: &[StoredEntry]) -> Result<()> {
         let _ = (journal, entries);
-        Box::pin(std::future::ready(Ok(())))
+        Ok(())
     }
 
     /// Whether checkpoints survive a restart.
@@ -604,25 +601,26 @@ pub trait Backend: std::fmt::Debug + Send + Sync {
 #[derive(Debug, Default)]
 pub struct MemoryStore;
 
+#[async_trait::async_trait]
 impl Backend for MemoryStore {
-    fn load<'a>(&'a mut self, _: &'a mut Journal) -> BoxFuture<'a, Result<Loaded>> {
-        Box::pin(std::future::ready(Ok((None, Vec::new(), Vec::new()))))
+    async fn load(&mut self, _: &mut Journal) -> Result<Loaded> {
+        Ok((None, Vec::new(), Vec::new()))
     }
 
-    fn save<'a>(
-        &'a mut self,
-        _: &'a str,
-        known: &'a mut KnownObjects,
+    async fn save(
+        &mut self,
+        _: &str,
+        known: &mut KnownObjects,
         _: bool,
         _: Plan,
-        _: &'a mut Journal,
-    ) -> BoxFuture<'a, Result<()>> {
+        _: &mut Journal,
+    ) -> Result<()> {
         known.take_dirty();
-        Box::pin(std::future::ready(Ok(())))
+        Ok(())
     }
 
-    fn reset(&mut self) -> BoxFuture<'_, Result<()>> {
-        Box::pin(std::future::ready(Ok(())))
+    async fn reset(&mut self) -> Result<()> {
+        Ok(())
     }
 
     fn durable(&self) -> bool {

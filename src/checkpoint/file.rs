@@ -20,7 +20,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::journal::{Journal, Plan, RECORD_BYTES, Record, Segment, Stored};
-use futures::future::BoxFuture;
 
 use super::{Backend, Cluster, Found, Loaded, Meta, Parts, Result, WatchKey, Written, announce};
 use crate::known::{BUCKETS, Encoding, KnownObjects, StoredEntry};
@@ -36,83 +35,11 @@ pub struct FileStore {
     pub cluster: Option<Cluster>,
 }
 
+#[async_trait::async_trait]
 impl Backend for FileStore {
-    fn load<'a>(&'a mut self, journal: &'a mut Journal) -> BoxFuture<'a, Result<Loaded>> {
-        Box::pin(FileStore::load(self, journal))
-    }
-
-    fn save<'a>(
-        &'a mut self,
-        resource_version: &'a str,
-        known: &'a mut KnownObjects,
-        digests: bool,
-        plan: Plan,
-        journal: &'a mut Journal,
-    ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(FileStore::save(
-            self,
-            resource_version,
-            known,
-            digests,
-            plan,
-            journal,
-        ))
-    }
-
-    fn reset(&mut self) -> BoxFuture<'_, Result<()>> {
-        Box::pin(FileStore::reset(self))
-    }
-
-    /// The journal is appended apart from the meta record, which may lag behind it.
-    fn stamps(&self) -> bool {
-        true
-    }
-
-    fn announces(&self) -> bool {
-        true
-    }
-
-    fn announce<'a>(
-        &'a mut self,
-        journal: &'a Journal,
-        entries: &'a [StoredEntry],
-    ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(FileStore::announce(self, journal, entries))
-    }
-
-    fn finish(&mut self, written: Written, _: &mut Journal) -> Result<()> {
-        Err(written.not_staged_here("file"))
-    }
-}
-
-impl FileStore {
-    fn err(&self, e: impl std::fmt::Display) -> super::Error {
-        super::Error::Store {
-            store: "file",
-            message: format!("{}: {e}", self.path.display()),
-        }
-    }
-
-    /// The journal file beside the base: `{path}.journal`.
-    fn journal_path(&self) -> PathBuf {
-        let mut path = self.path.clone().into_os_string();
-        path.push(".journal");
-        PathBuf::from(path)
-    }
-
-    /// The announcements beside the base: `{path}.announced`.
-    fn announced_path(&self) -> PathBuf {
-        let mut path = self.path.clone().into_os_string();
-        path.push(".announced");
-        PathBuf::from(path)
-    }
-
     /// Loads the checkpoint, if any, and the announcements tied to it (or, without one, to no
     /// checkpoint) with the problems of the lines that could not be decoded.
-    async fn load(
-        &self,
-        journal: &mut Journal,
-    ) -> Result<(Option<Found>, Vec<StoredEntry>, Vec<String>)> {
+    async fn load(&mut self, journal: &mut Journal) -> Result<Loaded> {
         let found = self.load_checkpoint(journal).await?;
         let lines = self.read_announced().await?;
         let (entries, problems) = announce::entries_tied(
@@ -122,22 +49,8 @@ impl FileStore {
         Ok((found, entries, problems))
     }
 
-    async fn load_checkpoint(&self, journal: &mut Journal) -> Result<Option<Found>> {
-        let stored = match tokio::fs::read(&self.path).await {
-            Ok(stored) => stored,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(self.err(e)),
-        };
-        let lines = match tokio::fs::read(self.journal_path()).await {
-            Ok(lines) => lines,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(self.err(e)),
-        };
-        decode(&self.key, self.cluster.as_ref(), &stored, &lines, journal).map(Some)
-    }
-
     async fn save(
-        &self,
+        &mut self,
         resource_version: &str,
         known: &mut KnownObjects,
         digests: bool,
@@ -182,8 +95,32 @@ impl FileStore {
         }
     }
 
+    async fn reset(&mut self) -> Result<()> {
+        for path in [
+            self.announced_path(),
+            self.journal_path(),
+            self.path.clone(),
+        ] {
+            match tokio::fs::remove_file(&path).await {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The journal is appended apart from the meta record, which may lag behind it.
+    fn stamps(&self) -> bool {
+        true
+    }
+
+    fn announces(&self) -> bool {
+        true
+    }
+
     /// Appends announcements of `entries`, tied to the stored checkpoint, and fsyncs them.
-    async fn announce(&self, journal: &Journal, entries: &[StoredEntry]) -> Result<()> {
+    async fn announce(&mut self, journal: &Journal, entries: &[StoredEntry]) -> Result<()> {
         let mut out = Vec::new();
         for record in announce::encode(&tie(journal), entries) {
             // A JSON record never holds a raw line break.
@@ -195,6 +132,47 @@ impl FileStore {
             .await
             .map_err(|e| self.err(e))?
             .map_err(|e| self.err(e))
+    }
+
+    fn finish(&mut self, written: Written, _: &mut Journal) -> Result<()> {
+        Err(written.not_staged_here("file"))
+    }
+}
+
+impl FileStore {
+    fn err(&self, e: impl std::fmt::Display) -> super::Error {
+        super::Error::Store {
+            store: "file",
+            message: format!("{}: {e}", self.path.display()),
+        }
+    }
+
+    /// The journal file beside the base: `{path}.journal`.
+    fn journal_path(&self) -> PathBuf {
+        let mut path = self.path.clone().into_os_string();
+        path.push(".journal");
+        PathBuf::from(path)
+    }
+
+    /// The announcements beside the base: `{path}.announced`.
+    fn announced_path(&self) -> PathBuf {
+        let mut path = self.path.clone().into_os_string();
+        path.push(".announced");
+        PathBuf::from(path)
+    }
+
+    async fn load_checkpoint(&self, journal: &mut Journal) -> Result<Option<Found>> {
+        let stored = match tokio::fs::read(&self.path).await {
+            Ok(stored) => stored,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(self.err(e)),
+        };
+        let lines = match tokio::fs::read(self.journal_path()).await {
+            Ok(lines) => lines,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(self.err(e)),
+        };
+        decode(&self.key, self.cluster.as_ref(), &stored, &lines, journal).map(Some)
     }
 
     /// The announcement lines, whole: a last line cut short by a crash is cut off the file
@@ -218,21 +196,6 @@ impl FileStore {
                 .map_err(|e| self.err(e))?;
         }
         Ok(lines)
-    }
-
-    async fn reset(&self) -> Result<()> {
-        for path in [
-            self.announced_path(),
-            self.journal_path(),
-            self.path.clone(),
-        ] {
-            match tokio::fs::remove_file(&path).await {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(self.err(e)),
-            }
-        }
-        Ok(())
     }
 }
 

@@ -20,7 +20,6 @@ use rdkafka::message::BorrowedMessage;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 use super::journal::{Journal, Plan, RECORD_BYTES, Stored};
-use futures::future::BoxFuture;
 
 use super::{Backend, Cluster, Error, Found, Loaded, Meta, Parts, Result, WatchKey, Written};
 use crate::known::{BUCKETS, KnownObjects};
@@ -49,64 +48,15 @@ fn store_err(e: impl std::fmt::Display) -> Error {
     }
 }
 
+#[async_trait::async_trait]
 impl Backend for KafkaStore {
-    fn load<'a>(&'a mut self, journal: &'a mut Journal) -> BoxFuture<'a, Result<Loaded>> {
-        Box::pin(async move {
-            Ok((
-                KafkaStore::load(self, journal).await?,
-                Vec::new(),
-                Vec::new(),
-            ))
-        })
-    }
-
-    /// A Kafka save commits the transaction the watch's next events go into: in place.
-    fn save<'a>(
-        &'a mut self,
-        resource_version: &'a str,
-        known: &'a mut KnownObjects,
-        digests: bool,
-        plan: Plan,
-        journal: &'a mut Journal,
-    ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(KafkaStore::save(
-            self,
-            resource_version,
-            known,
-            digests,
-            plan,
-            journal,
-        ))
-    }
-
-    fn reset(&mut self) -> BoxFuture<'_, Result<()>> {
-        Box::pin(KafkaStore::reset(self))
-    }
-
-    fn finish(&mut self, written: Written, _: &mut Journal) -> Result<()> {
-        Err(written.not_staged_here("kafka"))
-    }
-}
-
-impl KafkaStore {
-    async fn load(&self, journal: &mut Journal) -> Result<Option<Found>> {
-        let prefix = format!("{}/", self.key.id);
-        let started = std::time::Instant::now();
-        let config = self.sink.consumer_config();
-        let records = self
-            .sink
-            .checkpoint_reads()
-            .read(&prefix, |prefixes| {
-                read_compacted(config.clone(), &self.topic, prefixes)
-            })
-            .await
-            .map_err(store_err)?;
-        tracing::debug!(topic = %self.topic, records = records.len(), elapsed_ms = started.elapsed().as_millis() as u64, "checkpoint topic read");
-        decode(&self.key, self.cluster.as_ref(), &records, journal)
+    /// Kafka announces nothing: the checkpoint is in the transaction with the events.
+    async fn load(&mut self, journal: &mut Journal) -> Result<Loaded> {
+        Ok((self.load_checkpoint(journal).await?, Vec::new(), Vec::new()))
     }
 
     async fn save(
-        &self,
+        &mut self,
         resource_version: &str,
         known: &mut KnownObjects,
         digests: bool,
@@ -156,7 +106,7 @@ impl KafkaStore {
         Ok(())
     }
 
-    async fn reset(&self) -> Result<()> {
+    async fn reset(&mut self) -> Result<()> {
         // Every record of the watch, whatever its name.
         let prefix = format!("{}/", self.key.id);
         let stored = read_compacted(
@@ -188,6 +138,28 @@ impl KafkaStore {
             .commit_with(&self.topic, records)
             .await
             .map_err(store_err)
+    }
+
+    fn finish(&mut self, written: Written, _: &mut Journal) -> Result<()> {
+        Err(written.not_staged_here("kafka"))
+    }
+}
+
+impl KafkaStore {
+    async fn load_checkpoint(&self, journal: &mut Journal) -> Result<Option<Found>> {
+        let prefix = format!("{}/", self.key.id);
+        let started = std::time::Instant::now();
+        let config = self.sink.consumer_config();
+        let records = self
+            .sink
+            .checkpoint_reads()
+            .read(&prefix, |prefixes| {
+                read_compacted(config.clone(), &self.topic, prefixes)
+            })
+            .await
+            .map_err(store_err)?;
+        tracing::debug!(topic = %self.topic, records = records.len(), elapsed_ms = started.elapsed().as_millis() as u64, "checkpoint topic read");
+        decode(&self.key, self.cluster.as_ref(), &records, journal)
     }
 }
 

@@ -242,43 +242,100 @@ fn store_err(e: impl std::fmt::Display) -> Error {
     }
 }
 
+#[async_trait::async_trait]
 impl Backend for NatsStore {
-    fn load<'a>(&'a mut self, journal: &'a mut Journal) -> BoxFuture<'a, Result<Loaded>> {
-        Box::pin(NatsStore::load(self, journal))
+    /// Loads the checkpoint, if any, and the announcements tied to it (or, without one, to no
+    /// checkpoint) with the problems of those that could not be decoded.
+    async fn load(&mut self, journal: &mut Journal) -> Result<Loaded> {
+        let found = self.load_checkpoint(journal).await?;
+        let prefix = self.announced_prefix();
+        let filter = format!("{}{prefix}>", self.kv.prefix);
+        let mut subjects = self
+            .kv
+            .stream
+            .info_with_subjects(&filter)
+            .await
+            .map_err(store_err)?;
+        self.announced.clear();
+        while let Some((subject, _)) = subjects.try_next().await.map_err(store_err)? {
+            if let Some(key) = subject.strip_prefix(&self.kv.prefix) {
+                self.announced.insert(key.to_owned());
+            }
+        }
+        let tie = self.revision.unwrap_or(0).to_string();
+        let mut stored = Vec::new();
+        for key in &self.announced {
+            // A purged key answers nothing.
+            if let Some(record) = self.kv.get(key).await.map_err(store_err)? {
+                stored.push(record);
+            }
+        }
+        let (entries, problems) = announce::entries_tied(&tie, stored.iter().map(|r| &r[..]));
+        Ok((found, entries, problems))
     }
 
-    fn save<'a>(
-        &'a mut self,
-        resource_version: &'a str,
-        known: &'a mut KnownObjects,
+    /// Saves in place: a compaction is written in batches of about [`BATCH_BYTES`] as its
+    /// buckets are encoded (a large index is never held whole), then its last batch and the meta
+    /// record as a staged save; a journal record is staged and written at once.
+    async fn save(
+        &mut self,
+        resource_version: &str,
+        known: &mut KnownObjects,
         digests: bool,
         plan: Plan,
-        journal: &'a mut Journal,
-    ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(NatsStore::save(
-            self,
-            resource_version,
-            known,
-            digests,
-            plan,
-            journal,
-        ))
+        journal: &mut Journal,
+    ) -> Result<()> {
+        if let Plan::Append(_) = plan {
+            let staged = self.stage(resource_version, known, digests, plan, journal);
+            return self.finish(staged.write().await, journal);
+        }
+        let mut buckets = self.buckets.clone();
+        let meta = Meta::new(&self.key, self.cluster.as_ref(), resource_version, known);
+        let generation = new_generation();
+        let mut written = Vec::new();
+        let mut batch = Vec::new();
+        let mut bytes = 0;
+        for b in known.take_dirty() {
+            let parts = known.encode_bucket_parts(b, digests, RECORD_BYTES);
+            bytes += parts.iter().map(Vec::len).sum::<usize>();
+            batch.extend(self.place(b, parts, &generation, &mut buckets, &mut written));
+            if bytes >= BATCH_BYTES {
+                put_all(&self.kv, std::mem::take(&mut batch)).await?;
+                bytes = 0;
+            }
+        }
+        let staged = Staged {
+            swap: self.meta_swap(),
+            records: batch,
+            layout: self.layout(meta, buckets, Done::Compacted(written), journal),
+        };
+        self.finish(staged.write().await, journal)
     }
 
-    fn reset(&mut self) -> BoxFuture<'_, Result<()>> {
-        Box::pin(NatsStore::reset(self))
+    async fn reset(&mut self) -> Result<()> {
+        self.kv.purge(self.meta_key()).await.map_err(store_err)
     }
 
     fn announces(&self) -> bool {
         true
     }
 
-    fn announce<'a>(
-        &'a mut self,
-        _: &'a Journal,
-        entries: &'a [StoredEntry],
-    ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(NatsStore::announce(self, entries))
+    /// Stores announcements of `entries`, tied to the meta record stored.
+    async fn announce(&mut self, _: &Journal, entries: &[StoredEntry]) -> Result<()> {
+        let tie = self.tie().await?;
+        let prefix = self.announced_prefix();
+        let records: Vec<(String, Bytes)> = announce::encode(&tie.to_string(), entries)
+            .into_iter()
+            .map(|record| {
+                let (writer, seq) = &mut self.announcer;
+                let key = format!("{prefix}{writer}.{seq}");
+                *seq += 1;
+                (key, Bytes::from(record))
+            })
+            .collect();
+        self.announced
+            .extend(records.iter().map(|(k, _)| k.clone()));
+        put_all(&self.kv, records).await
     }
 
     /// Encoded whole, the save owns what it writes: the watch goes on while the bucket stores it.
@@ -350,57 +407,6 @@ impl NatsStore {
     /// The prefix of this watch's announcement keys.
     fn announced_prefix(&self) -> String {
         format!("{}.a.", self.key.id)
-    }
-
-    /// Loads the checkpoint, if any, and the announcements tied to it (or, without one, to no
-    /// checkpoint) with the problems of those that could not be decoded.
-    async fn load(
-        &mut self,
-        journal: &mut Journal,
-    ) -> Result<(Option<Found>, Vec<StoredEntry>, Vec<String>)> {
-        let found = self.load_checkpoint(journal).await?;
-        let prefix = self.announced_prefix();
-        let filter = format!("{}{prefix}>", self.kv.prefix);
-        let mut subjects = self
-            .kv
-            .stream
-            .info_with_subjects(&filter)
-            .await
-            .map_err(store_err)?;
-        self.announced.clear();
-        while let Some((subject, _)) = subjects.try_next().await.map_err(store_err)? {
-            if let Some(key) = subject.strip_prefix(&self.kv.prefix) {
-                self.announced.insert(key.to_owned());
-            }
-        }
-        let tie = self.revision.unwrap_or(0).to_string();
-        let mut stored = Vec::new();
-        for key in &self.announced {
-            // A purged key answers nothing.
-            if let Some(record) = self.kv.get(key).await.map_err(store_err)? {
-                stored.push(record);
-            }
-        }
-        let (entries, problems) = announce::entries_tied(&tie, stored.iter().map(|r| &r[..]));
-        Ok((found, entries, problems))
-    }
-
-    /// Stores announcements of `entries`, tied to the meta record stored.
-    async fn announce(&mut self, entries: &[StoredEntry]) -> Result<()> {
-        let tie = self.tie().await?;
-        let prefix = self.announced_prefix();
-        let records: Vec<(String, Bytes)> = announce::encode(&tie.to_string(), entries)
-            .into_iter()
-            .map(|record| {
-                let (writer, seq) = &mut self.announcer;
-                let key = format!("{prefix}{writer}.{seq}");
-                *seq += 1;
-                (key, Bytes::from(record))
-            })
-            .collect();
-        self.announced
-            .extend(records.iter().map(|(k, _)| k.clone()));
-        put_all(&self.kv, records).await
     }
 
     /// The revision of the meta record stored (0: none). After a save whose outcome is unknown
@@ -512,44 +518,6 @@ impl NatsStore {
             records,
             layout: self.layout(meta, buckets, done, journal),
         }
-    }
-
-    /// Saves in place: a compaction is written in batches of about [`BATCH_BYTES`] as its
-    /// buckets are encoded (a large index is never held whole), then its last batch and the meta
-    /// record as a staged save; a journal record is staged and written at once.
-    async fn save(
-        &mut self,
-        resource_version: &str,
-        known: &mut KnownObjects,
-        digests: bool,
-        plan: Plan,
-        journal: &mut Journal,
-    ) -> Result<()> {
-        if let Plan::Append(_) = plan {
-            let staged = self.stage(resource_version, known, digests, plan, journal);
-            return self.finish(staged.write().await, journal);
-        }
-        let mut buckets = self.buckets.clone();
-        let meta = Meta::new(&self.key, self.cluster.as_ref(), resource_version, known);
-        let generation = new_generation();
-        let mut written = Vec::new();
-        let mut batch = Vec::new();
-        let mut bytes = 0;
-        for b in known.take_dirty() {
-            let parts = known.encode_bucket_parts(b, digests, RECORD_BYTES);
-            bytes += parts.iter().map(Vec::len).sum::<usize>();
-            batch.extend(self.place(b, parts, &generation, &mut buckets, &mut written));
-            if bytes >= BATCH_BYTES {
-                put_all(&self.kv, std::mem::take(&mut batch)).await?;
-                bytes = 0;
-            }
-        }
-        let staged = Staged {
-            swap: self.meta_swap(),
-            records: batch,
-            layout: self.layout(meta, buckets, Done::Compacted(written), journal),
-        };
-        self.finish(staged.write().await, journal)
     }
 
     /// Applies a written save: once its meta record is swapped in, the store and the journal
@@ -677,10 +645,6 @@ impl NatsStore {
         Error::Fenced {
             watch: self.key.description.clone(),
         }
-    }
-
-    async fn reset(&self) -> Result<()> {
-        self.kv.purge(self.meta_key()).await.map_err(store_err)
     }
 }
 
