@@ -1,5 +1,5 @@
 //! What the bridge does with its allocator while it runs (jemalloc; its settings are in
-//! `.cargo/config.toml`, measured in docs/architecture.md, "Thread caches").
+//! `.cargo/config.toml`, figures in docs/benchmarks.md, "Memory").
 //!
 //! jemalloc keeps freed objects in a per-thread cache and returns them to the arena only as the
 //! thread allocates again, so a thread that goes idle keeps what it last freed: in an idle Kafka
@@ -48,7 +48,7 @@ pub fn async_runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime>
 /// jemalloc). Caches are off by default (`tcache:false` in `.cargo/config.toml`): librdkafka's
 /// threads and jemalloc's own allocate little, and their caches kept memory resident in an idle
 /// bridge. The threads that carry the events turn theirs on: without a cache the event path
-/// costs more CPU (docs/architecture.md, "Thread caches").
+/// costs more CPU (docs/benchmarks.md, "Memory").
 pub fn thread_cache_on() -> bool {
     TCACHE_ENABLED.name().write(true).is_ok()
 }

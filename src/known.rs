@@ -7,7 +7,7 @@
 //! only the buckets that changed.
 //!
 //! Memory is what limits how many objects one process can watch, so an entry is kept compact
-//! (no allocation of its own in the common case; measured in docs/architecture.md, "Memory"): a uid that is a UUID in the API server's canonical form is
+//! (no allocation of its own in the common case; figures in docs/benchmarks.md, "Memory"): a uid that is a UUID in the API server's canonical form is
 //! kept as its 16 bytes, any other uid as text; a resourceVersion that is a decimal integer as a
 //! `u64`, any other as text (they are opaque by contract); a name of up to 24 bytes inline
 //! ([`CompactString`]); the namespace as a 4-byte number into a table of interned names. Every
@@ -1362,7 +1362,7 @@ mod tests {
             &k.get("u2").unwrap().namespace.unwrap(),
             &k.get("v").unwrap().namespace.unwrap()
         ));
-        // The layout the memory figures in docs/architecture.md rest on.
+        // The layout the memory figures in docs/benchmarks.md rest on.
         assert_eq!(std::mem::size_of::<Rv>(), 16);
         assert!(std::mem::size_of::<([u8; 16], Slot)>() <= 72);
     }

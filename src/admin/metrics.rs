@@ -155,7 +155,7 @@ fn process(encoder: &mut DescriptorEncoder, state: &State) -> fmt::Result {
     allocator(encoder)
 }
 
-/// The heap as jemalloc counts it (docs/architecture.md, "Memory"): what the program holds
+/// The heap as jemalloc counts it (docs/architecture.md, "Memory"; figures in docs/benchmarks.md): what the program holds
 /// (`allocated`), the pages that serve it (`active`), the allocator's own `metadata`, what is in
 /// memory (`resident`) and what stays mapped though given back to the system (`retained`).
 fn allocator(encoder: &mut DescriptorEncoder) -> fmt::Result {
