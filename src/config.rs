@@ -27,7 +27,7 @@ mod sink;
 mod validate;
 
 pub use content::ContentMode;
-pub use destination::{Destination, check_url, parse_template, parse_url};
+pub use destination::parse_template;
 pub use environment::Environment;
 pub use file::NatsCredentials;
 pub use file::{

@@ -75,12 +75,7 @@ impl ResolvedResource {
         &'a self,
         sink: &'a crate::template::Template,
     ) -> &'a crate::template::Template {
-        self.config
-            .topic
-            .as_ref()
-            .or(self.config.subject.as_ref())
-            .or(self.config.url.as_ref())
-            .unwrap_or(sink)
+        self.config.destination.as_ref().unwrap_or(sink)
     }
 
     /// Whether this is the core Secret resource, redacted by default however it was selected.

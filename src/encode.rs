@@ -141,11 +141,7 @@ impl ResourceInfo {
             format: c.event_format,
             key: c.key,
             tombstones: c.tombstones,
-            destination: c
-                .topic
-                .clone()
-                .or_else(|| c.subject.clone())
-                .or_else(|| c.url.clone()),
+            destination: c.destination.clone(),
             audit: false,
             redact: c.redact.clone(),
             redact_secret_data: c.redact_secret_data && r.is_secret(),

@@ -7,7 +7,6 @@ use std::collections::BTreeSet;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::destination::{Destination, parse_template};
 use super::names::{is_dns_label, is_dns_subdomain, is_qualified_name, is_version};
 use crate::change::ChangeKind;
 use crate::payload::{self, Pointer};
@@ -193,12 +192,11 @@ pub struct Resource {
     pub strip_managed_fields: bool,
     /// Strip the last-applied annotation.
     pub strip_last_applied: bool,
-    /// Kafka topic template override.
-    pub topic: Option<Template>,
-    /// NATS subject template override.
-    pub subject: Option<Template>,
-    /// HTTP URL template override.
-    pub url: Option<Template>,
+    /// The replacement of the sink's destination template (a topic, subject or URL), parsed by
+    /// the sink's rules once the sink is known ([`check_sink_fields`]).
+    pub destination: Option<Template>,
+    /// The destination fields the entry sets (`topic`, `subject`, `url`), as written.
+    pub destination_texts: Vec<(&'static str, String)>,
     /// Kafka record key.
     pub key: RecordKey,
     /// Kafka tombstones after deletes.
@@ -325,13 +323,12 @@ fn parse_pointers(
         .collect()
 }
 
-/// Validates one entry; `default_format` is the top-level `eventFormat`, `cluster` the cluster
-/// name (which topic names contain).
+/// Validates one entry; `default_format` is the top-level `eventFormat`. Its destination field
+/// is checked once the sink is known ([`check_sink_fields`]).
 pub(super) fn validate_resource(
     i: usize,
     r: ResourceConfig,
     default_format: EventFormat,
-    cluster: &str,
     errors: &mut Vec<String>,
 ) -> Option<Resource> {
     let at = format!("resources[{i}]");
@@ -359,18 +356,10 @@ pub(super) fn validate_resource(
     check_payload(&at, r.payload, r.include_previous, event_format, errors);
     let ignore_paths = parse_pointers(&at, "ignorePaths", r.ignore_paths, errors);
     let redact = parse_pointers(&at, "redact", r.redact, errors);
-    let topic = r.topic.as_deref().and_then(|t| {
-        let topic = Destination::Topic { cluster };
-        parse_template(&format!("{at}.topic"), t, topic, errors)
-    });
-    let subject = r
-        .subject
-        .as_deref()
-        .and_then(|s| parse_template(&format!("{at}.subject"), s, Destination::Subject, errors));
-    let url = r
-        .url
-        .as_deref()
-        .and_then(|u| super::destination::parse_url(&format!("{at}.url"), u, errors));
+    let destination_texts = [("topic", r.topic), ("subject", r.subject), ("url", r.url)]
+        .into_iter()
+        .filter_map(|(field, text)| Some((field, text?)))
+        .collect();
     (errors.len() == before).then_some(Resource {
         index: i,
         group,
@@ -390,9 +379,8 @@ pub(super) fn validate_resource(
         redact_secret_data: r.redact_secret_data,
         strip_managed_fields: r.strip_managed_fields,
         strip_last_applied: r.strip_last_applied,
-        topic,
-        subject,
-        url,
+        destination: None,
+        destination_texts,
         key: r.key,
         tombstones: r.tombstones,
         event_format,
@@ -562,25 +550,23 @@ fn check_payload(
 /// sink's destination template by the field the sink names, and give record keys when the sink's
 /// records have them.
 pub(super) fn check_sink_fields(
-    resources: &[Resource],
-    sink: &str,
-    fields: super::sink::ResourceFields,
+    resources: &mut [Resource],
+    settings: &dyn super::sink::SinkSettings,
+    cluster: &str,
     errors: &mut Vec<String>,
 ) {
+    let (sink, fields) = (settings.kind(), settings.resource_fields());
     let instead = fields
         .destination
         .map_or(String::new(), |f| format!("; use {f}"));
     for r in resources {
         let at = format!("resources[{}]", r.index);
-        for (field, set) in [
-            ("topic", r.topic.is_some()),
-            ("subject", r.subject.is_some()),
-            ("url", r.url.is_some()),
-        ] {
-            if set && fields.destination != Some(field) {
-                errors.push(format!(
-                    "{at}.{field}: the {sink} sink does not read it{instead}"
-                ));
+        for (field, text) in &r.destination_texts {
+            let at = format!("{at}.{field}");
+            if fields.destination == Some(*field) {
+                r.destination = settings.parse_destination(&at, text, cluster, errors);
+            } else {
+                errors.push(format!("{at}: the {sink} sink does not read it{instead}"));
             }
         }
         if r.key != RecordKey::Uid && !fields.keys {
@@ -624,7 +610,7 @@ mod tests {
     fn entry(yaml: &str) -> Result<Resource, Vec<String>> {
         let r: ResourceConfig = serde_yaml_ng::from_str(yaml).unwrap();
         let mut errors = Vec::new();
-        validate_resource(0, r, EventFormat::Cloudevents, "dev", &mut errors).ok_or(errors)
+        validate_resource(0, r, EventFormat::Cloudevents, &mut errors).ok_or(errors)
     }
 
     #[test]

@@ -110,6 +110,25 @@ pub trait SinkSettings: fmt::Debug + Send + Sync + Any {
         ResourceFields::default()
     }
 
+    /// Parses the text of a `resources[]` entry's replacement of the destination template (the
+    /// field [`ResourceFields::destination`] names, at `at`), by the rules of this kind's
+    /// destinations in cluster `cluster`, pushing what is wrong onto `errors`. Called only for
+    /// kinds that name such a field.
+    fn parse_destination(
+        &self,
+        at: &str,
+        text: &str,
+        cluster: &str,
+        errors: &mut Vec<String>,
+    ) -> Option<Template> {
+        let _ = (text, cluster);
+        errors.push(format!(
+            "{at}: the {} sink has no destination to replace",
+            self.kind()
+        ));
+        None
+    }
+
     /// Where this kind can keep checkpoints.
     fn checkpoints(&self) -> CheckpointSupport;
 

@@ -34,7 +34,7 @@ impl ConfigFile {
                 self.cluster
             ));
         }
-        let resources = self.validate_resources(&mut errors);
+        let mut resources = self.validate_resources(&mut errors);
         let heartbeat = self.heartbeat_destination();
         let c = &self.checkpoint;
         let context = Context {
@@ -48,8 +48,7 @@ impl ConfigFile {
         };
         let sink = validate_sink(&self.sink, &context, env, &mut errors);
         if let Some(sink) = &sink {
-            let (kind, fields) = (sink.kind(), sink.resource_fields());
-            resource::check_sink_fields(&resources, kind, fields, &mut errors);
+            resource::check_sink_fields(&mut resources, sink.as_ref(), &self.cluster, &mut errors);
         }
         self.check_numbers(&mut errors);
         if self.admin.address.parse::<std::net::SocketAddr>().is_err() {
@@ -77,9 +76,7 @@ impl ConfigFile {
             .iter()
             .cloned()
             .enumerate()
-            .filter_map(|(i, r)| {
-                resource::validate_resource(i, r, self.event_format, &self.cluster, errors)
-            })
+            .filter_map(|(i, r)| resource::validate_resource(i, r, self.event_format, errors))
             .collect();
         resource::check_overlaps(&resources, errors);
         resources

@@ -7,6 +7,7 @@ mod config;
 mod error;
 mod settings;
 mod sink;
+mod url;
 
 pub use settings::{Http, HttpConfig, HttpCredentials, K_CA_CERTS, K_CE_OVERRIDES, K_SINK};
 pub use sink::{HttpSink, classify, retry_after};

@@ -13,11 +13,12 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::HttpSink;
+use super::url::{check_url, parse_url};
 use crate::attribute;
 use crate::config::{
     CheckpointSupport, ContentMode, Context, Environment, HTTP_MAX_IN_FLIGHT,
     HTTP_MAX_RETRY_AFTER_SECS, HTTP_TIMEOUT_SECS, ResourceFields, SinkKind, SinkSettings,
-    check_url, parse_section, parse_url,
+    parse_section,
 };
 use crate::discovery::ResolvedResource;
 use crate::sink::{AnySink, Messages, Result, Settings, no_subscription};
@@ -282,6 +283,17 @@ impl SinkSettings for Http {
             destination: Some("url"),
             keys: false,
         }
+    }
+
+    /// A resource's `url`: an `http(s)` URL template, tokens in its path and query only.
+    fn parse_destination(
+        &self,
+        at: &str,
+        text: &str,
+        _: &str,
+        errors: &mut Vec<String>,
+    ) -> Option<Template> {
+        parse_url(at, text, errors)
     }
 
     fn checkpoints(&self) -> CheckpointSupport {

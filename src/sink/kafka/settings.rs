@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{KafkaSink, check_brokers, consumer_config};
 use crate::config::{
-    COMMIT_INTERVAL_MS, CheckpointSupport, ContentMode, Context, Destination, ResourceFields,
-    SinkKind, SinkSettings, TRANSACTION_TIMEOUT_SECS, parse_section, parse_template,
+    COMMIT_INTERVAL_MS, CheckpointSupport, ContentMode, Context, ResourceFields, SinkKind,
+    SinkSettings, TRANSACTION_TIMEOUT_SECS, parse_section, parse_template,
 };
 use crate::discovery::ResolvedResource;
 use crate::sink::decode::NotCloudEvent;
@@ -204,12 +204,23 @@ impl Kafka {
         let commit = config.commit_interval_ms;
         COMMIT_INTERVAL_MS.check("sink.kafka.commitIntervalMs", commit, errors);
         check_names(&config, context, errors);
-        let destination = Destination::Topic {
-            cluster: context.cluster,
-        };
-        let topic = parse_template("sink.kafka.topic", &config.topic, destination, errors)?;
+        let topic = parse_topic("sink.kafka.topic", &config.topic, context.cluster, errors)?;
         Some(Arc::new(Kafka { config, topic }))
     }
+}
+
+/// Parses a topic template at `at` (the sink's, or a resource's `topic`): its renderings in
+/// cluster `cluster` must be legal Kafka topic names, and `{name}` is refused, as one topic per
+/// object does not scale.
+fn parse_topic(at: &str, text: &str, cluster: &str, errors: &mut Vec<String>) -> Option<Template> {
+    let topic = parse_template(at, text, |t| t.check_topic(cluster), errors)?;
+    if topic.uses(template::Token::Name) {
+        errors.push(format!(
+            "{at}: {{name}} is not allowed here: one topic per object does not scale"
+        ));
+        return None;
+    }
+    Some(topic)
 }
 
 /// A transaction is committed at every checkpoint, so it must outlast two intervals; the
@@ -246,6 +257,16 @@ impl SinkSettings for Kafka {
             destination: Some("topic"),
             keys: true,
         }
+    }
+
+    fn parse_destination(
+        &self,
+        at: &str,
+        text: &str,
+        cluster: &str,
+        errors: &mut Vec<String>,
+    ) -> Option<Template> {
+        parse_topic(at, text, cluster, errors)
     }
 
     fn checkpoints(&self) -> CheckpointSupport {
@@ -375,6 +396,52 @@ mod tests {
 
     use super::*;
     use crate::config::{ConfigFile, invalid};
+
+    #[test]
+    fn topics_the_sink_and_each_resource_name_are_checked() {
+        let kafka = "sink: {kafka: {bootstrapServers: 'x:1', topic: 'TOPIC'}}";
+        let resources = "resources:\n- {apiVersion: v1, resource: pods}\n- {apiVersion: v1, resource: configmaps}\n- {apiVersion: v1, resource: secrets, topic: 'OVERRIDE'}\n";
+        // A resource's topic is checked by the sink's rules once the sink itself is valid.
+        let e = invalid(&format!(
+            "cluster: dev\n{}{}\n",
+            resources.replace("OVERRIDE", "cm/{resource}"),
+            kafka.replace("TOPIC", "k8s.{resource}")
+        ));
+        assert!(
+            e.contains("resources[2].topic: \"cm/\" contains '/'"),
+            "{e}"
+        );
+        let e = invalid(&format!(
+            "cluster: dev\n{}{}\n",
+            resources.replace("OVERRIDE", "cm.{name}"),
+            kafka.replace("TOPIC", "k8s.{resource}")
+        ));
+        assert!(
+            e.contains("resources[2].topic: {name} is not allowed here: one topic per object"),
+            "{e}"
+        );
+        for (topic, needle) in [
+            (
+                "k8s events.{resource}",
+                "sink.kafka.topic: \"k8s events.\" contains ' ': a Kafka topic name",
+            ),
+            (
+                "..",
+                "sink.kafka.topic: \"..\" is not a legal Kafka topic name",
+            ),
+            (
+                &format!("{}{{cluster}}", "t".repeat(247)),
+                "sink.kafka.topic: renders to at least 250 characters",
+            ),
+            ("k8s.{name}", "sink.kafka.topic: {name} is not allowed here"),
+        ] {
+            let e = invalid(&format!(
+                "cluster: dev\nresources: [{{apiVersion: v1, resource: pods}}]\n{}\n",
+                kafka.replace("TOPIC", topic)
+            ));
+            assert!(e.contains(needle), "{e}");
+        }
+    }
 
     #[test]
     fn kafka_guarded_properties_are_refused() {

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{NatsSink, connect_client};
 use crate::config::{
-    ACK_TIMEOUT_SECS, CheckpointSupport, ContentMode, Context, DUPLICATE_WINDOW_SECS, Destination,
+    ACK_TIMEOUT_SECS, CheckpointSupport, ContentMode, Context, DUPLICATE_WINDOW_SECS,
     NatsCredentials, ResourceFields, SinkKind, SinkSettings, is_nats_name, parse_section,
     parse_template,
 };
@@ -121,7 +121,7 @@ impl Nats {
         }
         nats.credentials.check("sink.nats.credentials", errors);
         let at = "sink.nats.subject";
-        let subject = parse_template(at, &nats.subject, Destination::Subject, errors)?;
+        let subject = parse_template(at, &nats.subject, Template::check_subject, errors)?;
         Some(Arc::new(Nats {
             config: nats,
             subject,
@@ -157,6 +157,17 @@ impl SinkSettings for Nats {
             destination: Some("subject"),
             keys: false,
         }
+    }
+
+    /// A resource's `subject`: its renderings must be legal NATS subjects.
+    fn parse_destination(
+        &self,
+        at: &str,
+        text: &str,
+        _: &str,
+        errors: &mut Vec<String>,
+    ) -> Option<Template> {
+        parse_template(at, text, Template::check_subject, errors)
     }
 
     fn checkpoints(&self) -> CheckpointSupport {
@@ -230,4 +241,49 @@ pub fn decode(m: &async_nats::Message) -> std::result::Result<cloudevents::Event
         }
     }
     crate::sink::decode::decode(pairs, &m.payload, "ce-")
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::invalid;
+
+    #[test]
+    fn subjects_the_sink_and_each_resource_name_are_checked() {
+        let resources = "resources:\n- {apiVersion: v1, resource: pods}\n- {apiVersion: v1, resource: configmaps}\n- {apiVersion: v1, resource: secrets, subject: 'OVERRIDE'}\n";
+        let nats = "sink: {nats: {url: 'nats://x', subject: 'SUBJECT', jetstream: {stream: s}}}";
+        // A resource's subject is checked by the sink's rules once the sink itself is valid.
+        let e = invalid(&format!(
+            "cluster: dev\n{}{}\n",
+            resources.replace("OVERRIDE", "audit..{name}"),
+            nats.replace("SUBJECT", "k8s.{name}")
+        ));
+        assert!(
+            e.contains("resources[2].subject: \"audit..{name}\" has an empty token"),
+            "{e}"
+        );
+        for (subject, needle) in [
+            ("k8s.*.{name}", "\"k8s.*.\" contains '*': NATS subjects cannot"),
+            ("k8s.>", "contains '>'"),
+            ("k8s {name}", "contains ' '"),
+            ("{cluster}.", "has an empty token"),
+        ] {
+            let e = invalid(&format!(
+                "cluster: dev\nresources: [{{apiVersion: v1, resource: pods}}]\n{}\n",
+                nats.replace("SUBJECT", subject)
+            ));
+            assert!(e.contains("sink.nats.subject: "), "{e}");
+            assert!(e.contains(needle), "{subject}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_destination_field_the_sink_does_not_read_is_refused_naming_its_own() {
+        let e = invalid(
+            "cluster: dev\nresources: [{apiVersion: v1, resource: pods, topic: t}]\nsink: {nats: {url: 'nats://x', jetstream: {stream: s}}}\n",
+        );
+        assert!(
+            e.contains("resources[0].topic: the nats sink does not read it; use subject"),
+            "{e}"
+        );
+    }
 }
