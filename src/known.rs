@@ -7,11 +7,12 @@
 //! only the buckets that changed.
 //!
 //! Memory is what limits how many objects one process can watch, so an entry is kept compact
-//! (no allocation of its own in the common case; figures in docs/benchmarks.md, "Memory"): a uid that is a UUID in the API server's canonical form is
-//! kept as its 16 bytes, any other uid as text; a resourceVersion that is a decimal integer as a
-//! `u64`, any other as text (they are opaque by contract); a name of up to 24 bytes inline
-//! ([`CompactString`]); the namespace as a 4-byte number into a table of interned names. Every
-//! value is given back exactly as it was received.
+//! (no allocation of its own in the common case; figures in docs/benchmarks.md, "Memory"): a uid
+//! that is a UUID in the API server's canonical form is kept as its 16 bytes, any other uid as
+//! text; a resourceVersion that is a decimal integer as a `u64`, any other as text (they are
+//! opaque by contract); a name of up to 24 bytes inline ([`CompactString`]); the namespace as a
+//! 4-byte number into a table of interned names. Every value is given back exactly as it was
+//! received.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::num::NonZeroU32;

@@ -186,7 +186,8 @@ fn load(path: &std::path::Path) -> anyhow::Result<Config> {
 
 /// jemalloc, for every allocation of the process (librdkafka's too), configured in
 /// `.cargo/config.toml` to return freed pages to the system within a quarter of a second: glibc's
-/// allocator kept what a LIST or a burst had used (docs/architecture.md, "Memory"; figures in docs/benchmarks.md).
+/// allocator kept what a LIST or a burst had used (docs/architecture.md, "Memory"; the figures are
+/// in docs/benchmarks.md).
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -155,9 +155,10 @@ fn process(encoder: &mut DescriptorEncoder, state: &State) -> fmt::Result {
     allocator(encoder)
 }
 
-/// The heap as jemalloc counts it (docs/architecture.md, "Memory"; figures in docs/benchmarks.md): what the program holds
-/// (`allocated`), the pages that serve it (`active`), the allocator's own `metadata`, what is in
-/// memory (`resident`) and what stays mapped though given back to the system (`retained`).
+/// The heap as jemalloc counts it (docs/architecture.md, "Memory"; the figures are in
+/// docs/benchmarks.md): what the program holds (`allocated`), the pages that serve it
+/// (`active`), the allocator's own `metadata`, what is in memory (`resident`) and what stays
+/// mapped though given back to the system (`retained`).
 fn allocator(encoder: &mut DescriptorEncoder) -> fmt::Result {
     use tikv_jemalloc_ctl::{epoch, stats};
     // The figures are a snapshot refreshed by advancing the epoch; a figure jemalloc cannot give

@@ -49,7 +49,7 @@ fn token_before_path(text: &str) -> Option<String> {
         })
         .unwrap_or_else(|| text.find(['/', '?', '#']).unwrap_or(text.len()));
     text[..authority_end].contains('{').then(|| {
-        "a template token in the scheme, host or port would let object names choose where          events and credentials go; tokens may appear in the path and query only"
+        "a template token in the scheme, host or port would let object names choose where events and credentials go; tokens may appear in the path and query only"
             .to_string()
     })
 }

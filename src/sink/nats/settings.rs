@@ -262,7 +262,10 @@ mod tests {
             "{e}"
         );
         for (subject, needle) in [
-            ("k8s.*.{name}", "\"k8s.*.\" contains '*': NATS subjects cannot"),
+            (
+                "k8s.*.{name}",
+                "\"k8s.*.\" contains '*': NATS subjects cannot",
+            ),
             ("k8s.>", "contains '>'"),
             ("k8s {name}", "contains ' '"),
             ("{cluster}.", "has an empty token"),
