@@ -9,6 +9,7 @@ mod audit;
 mod behaviour;
 mod bridge;
 mod checkpoint;
+mod cli_consumers;
 mod components;
 mod consumer;
 mod credentials;
