@@ -20,6 +20,7 @@ mod http_sink;
 mod image;
 mod languages;
 mod memory;
+mod quickstart;
 mod receiver;
 mod recorder;
 mod resilience;
