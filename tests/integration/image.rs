@@ -26,7 +26,7 @@ const ARCHITECTURE: &str = "amd64";
 const LIBRARY_DIR: &str = "usr/lib/x86_64-linux-gnu";
 
 /// A variable these tests need, or a panic saying how to provide it.
-fn required(name: &str, how: &str) -> String {
+pub(crate) fn required(name: &str, how: &str) -> String {
     std::env::var(name)
         .ok()
         .filter(|v| !v.trim().is_empty())
@@ -43,7 +43,7 @@ fn umoci() -> String {
 }
 
 /// Runs a command that must succeed and returns its standard output.
-fn output(command: &mut Command) -> String {
+pub(crate) fn output(command: &mut Command) -> String {
     let out = command
         .output()
         .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
@@ -55,27 +55,33 @@ fn output(command: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn read_json(path: &Path) -> Value {
+pub(crate) fn read_json(path: &Path) -> Value {
     let text = std::fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
 }
 
 /// The image `scripts/image` wrote: its directory, layout, tag, manifest digest and configuration.
-struct Image {
-    dir: PathBuf,
+pub(crate) struct Image {
+    pub(crate) dir: PathBuf,
     layout: PathBuf,
     tag: String,
-    digest: String,
+    pub(crate) digest: String,
+    manifest: Value,
     config: Value,
 }
 
 impl Image {
-    fn load() -> Image {
+    pub(crate) fn load() -> Image {
         let dir = PathBuf::from(required(
             "KEB_IMAGE_DIR",
             "build the image with `scripts/image` and set KEB_IMAGE_DIR=target/image",
         ));
+        Image::in_dir(dir)
+    }
+
+    /// The image of the OCI layout `dir/oci` (one image, tagged).
+    pub(crate) fn in_dir(dir: PathBuf) -> Image {
         let layout = dir.join("oci");
         let blob = |digest: &str| layout.join("blobs").join(digest.replace(':', "/"));
         let index = read_json(&layout.join("index.json"));
@@ -100,12 +106,13 @@ impl Image {
             layout,
             tag,
             digest,
+            manifest,
             config,
         }
     }
 
     /// The layers unpacked by umoci into `<returned dir>/rootfs`: what a container runtime runs.
-    fn unpack(&self) -> tempfile::TempDir {
+    pub(crate) fn unpack(&self) -> tempfile::TempDir {
         let dir = tempfile::tempdir().expect("temp dir");
         let image = format!("{}:{}", self.layout.display(), self.tag);
         output(
@@ -127,7 +134,7 @@ impl Image {
     }
 
     /// The user as uid and gid (`65532:65532`).
-    fn user(&self) -> (u32, u32) {
+    pub(crate) fn user(&self) -> (u32, u32) {
         let user = self.runtime("User").as_str().expect("config.User");
         let (uid, gid) = user.split_once(':').expect("User is uid:gid");
         (
@@ -159,6 +166,20 @@ fn installed_packages(rootfs: &Path) -> BTreeMap<String, String> {
 /// [`CONFIG_DIR`]: its entrypoint and default command, as its user, in `rootfs` (read-only, as
 /// the chart runs it; /proc and /dev mounted), with the image's environment and `vars` alone.
 fn in_image(image: &Image, rootfs: &Path, config_dir: &Path, vars: &[(&str, &str)]) -> Command {
+    let mut command = image.strings("Entrypoint");
+    command.extend(image.strings("Cmd"));
+    running_in_image(image, rootfs, config_dir, vars, &command)
+}
+
+/// [`in_image`] running `command` (a program on the image's PATH and its arguments) instead of
+/// the image's entrypoint and command, as `kubectl exec` runs one in the bridge's container.
+pub(crate) fn running_in_image(
+    image: &Image,
+    rootfs: &Path,
+    config_dir: &Path,
+    vars: &[(&str, &str)],
+    program: &[String],
+) -> Command {
     const RUN: &str = r#"set -eu
 root=$1 config=$2 target=$1$3 user=$4
 shift 4
@@ -187,8 +208,7 @@ exec chroot --userspec="$user" "$root" "$@"
         .arg(config_dir)
         .arg(CONFIG_DIR)
         .arg(format!("{uid}:{gid}"))
-        .args(image.strings("Entrypoint"))
-        .args(image.strings("Cmd"))
+        .args(program)
         .env_clear();
     for entry in image.strings("Env") {
         let (name, value) = entry.split_once('=').expect("Env entries are NAME=value");
@@ -201,7 +221,11 @@ exec chroot --userspec="$user" "$root" "$@"
 /// Makes the bridge's directory the image's configuration directory: `files` beside `bridge.yaml`
 /// (mode 0400), `config.yaml` (the image's default command reads it) a link to `bridge.yaml`, all
 /// owned by the image's user.
-fn configuration_directory(dir: &Path, (uid, gid): (u32, u32), files: &[(&str, Vec<u8>)]) {
+pub(crate) fn configuration_directory(
+    dir: &Path,
+    (uid, gid): (u32, u32),
+    files: &[(&str, Vec<u8>)],
+) {
     for (name, content) in files {
         let path = dir.join(name);
         std::fs::write(&path, content).expect("write a configuration file");
@@ -215,7 +239,7 @@ fn configuration_directory(dir: &Path, (uid, gid): (u32, u32), files: &[(&str, V
 
 /// Starts the bridge from the image's root filesystem on `config`, with the test kubeconfig and
 /// `files` in its configuration directory.
-fn start_from_image(
+pub(crate) fn start_from_image(
     image: &Image,
     rootfs: &Path,
     config: &str,
@@ -715,4 +739,207 @@ fn the_sbom_lists_the_images_debian_packages() {
             "{package}'s licence is in the SBOM (its copyright file stays in the image): {licence:?}"
         );
     }
+}
+
+/// A tool `scripts/testenv` builds, from its variable, or a panic naming it.
+pub(crate) fn testenv_tool(var: &str) -> String {
+    let path = required(var, "`eval \"$(scripts/testenv env)\"` sets it");
+    assert!(Path::new(&path).is_file(), "{var}={path} does not exist");
+    path
+}
+
+/// `scripts/image` delivering the image of [`Image::load`] (`--push REF` or `--archive FILE`):
+/// what it printed.
+fn deliver(image: &Image, option: &str, target: &str) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/image");
+    output(
+        Command::new(script)
+            .arg("--image-dir")
+            .arg(&image.dir)
+            .args([option, target]),
+    )
+}
+
+/// The SHA-256 digest (`sha256:…`) of a file, by coreutils.
+pub(crate) fn sha256(path: &Path) -> String {
+    let out = output(Command::new("sha256sum").arg(path));
+    format!(
+        "sha256:{}",
+        out.split_whitespace().next().expect("a digest")
+    )
+}
+
+/// GET `path` from the registry at `address` (plain HTTP/1.1, one request): status, headers
+/// (lowercase names) and body.
+pub(crate) fn registry_get(
+    address: &str,
+    path: &str,
+    accept: &str,
+) -> (u16, BTreeMap<String, String>, Vec<u8>) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address)
+        .unwrap_or_else(|e| panic!("cannot connect to the registry at {address}: {e}"));
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send the request");
+    let mut response = Vec::new();
+    stream
+        .read_to_end(&mut response)
+        .expect("read the response");
+    let split = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a complete response");
+    let head = String::from_utf8_lossy(&response[..split]).into_owned();
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .expect("a status line");
+    let headers: BTreeMap<String, String> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    assert!(
+        !headers.contains_key("transfer-encoding"),
+        "a manifest comes with a length: {head}"
+    );
+    (status, headers, response[split + 4..].to_vec())
+}
+
+/// `scripts/image --push` to the test environment's registry (CNCF distribution, plain HTTP on
+/// 127.0.0.1): the registry serves the manifest under the tag with the digest scripts/image
+/// printed, byte for byte; the image pulled back is the same manifest, configuration and layers.
+#[test]
+fn the_image_pushed_to_a_registry_keeps_its_digest() {
+    let image = Image::load();
+    let registry = required("KEB_REGISTRY", "`scripts/testenv up` starts the registry");
+    let regctl = testenv_tool("KEB_REGCTL");
+    let repository = format!("platform/{}", unique_name("keb"));
+    let reference = format!("{registry}/{repository}:{}", image.tag);
+
+    let printed = deliver(&image, "--push", &reference);
+    let lines: Vec<&str> = printed.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            format!("pushed: {registry}/{repository}@{}", image.digest),
+            format!("digest: {}", image.digest)
+        ],
+        "what scripts/image --push prints"
+    );
+
+    // The registry's own answer, asked without regctl.
+    let accept = "application/vnd.oci.image.manifest.v1+json";
+    let (status, headers, body) = registry_get(
+        &registry,
+        &format!("/v2/{repository}/manifests/{}", image.tag),
+        accept,
+    );
+    assert_eq!(status, 200, "{headers:?}");
+    assert_eq!(headers["docker-content-digest"], image.digest);
+    assert_eq!(headers["content-type"], accept);
+    let served = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(served.path(), &body).expect("write the manifest");
+    assert_eq!(sha256(served.path()), image.digest, "the manifest's bytes");
+    let (status, _, by_digest) = registry_get(
+        &registry,
+        &format!("/v2/{repository}/manifests/{}", image.digest),
+        accept,
+    );
+    assert_eq!((status, by_digest), (200, body), "the manifest by digest");
+
+    // Pulled back into a new layout: the same manifest, configuration and layers.
+    let pulled = tempfile::tempdir().expect("temp dir");
+    let layout = pulled.path().join("oci");
+    let host = format!("reg={registry},tls=disabled");
+    output(Command::new(&regctl).args([
+        "--host",
+        &host,
+        "image",
+        "copy",
+        &reference,
+        &format!("ocidir://{}:{}", layout.display(), image.tag),
+    ]));
+    let index = read_json(&layout.join("index.json"));
+    assert_eq!(index["manifests"][0]["digest"], image.digest.as_str());
+    let mut blobs: Vec<&str> = vec![&image.digest];
+    blobs.push(image.manifest["config"]["digest"].as_str().expect("config"));
+    let layers = image.manifest["layers"].as_array().expect("layers");
+    blobs.extend(layers.iter().map(|l| l["digest"].as_str().expect("digest")));
+    for digest in blobs {
+        let path = layout.join("blobs").join(digest.replace(':', "/"));
+        assert_eq!(sha256(&path), digest, "{digest} pulled back");
+    }
+}
+
+/// `scripts/image --archive`: one tar file that `docker load` and `kind load image-archive` read:
+/// a `manifest.json` naming the image `kube-event-bridge:<version>` with its configuration and
+/// layers, beside an OCI layout of the same manifest (so a containerd import keeps the digest).
+#[test]
+fn the_image_archive_names_the_image_and_holds_its_blobs() {
+    let image = Image::load();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let archive = dir.path().join("kube-event-bridge.tar");
+    let printed = deliver(&image, "--archive", archive.to_str().expect("a UTF-8 path"));
+    assert!(
+        printed.contains(&format!("digest:  {}", image.digest)),
+        "{printed}"
+    );
+    let unpacked = dir.path().join("unpacked");
+    std::fs::create_dir(&unpacked).expect("mkdir");
+    output(
+        Command::new("tar")
+            .arg("-xf")
+            .arg(&archive)
+            .arg("-C")
+            .arg(&unpacked),
+    );
+
+    let manifests = read_json(&unpacked.join("manifest.json"));
+    let manifests = manifests.as_array().expect("manifest.json is a list");
+    assert_eq!(manifests.len(), 1, "{manifests:?}");
+    let entry = &manifests[0];
+    // Docker's and containerd's normal form of kube-event-bridge:<version>, the chart's default.
+    let name = format!("docker.io/library/kube-event-bridge:{}", image.tag);
+    assert_eq!(
+        entry["RepoTags"],
+        json!([name]),
+        "the name the image is loaded under"
+    );
+    let blob_path = |digest: &str| format!("blobs/{}", digest.replace(':', "/"));
+    let config = image.manifest["config"]["digest"].as_str().expect("config");
+    assert_eq!(entry["Config"], blob_path(config).as_str());
+    let layers: Vec<String> = image.manifest["layers"]
+        .as_array()
+        .expect("layers")
+        .iter()
+        .map(|l| blob_path(l["digest"].as_str().expect("digest")))
+        .collect();
+    assert_eq!(entry["Layers"], json!(layers));
+    for path in layers
+        .iter()
+        .chain([&blob_path(config), &blob_path(&image.digest)])
+    {
+        let digest = path.trim_start_matches("blobs/").replace('/', ":");
+        assert_eq!(
+            sha256(&unpacked.join(path)),
+            digest,
+            "{path} in the archive"
+        );
+    }
+    let index = read_json(&unpacked.join("index.json"));
+    assert_eq!(index["manifests"][0]["digest"], image.digest.as_str());
+    assert_eq!(
+        index["manifests"][0]["annotations"]["io.containerd.image.name"],
+        name.as_str(),
+        "containerd (kind's nodes) imports it under that name"
+    );
+    assert!(unpacked.join("oci-layout").is_file(), "an OCI layout too");
 }
