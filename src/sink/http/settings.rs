@@ -16,7 +16,7 @@ use super::HttpSink;
 use crate::attribute;
 use crate::config::{
     CheckpointSupport, ContentMode, Context, Environment, HTTP_MAX_IN_FLIGHT,
-    HTTP_MAX_RETRY_AFTER_SECS, HTTP_TIMEOUT_SECS, ResourceFields, SinkKind, SinkSettings,
+    HTTP_MAX_RETRY_AFTER_SECS, HTTP_TIMEOUT_SECS, ResourceFields, Section, SinkKind, SinkSettings,
     check_url, parse_section, parse_url,
 };
 use crate::discovery::ResolvedResource;
@@ -237,7 +237,7 @@ pub struct Http {
 
 impl Http {
     fn parse(
-        section: serde_yaml_ng::Value,
+        section: Section,
         context: &Context<'_>,
         errors: &mut Vec<String>,
     ) -> Option<crate::config::Sink> {
