@@ -39,6 +39,7 @@ pub mod supervisor;
 pub mod tail;
 pub mod template;
 pub mod throttle;
+pub mod tls;
 pub mod trace;
 pub mod watch;
 

@@ -138,6 +138,7 @@ async fn a_live_metrics_scrape_passes_promtool_check_metrics() {
     let mut bridge = Bridge::start(&config);
     bridge.wait_synced(1).await;
     let url = format!("http://{}/metrics", bridge.admin_address().await);
+    kube_event_bridge::tls::install_crypto_provider();
     let text = reqwest::get(&url).await.unwrap();
     assert_eq!(
         text.headers()["content-type"],
