@@ -20,6 +20,7 @@
 mod message;
 mod server;
 
+use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use crate::config::{Config, ContentMode};
@@ -405,28 +406,40 @@ const KEY_ORDER: &[&str] = &[
 
 /// The document as YAML or JSON text, its keys in a readable order (see [`KEY_ORDER`]).
 pub fn render(document: &Value, json: bool) -> String {
-    let ordered = ordered(document);
+    let ordered = Ordered(document);
     if json {
         serde_json::to_string_pretty(&ordered).expect("a document serializes") + "\n"
     } else {
-        serde_yaml_ng::to_string(&ordered).expect("a document serializes")
+        serde_saphyr::to_string(&ordered).expect("a document serializes")
     }
 }
 
-fn ordered(value: &Value) -> serde_yaml_ng::Value {
-    match value {
-        Value::Object(map) => {
-            let rank = |k: &str| KEY_ORDER.iter().position(|o| *o == k).unwrap_or(usize::MAX);
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort_by(|a, b| rank(a).cmp(&rank(b)).then_with(|| a.cmp(b)));
-            let mut out = serde_yaml_ng::Mapping::new();
-            for k in keys {
-                out.insert(serde_yaml_ng::Value::String(k.clone()), ordered(&map[k]));
+/// A JSON value serialized with the keys of each object in [`KEY_ORDER`], then by name.
+struct Ordered<'a>(&'a Value);
+
+impl Serialize for Ordered<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeMap, SerializeSeq};
+        match self.0 {
+            Value::Object(map) => {
+                let rank = |k: &str| KEY_ORDER.iter().position(|o| *o == k).unwrap_or(usize::MAX);
+                let mut keys: Vec<&String> = map.keys().collect();
+                keys.sort_by(|a, b| rank(a).cmp(&rank(b)).then_with(|| a.cmp(b)));
+                let mut out = serializer.serialize_map(Some(keys.len()))?;
+                for k in keys {
+                    out.serialize_entry(k, &Ordered(&map[k]))?;
+                }
+                out.end()
             }
-            serde_yaml_ng::Value::Mapping(out)
+            Value::Array(items) => {
+                let mut out = serializer.serialize_seq(Some(items.len()))?;
+                for item in items {
+                    out.serialize_element(&Ordered(item))?;
+                }
+                out.end()
+            }
+            scalar => scalar.serialize(serializer),
         }
-        Value::Array(items) => serde_yaml_ng::Value::Sequence(items.iter().map(ordered).collect()),
-        other => serde_yaml_ng::to_value(other).expect("a JSON scalar is YAML"),
     }
 }
 
@@ -474,6 +487,26 @@ mod tests {
         ("Secret", "secrets", true),
         ("Node", "nodes", false),
     ];
+
+    #[test]
+    fn the_yaml_and_json_renderings_read_back_as_the_document() {
+        for sink in [
+            "sink: {kafka: {bootstrapServers: 'a:9092', topic: 'k8s.{cluster}.{resource}'}}\n",
+            "sink: {nats: {url: 'nats://x', jetstream: {stream: s}}}\n",
+            "sink: {http: {url: 'https://hooks.example.com/k8s/{resource}'}}\ncheckpoint: {directory: /d}\n",
+        ] {
+            let resources = if sink.contains("kafka") {
+                RESOURCES.to_string()
+            } else {
+                not_kafka()
+            };
+            let d = doc(&format!("cluster: dev\n{resources}{sink}"), API);
+            let yaml: Value = serde_saphyr::from_str(&render(&d, false)).unwrap();
+            assert_eq!(yaml, d, "{sink}");
+            let json: Value = serde_json::from_str(&render(&d, true)).unwrap();
+            assert_eq!(json, d, "{sink}");
+        }
+    }
 
     #[test]
     fn kafka_topics_are_channels_and_headers_are_the_encoders_attributes() {
@@ -627,7 +660,7 @@ mod tests {
         assert!(props.get("clusterid").is_none() && props.get("manager").is_none());
         assert_eq!(m["examples"][0]["payload"]["kind"], "ConfigMap");
         let text = render(&d, false);
-        assert!(text.starts_with("asyncapi: 3.0.0\ninfo:"), "{text}");
+        assert!(text.starts_with("asyncapi: \"3.0.0\"\ninfo:"), "{text}");
     }
 
     #[test]

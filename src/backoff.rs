@@ -1,31 +1,58 @@
-//! Exponential backoff with jitter, shared by everything that retries: watches, publishes,
-//! Kafka transaction recovery and leader election.
+//! The retry policy shared by everything that retries: watches, publishes, announcements,
+//! Kafka transaction recovery, leader election, joining the shard, connecting to NATS.
+//!
+//! The delays and their jitter come from `backon`. An operation retried until it succeeds
+//! takes [`policy`] (`backon::Retryable`); a loop that keeps running across successes, and
+//! starts its delays over after each, keeps a [`Backoff`]: backon's backoffs are iterators that
+//! cannot be rewound, so [`Backoff::reset`] builds a fresh one.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-/// Exponential backoff from 250 ms to 30 s with jitter, so many watches failing together (an API
-/// server restart) do not come back in lockstep.
-#[derive(Debug, Default)]
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+
+/// The first delay before jitter.
+const MIN_DELAY: Duration = Duration::from_millis(250);
+
+/// The longest delay before jitter: jitter adds up to as much again, so delays stay under 30 s.
+const MAX_DELAY: Duration = Duration::from_secs(15);
+
+/// Delays from 250 ms doubling up to 15 s, each plus a random jitter of up to as much again
+/// (250 ms to 30 s in all), for as long as the caller retries; every backoff draws its jitter
+/// from a generator seeded apart, so many watches failing together (an API server restart) do
+/// not come back in lockstep.
+pub const fn policy() -> ExponentialBuilder {
+    ExponentialBuilder::new()
+        .with_min_delay(MIN_DELAY)
+        .with_max_delay(MAX_DELAY)
+        .with_jitter()
+        .without_max_times()
+}
+
+/// The delays of [`policy`] for a loop that retries for as long as it runs, from the shortest
+/// again after each success.
+#[derive(Debug)]
 pub struct Backoff {
-    attempt: u32,
+    delays: ExponentialBackoff,
 }
 
 impl Backoff {
     /// The next delay.
     pub fn next_delay(&mut self) -> Duration {
-        let base_ms = 250u64.saturating_mul(1 << self.attempt.min(7)).min(30_000);
-        self.attempt = self.attempt.saturating_add(1);
-        let nanos = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let jitter = u64::from(nanos) % (base_ms / 4 + 1);
-        Duration::from_millis(base_ms - base_ms / 8 + jitter)
+        // `policy` sets no limit of attempts: the delays never run out.
+        self.delays.next().unwrap_or(MAX_DELAY)
     }
 
     /// Back to the shortest delay after a success.
     pub fn reset(&mut self) {
-        self.attempt = 0;
+        *self = Self::default();
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            delays: policy().build(),
+        }
     }
 }
 
@@ -33,24 +60,52 @@ impl Backoff {
 mod tests {
     use super::*;
 
+    /// The range of the delay of attempt `n` (from 0): its base, doubling from 250 ms up to
+    /// 15 s, to twice the base (jitter adds less than the base; the bound allows for rounding).
+    fn range(n: u32) -> (Duration, Duration) {
+        let base = (MIN_DELAY * 2u32.pow(n.min(6))).min(MAX_DELAY);
+        (base, base * 2)
+    }
+
     #[test]
-    fn backoff_grows_and_caps() {
+    fn delays_double_with_jitter_in_range_and_are_capped() {
+        for _ in 0..200 {
+            let mut b = Backoff::default();
+            for n in 0..12 {
+                let delay = b.next_delay();
+                let (least, most) = range(n);
+                assert!(least <= delay && delay <= most, "attempt {n}: {delay:?}");
+                assert!(delay <= Duration::from_secs(30), "attempt {n}: {delay:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_delays_start_over_after_a_reset() {
         let mut b = Backoff::default();
-        let first = b.next_delay();
-        assert!(
-            first >= Duration::from_millis(218) && first <= Duration::from_millis(300),
-            "{first:?}"
-        );
-        for _ in 0..20 {
+        for _ in 0..10 {
             b.next_delay();
         }
-        let capped = b.next_delay();
-        assert!(
-            capped <= Duration::from_millis(30_000 + 7_500)
-                && capped >= Duration::from_millis(26_000),
-            "{capped:?}"
-        );
         b.reset();
-        assert!(b.next_delay() <= Duration::from_millis(300));
+        let delay = b.next_delay();
+        assert!(delay < Duration::from_millis(500), "{delay:?}");
+    }
+
+    #[test]
+    fn backoffs_made_at_the_same_instant_spread_out() {
+        // Watches failing together start their backoffs together: they must not all wait the
+        // same time (a jitter seeded from the clock made them).
+        let first: std::collections::BTreeSet<Duration> =
+            (0..16).map(|_| Backoff::default().next_delay()).collect();
+        assert!(first.len() > 8, "{first:?}");
+    }
+
+    #[test]
+    fn jitter_covers_its_range() {
+        // Over many draws the first delay lands both in the lower and in the upper half of
+        // 250 to 500 ms.
+        let draws: Vec<Duration> = (0..200).map(|_| Backoff::default().next_delay()).collect();
+        assert!(draws.iter().any(|d| *d < Duration::from_millis(375)));
+        assert!(draws.iter().any(|d| *d >= Duration::from_millis(375)));
     }
 }

@@ -46,7 +46,7 @@ pub use resource::{
     EventFormat, Exclude, ExcludeConfig, RecordKey, Resource, ResourceConfig, glob, same_objects,
 };
 pub use sink::{
-    CheckpointSupport, Context, ResourceFields, Sink, SinkConfig, SinkKind, SinkSettings,
+    CheckpointSupport, Context, ResourceFields, Section, Sink, SinkConfig, SinkKind, SinkSettings,
     parse_section,
 };
 
@@ -139,17 +139,26 @@ impl ConfigFile {
 
     /// Parses YAML text.
     pub fn parse(text: &str) -> Result<Self> {
-        let de = serde_yaml_ng::Deserializer::from_str(text);
-        serde_path_to_error::deserialize(de).map_err(|e| {
-            let path = e.path().to_string();
-            let path = if path == "." { "(root)".into() } else { path };
-            // serde_yaml_ng's messages may start with the path too: say it once.
-            let message = e.into_inner().to_string();
-            let message = match message.strip_prefix(&format!("{path}: ")) {
-                Some(rest) => rest.to_string(),
-                None => message,
-            };
-            Error::Parse { path, message }
+        let mut options = serde_saphyr::Options::default();
+        // The message fits one line (`... at line 5, column 3`), without the source snippet.
+        options.with_snippet = false;
+        // YAML 1.2's booleans only: `yes`, `on` or `y` stay strings, also in sink sections,
+        // which are read as generic values before their kind deserializes them.
+        options.strict_booleans = true;
+        let mut path = None;
+        serde_saphyr::with_deserializer_from_str_with_options(text, options, |de| {
+            serde_path_to_error::deserialize(de).map_err(|e| {
+                path = Some(e.path().to_string());
+                e.into_inner()
+            })
+        })
+        .map_err(|e| Error::Parse {
+            path: match path {
+                Some(path) if path != "." => path,
+                // A syntax error outside any value, or the document's root.
+                _ => "(root)".into(),
+            },
+            message: e.to_string(),
         })
     }
 }
@@ -187,5 +196,20 @@ mod tests {
             invalid("cluster: dev\nresources:\n- apiVersion: v1\n  resource: pods\n  lables: x\n");
         assert!(e.starts_with("resources[0]"), "{e}");
         assert!(e.contains("unknown field `lables`"), "{e}");
+        assert!(e.ends_with("at line 5, column 3"), "{e}");
+    }
+
+    #[test]
+    fn only_yaml_1_2_booleans_are_booleans() {
+        // `y` is a string (an extension's value), as YAML 1.2 reads it.
+        let cfg = ConfigFile::parse(
+            "cluster: dev\nresources: [{apiVersion: v1, resource: pods}]\nsink: {stdout: {extensions: {team: y}}}\n",
+        );
+        let sink = &cfg.unwrap().sink.0["stdout"];
+        assert_eq!(sink["extensions"]["team"], "y");
+        let e = invalid(
+            "cluster: dev\nresources: [{apiVersion: v1, resource: pods, includePrevious: yes}]\n",
+        );
+        assert!(e.starts_with("resources[0].includePrevious"), "{e}");
     }
 }

@@ -40,6 +40,7 @@ pub mod tail;
 pub mod tasks;
 pub mod template;
 pub mod throttle;
+pub mod tls;
 pub mod trace;
 pub mod watch;
 

@@ -295,7 +295,7 @@ fn role_ref(kind: &str, name: &str) -> RoleRef {
 
 fn yaml(object: &impl Serialize) -> String {
     // Plain structs of strings, vectors and maps: serialization cannot fail.
-    serde_yaml_ng::to_string(object).expect("RBAC objects serialize to YAML")
+    serde_saphyr::to_string(object).expect("RBAC objects serialize to YAML")
 }
 
 #[cfg(test)]
@@ -303,7 +303,7 @@ mod tests {
     use super::*;
     use crate::config::ConfigFile;
     use kube::core::{ApiResource, GroupVersionKind};
-    use serde::Deserialize;
+    use serde_json::Value;
 
     /// Resolves a config's resources by hand: `(kind, plural, namespaced)` per entry, in order.
     fn resolved(yaml: &str, api: &[(&str, &str, bool)]) -> Vec<ResolvedResource> {
@@ -331,14 +331,15 @@ mod tests {
     }
 
     /// The documents of a rendering, as generic values.
-    fn docs(text: &str) -> Vec<serde_yaml_ng::Value> {
-        serde_yaml_ng::Deserializer::from_str(text)
-            .map(|d| serde_yaml_ng::Value::deserialize(d).unwrap())
+    fn docs(text: &str) -> Vec<Value> {
+        serde_saphyr::from_str_multiple::<Value, Vec<Value>>(text)
+            .unwrap()
+            .into_iter()
             .filter(|v| !v.is_null())
             .collect()
     }
 
-    fn summary(doc: &serde_yaml_ng::Value) -> String {
+    fn summary(doc: &Value) -> String {
         let ns = doc["metadata"]["namespace"].as_str().unwrap_or("-");
         format!(
             "{} {ns}/{}",
@@ -475,15 +476,15 @@ mod tests {
             .iter()
             .filter(|doc| !summary(doc).contains("leader-election"))
         {
-            for rule in doc["rules"].as_sequence().into_iter().flatten() {
+            for rule in doc["rules"].as_array().into_iter().flatten() {
                 let verbs: Vec<&str> = rule["verbs"]
-                    .as_sequence()
+                    .as_array()
                     .unwrap()
                     .iter()
                     .map(|v| v.as_str().unwrap())
                     .collect();
                 assert_eq!(verbs, ["list", "watch"], "{text}");
-                for resource in rule["resources"].as_sequence().unwrap() {
+                for resource in rule["resources"].as_array().unwrap() {
                     let resource = resource.as_str().unwrap();
                     assert!(
                         resource != "*" && !resource.contains('/') && resource != "secrets",
@@ -512,11 +513,11 @@ mod tests {
         let text = render(&core_wildcard(), "keb", "ops", Some("ops"), false);
         let verbs: BTreeSet<String> = docs(&text)
             .iter()
-            .flat_map(|doc| doc["rules"].as_sequence().cloned().unwrap_or_default())
+            .flat_map(|doc| doc["rules"].as_array().cloned().unwrap_or_default())
             .flat_map(|rule| {
                 let leases = rule["resources"][0] == "leases";
                 rule["verbs"]
-                    .as_sequence()
+                    .as_array()
                     .unwrap()
                     .iter()
                     .map(|v| {
@@ -554,7 +555,7 @@ mod tests {
             .into_iter()
             .find(|d| d["kind"] == "Role" && d["metadata"]["namespace"] == "shards")
             .unwrap_or_else(|| panic!("no Lease Role in {text}"));
-        let expected: serde_yaml_ng::Value = serde_yaml_ng::from_str(
+        let expected: Value = serde_saphyr::from_str(
             "- {apiGroups: [coordination.k8s.io], resources: [leases], verbs: [get, list, watch, create, update, delete]}\n",
         )
         .unwrap();
@@ -589,14 +590,14 @@ mod tests {
                 "RoleBinding ops/kube-event-bridge:ops:bridge:leader-election",
             ]
         );
-        let rules_a: serde_yaml_ng::Value = serde_yaml_ng::from_str(
+        let rules_a: Value = serde_saphyr::from_str(
             "- {apiGroups: [''], resources: [configmaps], verbs: [list, watch]}\n\
              - {apiGroups: [apps], resources: [deployments], verbs: [list, watch]}\n\
              - {apiGroups: [stable.example.com], resources: [crontabs], verbs: [list, watch]}\n",
         )
         .unwrap();
         assert_eq!(d[0]["rules"], rules_a, "{text}");
-        let rules_b: serde_yaml_ng::Value = serde_yaml_ng::from_str(
+        let rules_b: Value = serde_saphyr::from_str(
             "- {apiGroups: [apps], resources: [deployments], verbs: [list, watch]}\n",
         )
         .unwrap();
@@ -636,7 +637,7 @@ mod tests {
                 "RoleBinding keb-system/kube-event-bridge:keb-system:keb:leader-election",
             ]
         );
-        let cluster_rules: serde_yaml_ng::Value = serde_yaml_ng::from_str(
+        let cluster_rules: Value = serde_saphyr::from_str(
             "- {apiGroups: [''], resources: [pods], verbs: [list, watch]}\n\
              - {apiGroups: [rbac.authorization.k8s.io], resources: [clusterroles], verbs: [list, watch]}\n",
         )
@@ -681,7 +682,7 @@ mod tests {
             .find(|x| x["kind"] == "Role")
             .expect("leader-election Role");
         assert_eq!(lease["metadata"]["namespace"], "home");
-        let expected: serde_yaml_ng::Value = serde_yaml_ng::from_str(
+        let expected: Value = serde_saphyr::from_str(
             "- {apiGroups: [coordination.k8s.io], resources: [leases], verbs: [get, create, update]}\n",
         )
         .unwrap();
@@ -757,7 +758,7 @@ mod tests {
         let rule = &role["rules"][0];
         assert_eq!(rule["resources"][0], "namespaces");
         assert_eq!(rule["resourceNames"][0], IDENTITY_NAMESPACE);
-        assert_eq!(rule["verbs"].as_sequence().map(Vec::len), Some(1));
+        assert_eq!(rule["verbs"].as_array().map(Vec::len), Some(1));
         assert_eq!(rule["verbs"][0], "get");
         assert!(d.iter().any(|d| d["kind"] == "RoleBinding"
             && d["metadata"]["namespace"] == IDENTITY_NAMESPACE

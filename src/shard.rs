@@ -28,6 +28,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use backon::Retryable;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
@@ -36,7 +37,6 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::backoff::Backoff;
 use crate::config::{Config, ShardingConfig};
 use crate::kubernetes;
 use crate::lease::{self, Validity};
@@ -333,18 +333,13 @@ impl Shard {
         });
         let api: Api<Lease> = Api::namespaced(client, &settings.namespace);
         let renew_api: Api<Lease> = Api::namespaced(renewals, &settings.namespace);
-        let mut backoff = Backoff::default();
-        loop {
-            match Self::try_join(&api, &renew_api, &settings, stop.clone(), tasks).await {
-                Ok(shard) => return Ok(shard),
-                Err(e) if e.is_transient() => {
-                    let delay = backoff.next_delay();
-                    warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "cannot join the replicas sharing the watches; retrying");
-                    tokio::time::sleep(delay).await;
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        (|| Self::try_join(&api, &renew_api, &settings, stop.clone(), tasks))
+            .retry(crate::backoff::policy())
+            .when(Error::is_transient)
+            .notify(|e, delay| {
+                warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "cannot join the replicas sharing the watches; retrying");
+            })
+            .await
     }
 
     async fn try_join(

@@ -473,10 +473,13 @@ async fn list(target: &Target, tx: &mpsc::Sender<Item>) -> Result<String, Error>
             None => break page.metadata.resource_version.unwrap_or_default(),
         }
     };
+    let total = progress.total(Instant::now());
     info!(
         rv = %list_rv,
-        objects = progress.objects,
-        secs = progress.started.elapsed().as_secs_f64(),
+        objects = total.objects,
+        bytes = total.bytes,
+        objects_per_sec = total.per_sec,
+        secs = total.secs,
         "listed"
     );
     send(tx, Item::ListEnd(list_rv.clone())).await?;
@@ -495,12 +498,13 @@ struct ListProgress {
     bytes: usize,
 }
 
-/// A progress line: totals so far and the rate since the LIST began.
+/// A progress line: totals so far, the time since the LIST began and the rate over it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct ProgressLine {
     objects: usize,
     bytes: usize,
     per_sec: u64,
+    secs: f64,
 }
 
 impl ListProgress {
@@ -522,15 +526,18 @@ impl ListProgress {
             return None;
         }
         self.reported = now;
-        let secs = now
-            .duration_since(self.started)
-            .as_secs_f64()
-            .max(f64::EPSILON);
-        Some(ProgressLine {
+        Some(self.total(now))
+    }
+
+    /// The totals at `now`, for a progress line or the line of the LIST's end.
+    fn total(&self, now: Instant) -> ProgressLine {
+        let secs = now.duration_since(self.started).as_secs_f64();
+        ProgressLine {
             objects: self.objects,
             bytes: self.bytes,
-            per_sec: (self.objects as f64 / secs) as u64,
-        })
+            per_sec: (self.objects as f64 / secs.max(f64::EPSILON)) as u64,
+            secs,
+        }
     }
 }
 
@@ -789,7 +796,8 @@ mod tests {
             Some(ProgressLine {
                 objects: 1_000,
                 bytes: 1_000_000,
-                per_sec: 100
+                per_sec: 100,
+                secs: 10.0,
             })
         );
         assert_eq!(
@@ -802,6 +810,25 @@ mod tests {
             (line.objects, line.bytes, line.per_sec),
             (3_000, 3_000_000, 150)
         );
+        // The end's line has the totals whenever the last progress line was.
+        assert_eq!(p.page(500, 500_000, at(21)), None);
+        let end = p.total(at(25));
+        assert_eq!(
+            (end.objects, end.bytes, end.per_sec, end.secs),
+            (3_500, 3_500_000, 140, 25.0)
+        );
+    }
+
+    #[test]
+    fn a_short_list_logs_no_progress_only_its_totals() {
+        let t0 = Instant::now();
+        let mut p = ListProgress::new(t0);
+        assert_eq!(p.page(100, 10_000, t0 + Duration::from_millis(200)), None);
+        assert_eq!(p.page(0, 0, t0 + Duration::from_millis(300)), None);
+        let end = p.total(t0 + Duration::from_millis(500));
+        assert_eq!((end.objects, end.bytes, end.per_sec), (100, 10_000, 200));
+        // A LIST ending the instant it began has no rate to divide by zero.
+        assert_eq!(ListProgress::new(t0).total(t0).per_sec, 0);
     }
 
     #[tokio::test]
@@ -1105,11 +1132,11 @@ mod tests {
         (watch_times(), status)
     }
 
-    /// Each retry waits at least the backoff's shortest delay for its attempt (7/8 of 250 ms,
+    /// Each retry waits at least the backoff's shortest delay for its attempt (250 ms,
     /// doubling): the watch does not spin.
     fn assert_backs_off(times: &[Instant]) {
         for (i, pair) in times.windows(2).enumerate() {
-            let least = Duration::from_millis(218) * (1 << i);
+            let least = Duration::from_millis(250) * (1 << i);
             let gap = pair[1] - pair[0];
             assert!(
                 gap >= least,

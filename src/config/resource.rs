@@ -608,7 +608,7 @@ mod tests {
     use super::*;
 
     fn entry(yaml: &str) -> Result<Resource, Vec<String>> {
-        let r: ResourceConfig = serde_yaml_ng::from_str(yaml).unwrap();
+        let r: ResourceConfig = serde_saphyr::from_str(yaml).unwrap();
         let mut errors = Vec::new();
         validate_resource(0, r, EventFormat::Cloudevents, &mut errors).ok_or(errors)
     }

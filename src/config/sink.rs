@@ -27,13 +27,17 @@ pub struct SinkKind {
     /// The JSON Schema of its section.
     pub schema: fn(&mut SchemaGenerator) -> Schema,
     /// Validates its section; problems are pushed to `errors`, each naming its path.
-    pub parse: fn(serde_yaml_ng::Value, &Context<'_>, &mut Vec<String>) -> Option<Sink>,
+    pub parse: fn(Section, &Context<'_>, &mut Vec<String>) -> Option<Sink>,
     /// Its settings from the process environment, when the file has no `sink` section and the
     /// environment asks for this kind.
     pub from_environment: fn(&Environment, &Context<'_>, &mut Vec<String>) -> Option<Sink>,
 }
 
 inventory::collect!(SinkKind);
+
+/// The section of one sink kind as written, a generic value until its kind deserializes it
+/// ([`parse_section`]).
+pub type Section = serde_json::Value;
 
 impl SinkKind {
     /// Never configured from the environment.
@@ -53,7 +57,7 @@ impl SinkKind {
 /// path under `sink.<kind>`.
 pub fn parse_section<T: serde::de::DeserializeOwned>(
     kind: &str,
-    section: serde_yaml_ng::Value,
+    section: Section,
     errors: &mut Vec<String>,
 ) -> Option<T> {
     serde_path_to_error::deserialize(section)
@@ -168,7 +172,7 @@ pub enum CheckpointSupport {
 /// The `sink` section as written: one member, named after a kind.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(transparent)]
-pub struct SinkConfig(pub BTreeMap<String, serde_yaml_ng::Value>);
+pub struct SinkConfig(pub BTreeMap<String, Section>);
 
 impl JsonSchema for SinkConfig {
     fn schema_name() -> std::borrow::Cow<'static, str> {
@@ -223,7 +227,7 @@ pub(super) fn validate_sink(
             };
             // `stdout: ` with nothing after it is an empty section.
             let section = match section {
-                serde_yaml_ng::Value::Null => serde_yaml_ng::Value::Mapping(Default::default()),
+                Section::Null => Section::Object(Default::default()),
                 other => other.clone(),
             };
             (kind.parse)(section, context, errors)
@@ -237,7 +241,7 @@ pub(super) fn validate_sink(
                 }
             }
             let kind = kinds.iter().find(|k| k.default)?;
-            let empty = serde_yaml_ng::Value::Mapping(Default::default());
+            let empty = Section::Object(Default::default());
             (kind.parse)(empty, context, errors)
         }
     }

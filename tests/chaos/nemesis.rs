@@ -366,6 +366,7 @@ pub async fn testenv(verb: &'static str, name: &'static str) {
 /// watch resuming from an older resourceVersion meets 410 Gone.
 async fn compact() -> Result<i64, String> {
     let url = std::env::var("KEB_ETCD_URL").map_err(|_| "KEB_ETCD_URL is not set".to_string())?;
+    kube_event_bridge::tls::install_crypto_provider();
     let client = reqwest::Client::new();
     let post = |path: &str, body: serde_json::Value| {
         client

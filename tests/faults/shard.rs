@@ -45,6 +45,7 @@ async fn watch_lease_holder(client: &kube::Client, lease_ns: &str, ns: &str) -> 
 
 /// `/readyz`: its status code and body.
 async fn readyz(address: &str) -> (u16, String) {
+    kube_event_bridge::tls::install_crypto_provider();
     let response = reqwest::get(format!("http://{address}/readyz"))
         .await
         .expect("GET /readyz");
@@ -127,6 +128,7 @@ async fn sharded_watch_that_cannot_start_releases_its_lease_and_starts_later() {
         (readyz(&admin).await.0 == 200).then_some(())
     })
     .await;
+    kube_event_bridge::tls::install_crypto_provider();
     let handoffs = reqwest::get(format!("http://{admin}/metrics"))
         .await
         .expect("GET /metrics")

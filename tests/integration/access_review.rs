@@ -16,7 +16,6 @@ use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use kube_event_bridge::config::ConfigFile;
 use kube_event_bridge::discovery::{self, ResolvedResource};
 use kube_event_bridge::rbac;
-use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use crate::support::{kube_client, unique_namespace, wait_until};
@@ -153,7 +152,7 @@ async fn assert_reviews(client: &kube::Client, namespace: &str, name: &str, ques
 }
 
 /// Creates one rendered RBAC object through the API as its typed resource.
-async fn create<K>(client: &kube::Client, doc: serde_yaml_ng::Value)
+async fn create<K>(client: &kube::Client, doc: serde_json::Value)
 where
     K: kube::Resource<Scope = k8s_openapi::ClusterResourceScope>
         + DeserializeOwned
@@ -162,7 +161,7 @@ where
         + std::fmt::Debug,
     K::DynamicType: Default,
 {
-    let object: K = serde_yaml_ng::from_value(doc).expect("a rendered RBAC object");
+    let object: K = serde_json::from_value(doc).expect("a rendered RBAC object");
     Api::<K>::all(client.clone())
         .create(&PostParams::default(), &object)
         .await
@@ -170,7 +169,7 @@ where
 }
 
 /// Creates one rendered namespaced RBAC object in its namespace.
-async fn create_in<K>(client: &kube::Client, doc: serde_yaml_ng::Value)
+async fn create_in<K>(client: &kube::Client, doc: serde_json::Value)
 where
     K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
         + DeserializeOwned
@@ -179,7 +178,7 @@ where
         + std::fmt::Debug,
     K::DynamicType: Default,
 {
-    let object: K = serde_yaml_ng::from_value(doc).expect("a rendered RBAC object");
+    let object: K = serde_json::from_value(doc).expect("a rendered RBAC object");
     let namespace = object.meta().namespace.clone().expect("a namespace");
     Api::<K>::namespaced(client.clone(), &namespace)
         .create(&PostParams::default(), &object)
@@ -189,8 +188,9 @@ where
 
 /// Applies every document of a `rbac::render` output.
 pub(crate) async fn apply(client: &kube::Client, rendered: &str) {
-    for d in serde_yaml_ng::Deserializer::from_str(rendered) {
-        let doc = serde_yaml_ng::Value::deserialize(d).expect("rendered YAML");
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_str_multiple(rendered).expect("rendered YAML");
+    for doc in docs {
         if doc.is_null() {
             continue;
         }

@@ -198,7 +198,7 @@ async fn token(client: &kube::Client, ns: &str, sa: &str) -> String {
 /// A copy of the test kubeconfig that authenticates with `token`.
 fn kubeconfig_with_token(dir: &std::path::Path, token: &str) -> std::path::PathBuf {
     let text = std::fs::read_to_string(env().kubeconfig).expect("read kubeconfig");
-    let mut doc: serde_json::Value = serde_yaml_ng::from_str(&text).expect("parse kubeconfig");
+    let mut doc: serde_json::Value = serde_saphyr::from_str(&text).expect("parse kubeconfig");
     doc["users"][0]["user"] = json!({"token": token});
     let path = dir.join("kubeconfig-service-account");
     std::fs::write(&path, doc.to_string()).expect("write kubeconfig");

@@ -807,7 +807,7 @@ async fn backend(
         SinkKind::Kafka => {
             let topic = "kube-event-bridge.checkpoints";
             let config: kube_event_bridge::sink::kafka::KafkaConfig =
-                serde_yaml_ng::from_str(&format!(
+                serde_saphyr::from_str(&format!(
                     "bootstrapServers: \"{}\"",
                     crate::support::env().kafka_bootstrap
                 ))

@@ -102,7 +102,7 @@ fn kubeconfig_with_user(dir: &Path, port: Option<u16>, user: serde_json::Value) 
         None => PathBuf::from(env().kubeconfig),
     };
     let mut doc: serde_json::Value =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(source).unwrap()).unwrap();
+        serde_saphyr::from_str(&std::fs::read_to_string(source).unwrap()).unwrap();
     doc["users"][0]["user"] = user;
     let path = dir.join(format!("kubeconfig-{}", unique_name("user")));
     std::fs::write(&path, serde_json::to_string(&doc).unwrap()).unwrap();

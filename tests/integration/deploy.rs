@@ -17,8 +17,7 @@ use kube_event_bridge::discovery::{self, ResolvedResource};
 use kube_event_bridge::rbac::{self, Grants, Permissions};
 use kube_event_bridge::sink::kafka::Kafka;
 use kube_event_bridge::sink::nats::Nats;
-use serde::Deserialize;
-use serde_yaml_ng::Value;
+use serde_json::Value;
 
 use crate::support::{self, create_crd, kube_client, unique_name, unique_namespace, wait_until};
 
@@ -145,15 +144,16 @@ async fn kube(kubectl: &str, args: &[&str], stdin: Option<&str>) -> String {
 // ------------------------------------------------------------------ YAML documents
 
 fn documents(text: &str) -> Vec<Value> {
-    serde_yaml_ng::Deserializer::from_str(text)
-        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("invalid YAML: {e}\n{text}")))
+    serde_saphyr::from_str_multiple::<Value, Vec<Value>>(text)
+        .unwrap_or_else(|e| panic!("invalid YAML: {e}\n{text}"))
+        .into_iter()
         .filter(|v| !v.is_null())
         .collect()
 }
 
 fn to_yaml(docs: &[Value]) -> String {
     docs.iter()
-        .map(|d| format!("---\n{}", serde_yaml_ng::to_string(d).expect("YAML")))
+        .map(|d| format!("---\n{}", serde_saphyr::to_string(d).expect("YAML")))
         .collect()
 }
 
@@ -167,16 +167,13 @@ fn name(doc: &Value) -> &str {
 
 /// A YAML sequence as strings (see [`str_of`]).
 fn strings(v: &Value) -> Vec<String> {
-    v.as_sequence().unwrap().iter().map(str_of).collect()
+    v.as_array().unwrap().iter().map(str_of).collect()
 }
 
 fn str_of(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
-        other => serde_yaml_ng::to_string(other)
-            .expect("YAML")
-            .trim()
-            .to_string(),
+        other => other.to_string(),
     }
 }
 
@@ -205,7 +202,7 @@ fn move_namespace(docs: &mut [Value], from: &str, to: &str) {
         if let Some(n) = doc.get_mut("roleRef").and_then(|r| r.get_mut("name")) {
             rename(n);
         }
-        if let Some(subjects) = doc.get_mut("subjects").and_then(Value::as_sequence_mut) {
+        if let Some(subjects) = doc.get_mut("subjects").and_then(Value::as_array_mut) {
             for s in subjects {
                 if s.get("namespace").and_then(Value::as_str) == Some(from) {
                     s["namespace"] = Value::String(to.into());
@@ -251,9 +248,9 @@ fn rendered_permissions(docs: &[Value], role_name: &str) -> Permissions {
             "{}",
             to_yaml(std::slice::from_ref(doc))
         );
-        for rule in doc["rules"].as_sequence().expect("rules") {
+        for rule in doc["rules"].as_array().expect("rules") {
             let verbs: Vec<String> = rule["verbs"]
-                .as_sequence()
+                .as_array()
                 .expect("verbs")
                 .iter()
                 .map(str_of)
@@ -264,9 +261,9 @@ fn rendered_permissions(docs: &[Value], role_name: &str) -> Permissions {
                 "{}",
                 to_yaml(std::slice::from_ref(doc))
             );
-            for group in rule["apiGroups"].as_sequence().expect("apiGroups") {
+            for group in rule["apiGroups"].as_array().expect("apiGroups") {
                 let plurals = target.entry(str_of(group)).or_default();
-                for r in rule["resources"].as_sequence().expect("resources") {
+                for r in rule["resources"].as_array().expect("resources") {
                     plurals.insert(str_of(r));
                 }
             }
@@ -772,7 +769,7 @@ async fn helm_renders_every_documented_values_file_with_the_rbac_src_rbac_comput
             assert_eq!(spread[0]["topologyKey"], "kubernetes.io/hostname");
             let selector = &spread[0]["labelSelector"]["matchLabels"];
             let pod_labels = &deployment["spec"]["template"]["metadata"]["labels"];
-            for (k, v) in selector.as_mapping().unwrap() {
+            for (k, v) in selector.as_object().unwrap() {
                 assert_eq!(
                     &pod_labels[k], v,
                     "{what}: the spread selects the bridge's pods"
@@ -808,12 +805,12 @@ async fn helm_renders_every_documented_values_file_with_the_rbac_src_rbac_comput
         // Broker credentials are files from Secrets, never values in the ConfigMap.
         let spec = &deployment["spec"]["template"]["spec"];
         let secret_mounts: BTreeMap<String, String> = spec["containers"][0]["volumeMounts"]
-            .as_sequence()
+            .as_array()
             .unwrap()
             .iter()
             .filter(|m| {
                 spec["volumes"]
-                    .as_sequence()
+                    .as_array()
                     .unwrap()
                     .iter()
                     .any(|v| v["name"] == m["name"] && !v["secret"]["secretName"].is_null())
@@ -1026,12 +1023,11 @@ fn chart_monitoring_files_are_those_of_deploy_monitoring() {
 /// Every value of values.yaml (and of its nested maps the chart reads) has a schema.
 #[test]
 fn chart_values_schema_names_every_value() {
-    let values: Value = serde_yaml_ng::from_str(&read(&chart().join("values.yaml"))).unwrap();
+    let values: Value = serde_saphyr::from_str(&read(&chart().join("values.yaml"))).unwrap();
     let schema: serde_json::Value =
         serde_json::from_str(&read(&chart().join("values.schema.json"))).unwrap();
     assert_eq!(schema["additionalProperties"], false);
-    for (key, _) in values.as_mapping().expect("a map") {
-        let key = key.as_str().expect("a string key");
+    for key in values.as_object().expect("a map").keys() {
         assert!(
             schema["properties"].get(key).is_some(),
             "values.yaml's {key} has no schema: add it in deploy/render.sh"
@@ -1059,7 +1055,7 @@ fn chart_values_schema_embeds_the_config_schema_and_versions_match() {
         assert_eq!(&defs[k], v, "$defs.{k} is stale: run deploy/render.sh");
     }
 
-    let chart_yaml: Value = serde_yaml_ng::from_str(&read(&chart().join("Chart.yaml"))).unwrap();
+    let chart_yaml: Value = serde_saphyr::from_str(&read(&chart().join("Chart.yaml"))).unwrap();
     assert_eq!(
         chart_yaml["appVersion"].as_str(),
         Some(env!("CARGO_PKG_VERSION")),
@@ -1148,7 +1144,7 @@ async fn dockerfile_builds_in_rust_and_runs_the_binary_alone_as_non_root() {
         .parse()
         .expect("a numeric USER");
     assert_ne!(uid, 0, "USER must not be root");
-    let chart_values: Value = serde_yaml_ng::from_str(&read(&chart().join("values.yaml"))).unwrap();
+    let chart_values: Value = serde_saphyr::from_str(&read(&chart().join("values.yaml"))).unwrap();
     assert_eq!(
         chart_values["podSecurityContext"]["runAsUser"].as_u64(),
         Some(u64::from(uid)),
@@ -1278,10 +1274,10 @@ fn assert_optimized_build(build: &str) {
 
 #[test]
 fn docker_compose_runs_kafka_kraft_nats_jetstream_and_the_bridge() {
-    let compose: Value = serde_yaml_ng::from_str(&read(&repo().join("docker-compose.yml")))
+    let compose: Value = serde_saphyr::from_str(&read(&repo().join("docker-compose.yml")))
         .expect("docker-compose.yml parses");
-    let services = compose["services"].as_mapping().expect("services");
-    let names: BTreeSet<String> = services.keys().map(str_of).collect();
+    let services = compose["services"].as_object().expect("services");
+    let names: BTreeSet<String> = services.keys().cloned().collect();
     assert_eq!(
         names,
         BTreeSet::from(["bridge", "kafka", "nats"].map(String::from))
@@ -1318,10 +1314,10 @@ fn docker_compose_runs_kafka_kraft_nats_jetstream_and_the_bridge() {
         "{nats_ports:?}"
     );
 
-    let volumes = compose["volumes"].as_mapping().expect("named volumes");
+    let volumes = compose["volumes"].as_object().expect("named volumes");
     for service in [kafka, nats] {
         assert!(!service["healthcheck"]["test"].is_null(), "a healthcheck");
-        for v in service["volumes"].as_sequence().unwrap() {
+        for v in service["volumes"].as_array().unwrap() {
             let source = str_of(v).split(':').next().unwrap().to_string();
             assert!(
                 volumes.contains_key(source.as_str()),
@@ -1353,7 +1349,7 @@ fn docker_compose_runs_kafka_kraft_nats_jetstream_and_the_bridge() {
         .clone();
     let kubeconfig_target = str_of(&bridge["environment"]["KUBECONFIG"]);
     let mounts: Vec<(String, String, String)> = bridge["volumes"]
-        .as_sequence()
+        .as_array()
         .unwrap()
         .iter()
         .map(|v| {

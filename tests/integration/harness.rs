@@ -625,7 +625,7 @@ impl Drop for Proxy {
 /// serving certificate is for 127.0.0.1).
 pub fn kubeconfig_via(port: u16, dir: &Path) -> (PathBuf, String) {
     let text = std::fs::read_to_string(env().kubeconfig).expect("read kubeconfig");
-    let mut doc: serde_json::Value = serde_yaml_ng::from_str(&text).expect("parse kubeconfig");
+    let mut doc: serde_json::Value = serde_saphyr::from_str(&text).expect("parse kubeconfig");
     let server = doc["clusters"][0]["cluster"]["server"]
         .as_str()
         .expect("server")

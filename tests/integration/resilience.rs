@@ -285,7 +285,7 @@ async fn a_follower_without_lease_rights_fails_naming_the_rbac_it_needs() {
     let dir = tempfile::tempdir().unwrap();
     // The test identity may impersonate; the bridge acts as a user no RBAC grants anything.
     let text = std::fs::read_to_string(crate::support::env().kubeconfig).unwrap();
-    let mut kubeconfig: serde_json::Value = serde_yaml_ng::from_str(&text).unwrap();
+    let mut kubeconfig: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
     kubeconfig["users"][0]["user"]["as"] = "keb-without-lease-rights".into();
     let path = dir.path().join("kubeconfig-without-lease-rights");
     std::fs::write(&path, kubeconfig.to_string()).unwrap();

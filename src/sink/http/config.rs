@@ -18,14 +18,15 @@ const CREDENTIALS_TTL: Duration = Duration::from_secs(60);
 /// The longest a connection may take to open, within the request timeout.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Builds the HTTP client: rustls with the public roots, or only the CA bundle of
+/// Builds the HTTP client: rustls with the system's roots, or only the CA bundle of
 /// `credentials.tlsCaFile`; a client certificate; no redirects (a redirect is reported, the
 /// URL should name the receiver).
 pub(super) fn client(config: &HttpConfig) -> Result<reqwest::Client> {
     let c = &config.credentials;
     let timeout = Duration::from_secs(config.timeout_secs);
+    crate::tls::install_crypto_provider();
     let mut builder = reqwest::Client::builder()
-        .use_rustls_tls()
+        .tls_backend_rustls()
         .timeout(timeout)
         .connect_timeout(CONNECT_TIMEOUT.min(timeout))
         .redirect(reqwest::redirect::Policy::none())
@@ -43,11 +44,7 @@ pub(super) fn client(config: &HttpConfig) -> Result<reqwest::Client> {
             }
             .into());
         }
-        builder = certificates
-            .into_iter()
-            .fold(builder.tls_built_in_root_certs(false), |b, cert| {
-                b.add_root_certificate(cert)
-            });
+        builder = builder.tls_certs_only(certificates);
     }
     if let Some(pem) = &config.extra_ca_certs {
         builder = trusting_also(builder, pem)?;
@@ -71,9 +68,7 @@ fn trusting_also(builder: reqwest::ClientBuilder, pem: &str) -> Result<reqwest::
     if certificates.is_empty() {
         return Err(refused("no PEM certificate in it".into()).into());
     }
-    Ok(certificates
-        .into_iter()
-        .fold(builder, |b, cert| b.add_root_certificate(cert)))
+    Ok(builder.tls_certs_merge(certificates))
 }
 
 fn read_file(field: &'static str, path: &Path) -> Result<Vec<u8>> {
@@ -210,7 +205,7 @@ mod tests {
 
     #[test]
     fn k_ca_certs_without_a_certificate_is_refused_naming_the_variable() {
-        let builder = || reqwest::Client::builder().use_rustls_tls();
+        let builder = || reqwest::Client::builder().tls_backend_rustls();
         for (pem, reason) in [
             ("not a certificate", "no PEM certificate in it"),
             ("", "no PEM certificate in it"),

@@ -17,7 +17,7 @@ use super::url::{check_url, parse_url};
 use crate::attribute;
 use crate::config::{
     CheckpointSupport, ContentMode, Context, Environment, HTTP_MAX_IN_FLIGHT,
-    HTTP_MAX_RETRY_AFTER_SECS, HTTP_TIMEOUT_SECS, ResourceFields, SinkKind, SinkSettings,
+    HTTP_MAX_RETRY_AFTER_SECS, HTTP_TIMEOUT_SECS, ResourceFields, Section, SinkKind, SinkSettings,
     parse_section,
 };
 use crate::discovery::ResolvedResource;
@@ -238,7 +238,7 @@ pub struct Http {
 
 impl Http {
     fn parse(
-        section: serde_yaml_ng::Value,
+        section: Section,
         context: &Context<'_>,
         errors: &mut Vec<String>,
     ) -> Option<crate::config::Sink> {

@@ -497,7 +497,7 @@ mod tests {
 
     fn sink(extra: &str) -> HttpSink {
         let yaml = format!("{{url: 'http://127.0.0.1:1/{{namespace}}/{{name}}'{extra}}}");
-        let config: HttpConfig = serde_yaml_ng::from_str(&yaml).unwrap();
+        let config: HttpConfig = serde_saphyr::from_str(&yaml).unwrap();
         let url = Template::parse(&config.url).unwrap();
         HttpSink::new(&config, url).unwrap()
     }

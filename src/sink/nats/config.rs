@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use backon::Retryable;
+
 use tracing::{info, warn};
 
 use super::error::Error as SetupError;
@@ -67,20 +69,16 @@ pub async fn connect_client(
     url: &str,
     credentials: &NatsCredentials,
 ) -> Result<async_nats::Client> {
+    let options = connect_options(credentials).await?;
     let started = std::time::Instant::now();
-    let mut backoff = crate::backoff::Backoff::default();
-    loop {
-        let attempt = connect_options(credentials).await?.connect(url).await;
-        match attempt {
-            Ok(client) => return Ok(client),
-            Err(source) if unreachable(&source) && started.elapsed() < UNREACHABLE_FOR => {
-                let delay = backoff.next_delay();
-                warn!(url = %redact_url(url), error = %source, retry_in_ms = delay.as_millis() as u64, "cannot reach the nats server; retrying");
-                tokio::time::sleep(delay).await;
-            }
-            Err(source) => return Err(connect_error(credentials, url, source).into()),
-        }
-    }
+    (|| options.clone().connect(url))
+        .retry(crate::backoff::policy())
+        .when(|source| unreachable(source) && started.elapsed() < UNREACHABLE_FOR)
+        .notify(|source, delay| {
+            warn!(url = %redact_url(url), error = %source, retry_in_ms = delay.as_millis() as u64, "cannot reach the nats server; retrying");
+        })
+        .await
+        .map_err(|source| connect_error(credentials, url, source).into())
 }
 
 /// How long a start waits for an unreachable NATS server before it fails.

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::{NatsSink, connect_client};
 use crate::config::{
     ACK_TIMEOUT_SECS, CheckpointSupport, ContentMode, Context, DUPLICATE_WINDOW_SECS,
-    NatsCredentials, ResourceFields, SinkKind, SinkSettings, is_nats_name, parse_section,
+    NatsCredentials, ResourceFields, Section, SinkKind, SinkSettings, is_nats_name, parse_section,
     parse_template,
 };
 use crate::discovery::ResolvedResource;
@@ -97,7 +97,7 @@ pub struct Nats {
 
 impl Nats {
     fn parse(
-        section: serde_yaml_ng::Value,
+        section: Section,
         context: &Context<'_>,
         errors: &mut Vec<String>,
     ) -> Option<crate::config::Sink> {

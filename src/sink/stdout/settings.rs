@@ -8,7 +8,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::StdoutSink;
-use crate::config::{CheckpointSupport, Context, SinkKind, SinkSettings, parse_section};
+use crate::config::{CheckpointSupport, Context, Section, SinkKind, SinkSettings, parse_section};
 use crate::discovery::ResolvedResource;
 use crate::sink::{AnySink, Messages, Result, Settings, no_subscription};
 
@@ -35,7 +35,7 @@ pub struct Stdout;
 
 impl Stdout {
     fn parse(
-        section: serde_yaml_ng::Value,
+        section: Section,
         _: &Context<'_>,
         errors: &mut Vec<String>,
     ) -> Option<crate::config::Sink> {

@@ -27,6 +27,7 @@ impl Client {
         .iter()
         .find_map(|name| std::env::var(name).ok()?.trim().parse().ok())
         .map_or(TIMEOUT_DEFAULT, Duration::from_millis);
+        crate::tls::install_crypto_provider();
         let http = reqwest::Client::builder().timeout(timeout).build()?;
         Ok(Self { http, runtime })
     }

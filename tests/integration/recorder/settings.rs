@@ -43,7 +43,7 @@ pub struct Recorder {
 
 impl Recorder {
     fn parse(
-        section: serde_yaml_ng::Value,
+        section: config::Section,
         _: &Context<'_>,
         errors: &mut Vec<String>,
     ) -> Option<config::Sink> {
