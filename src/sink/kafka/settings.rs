@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{KafkaSink, check_brokers, consumer_config};
 use crate::config::{
-    COMMIT_INTERVAL_MS, CheckpointSupport, ContentMode, Context, ResourceFields, Section,
-    SinkKind, SinkSettings, TRANSACTION_TIMEOUT_SECS, parse_section, parse_template,
+    COMMIT_INTERVAL_MS, CheckpointSupport, ContentMode, Context, ResourceFields, Section, SinkKind,
+    SinkSettings, TRANSACTION_TIMEOUT_SECS, parse_section, parse_template,
 };
 use crate::discovery::ResolvedResource;
 use crate::sink::decode::NotCloudEvent;
