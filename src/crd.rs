@@ -21,6 +21,7 @@ use kube::Client;
 use kube::api::{Api, ObjectMeta, PartialObjectMeta};
 use kube::runtime::watcher::{self, Event};
 use tokio::sync::Notify;
+use tokio::time::Instant;
 use tracing::warn;
 
 /// The name of the CRD that would serve `plural` in `group`; `None` for the core group, which
@@ -99,14 +100,15 @@ pub async fn follow(client: Client, refresh: Arc<Notify>, crds: Shared) {
     let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
     let mut listed = false;
     // The second refresh after a change, when one is due.
-    let mut again: Option<tokio::time::Instant> = None;
+    let mut again: Option<Instant> = None;
     loop {
+        let second_refresh = tokio::time::sleep_until(again.unwrap_or_else(Instant::now));
         let event = tokio::select! {
             event = stream.next() => match event {
                 Some(event) => event,
                 None => return,
             },
-            () = sleep_until(again), if again.is_some() => {
+            () = second_refresh, if again.is_some() => {
                 again = None;
                 refresh.notify_one();
                 continue;
@@ -153,17 +155,9 @@ fn identity(meta: &ObjectMeta) -> (&str, bool) {
 
 /// Asks for a discovery refresh now; returns when to ask again (a new CRD is served a moment
 /// after it is created).
-fn changed(refresh: &Notify) -> tokio::time::Instant {
+fn changed(refresh: &Notify) -> Instant {
     refresh.notify_one();
-    tokio::time::Instant::now() + Duration::from_secs(2)
-}
-
-/// Sleeps until `at` (never when there is none).
-async fn sleep_until(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
+    Instant::now() + Duration::from_secs(2)
 }
 
 #[cfg(test)]
