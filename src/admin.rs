@@ -8,6 +8,7 @@
 //! come from closed sets (resource, namespace scope of a configured watch, kind, reason, sink).
 //! The API request counters are the process's ([`throttle::Counters::process`]).
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
@@ -72,9 +73,14 @@ pub struct State {
     /// Whether the bridge has started its watches (there may be none: a wildcard can match
     /// nothing yet).
     started: AtomicBool,
-    watches: Mutex<Vec<WatchHandle>>,
+    /// Whether the bridge watches a fleet: then it is ready while one cluster publishes.
+    fleet: AtomicBool,
+    /// Each cluster's running watches and, in a fleet, why it does not publish.
+    clusters: Mutex<BTreeMap<String, ClusterView>>,
     /// Sharding's counters, when replicas share the watches.
     shard: Mutex<Option<Arc<crate::shard::Metrics>>>,
+    /// The fleet's counters, when the bridge watches a fleet.
+    fleet_metrics: Mutex<Option<Arc<crate::fleet::Metrics>>>,
     api: Arc<throttle::Counters>,
     /// Holds the collector that reads this state at scrape time.
     registry: Registry,
@@ -90,8 +96,10 @@ impl State {
             role: AtomicU8::new(Role::Single as u8),
             shutting_down: AtomicBool::new(false),
             started: AtomicBool::new(false),
-            watches: Mutex::new(Vec::new()),
+            fleet: AtomicBool::new(false),
+            clusters: Mutex::new(BTreeMap::new()),
             shard: Mutex::new(None),
+            fleet_metrics: Mutex::new(None),
             api: throttle::Counters::process(),
             registry: metrics::registry(state.clone()),
             process: process::registry(),
@@ -103,10 +111,45 @@ impl State {
         self.role.store(role as u8, Ordering::Relaxed);
     }
 
-    /// Registers the running watches (again whenever they change).
-    pub fn set_watches(&self, watches: Vec<WatchHandle>) {
-        *self.watches.lock().unwrap_or_else(|e| e.into_inner()) = watches;
+    /// Registers the running watches of `cluster` (again whenever they change).
+    pub fn set_watches(&self, cluster: &str, watches: Vec<WatchHandle>) {
+        self.cluster(cluster, |c| c.watches = watches);
         self.started.store(true, Ordering::Relaxed);
+    }
+
+    /// Marks the bridge as watching a fleet: ready while at least one cluster publishes, with
+    /// the others named in the body of `/readyz`; `/metrics` shows the fleet's counters.
+    pub fn set_fleet(&self, metrics: Arc<crate::fleet::Metrics>) {
+        *self.fleet_metrics.lock().unwrap_or_else(|e| e.into_inner()) = Some(metrics);
+        self.fleet.store(true, Ordering::Relaxed);
+        self.started.store(true, Ordering::Relaxed);
+    }
+
+    fn fleet_metrics(&self) -> Option<Arc<crate::fleet::Metrics>> {
+        self.fleet_metrics
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Records why `cluster` cannot publish (unreachable, refused), or that it can again.
+    pub fn set_cluster_problem(&self, cluster: &str, problem: Option<String>) {
+        self.cluster(cluster, |c| {
+            c.problem = problem.map(|p| (p, std::time::Instant::now()));
+        });
+    }
+
+    /// Forgets a cluster that left the fleet.
+    pub fn forget_cluster(&self, cluster: &str) {
+        self.lock_clusters().remove(cluster);
+    }
+
+    fn cluster(&self, cluster: &str, f: impl FnOnce(&mut ClusterView)) {
+        f(self.lock_clusters().entry(cluster.to_string()).or_default());
+    }
+
+    fn lock_clusters(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, ClusterView>> {
+        self.clusters.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Registers sharding's counters (`/metrics` then shows the `shard_*` families).
@@ -137,22 +180,96 @@ impl State {
     }
 
     /// Readiness, or why not: shutting down, a watch not synced yet, or a watch stalled
-    /// (named with its reason and the broker's message).
-    pub fn readiness(&self) -> Result<(), String> {
+    /// (named with its reason and the broker's message). In a fleet, ready while at least one
+    /// cluster publishes, with what keeps the others from it.
+    pub fn readiness(&self) -> Result<Vec<String>, String> {
         if self.shutting_down.load(Ordering::Relaxed) {
             return Err("shutting down".into());
         }
         if self.role() == Role::Follower {
-            return Ok(());
+            return Ok(Vec::new());
         }
         if !self.started.load(Ordering::Relaxed) {
             return Err("starting".into());
         }
-        let watches = self.watches.lock().unwrap_or_else(|e| e.into_inner());
+        let fleet = self.fleet.load(Ordering::Relaxed);
+        let clusters = self.lock_clusters();
         let mut problems = Vec::new();
-        for w in watches.iter() {
+        let mut publishing = 0;
+        for (name, c) in clusters.iter() {
+            let before = problems.len();
+            c.problems(&mut problems);
+            if fleet {
+                for p in &mut problems[before..] {
+                    *p = format!("cluster {name}: {p}");
+                }
+            }
+            publishing += usize::from(problems.len() == before);
+        }
+        match (problems.is_empty(), fleet && publishing > 0) {
+            (true, _) => Ok(Vec::new()),
+            (false, true) => Ok(problems),
+            (false, false) => Err(problems.join("\n")),
+        }
+    }
+
+    /// Each cluster's name and whether it publishes (no problem, every watch synced).
+    pub(crate) fn clusters_publishing(&self) -> Vec<(String, bool)> {
+        let clusters = self.lock_clusters();
+        clusters
+            .iter()
+            .map(|(name, c)| {
+                let mut problems = Vec::new();
+                c.problems(&mut problems);
+                (name.clone(), problems.is_empty())
+            })
+            .collect()
+    }
+
+    /// The `/metrics` document (OpenMetrics text).
+    pub fn metrics(&self) -> String {
+        metrics::encode(&[&self.registry, &self.process])
+    }
+
+    /// The running watches of every cluster, as registered last.
+    fn watches(&self) -> Vec<WatchHandle> {
+        let clusters = self.lock_clusters();
+        clusters.values().flat_map(|c| c.watches.clone()).collect()
+    }
+}
+
+impl crate::fleet::Observer for State {
+    fn watches(&self, cluster: &str, watches: Vec<WatchHandle>) {
+        self.set_watches(cluster, watches);
+    }
+
+    fn problem(&self, cluster: &str, problem: Option<String>) {
+        self.set_cluster_problem(cluster, problem);
+    }
+
+    fn left(&self, cluster: &str) {
+        self.forget_cluster(cluster);
+    }
+}
+
+/// What the admin server knows of one cluster.
+#[derive(Debug, Default)]
+struct ClusterView {
+    watches: Vec<WatchHandle>,
+    /// Why the cluster cannot publish, and since when.
+    problem: Option<(String, std::time::Instant)>,
+}
+
+impl ClusterView {
+    /// Adds what keeps this cluster from publishing: its own problem, and each watch stalled
+    /// or not synced yet.
+    fn problems(&self, out: &mut Vec<String>) {
+        if let Some((problem, since)) = &self.problem {
+            out.push(format!("{problem} (for {} s)", since.elapsed().as_secs()));
+        }
+        for w in &self.watches {
             if let Some(stall) = w.status.stall() {
-                problems.push(format!(
+                out.push(format!(
                     "watch {} in {} stalled for {} s ({}): {}",
                     w.resource,
                     w.namespace.as_deref().unwrap_or("*"),
@@ -161,31 +278,13 @@ impl State {
                     stall.error
                 ));
             } else if !w.status.synced.load(Ordering::Relaxed) {
-                problems.push(format!(
+                out.push(format!(
                     "watch {} in {} has not published its initial state yet",
                     w.resource,
                     w.namespace.as_deref().unwrap_or("*")
                 ));
             }
         }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(problems.join("\n"))
-        }
-    }
-
-    /// The `/metrics` document (OpenMetrics text).
-    pub fn metrics(&self) -> String {
-        metrics::encode(&[&self.registry, &self.process])
-    }
-
-    /// The running watches, as registered last.
-    fn watches(&self) -> Vec<WatchHandle> {
-        self.watches
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
     }
 }
 
@@ -374,7 +473,12 @@ fn route(method: &Method, path: &str, openmetrics: bool, state: &State) -> Respo
     let (status, content_type, body) = match (method, path) {
         (&Method::GET, "/livez") => (StatusCode::OK, TEXT, "ok\n".to_string()),
         (&Method::GET, "/readyz") => match state.readiness() {
-            Ok(()) => (StatusCode::OK, TEXT, "ok\n".to_string()),
+            Ok(others) if others.is_empty() => (StatusCode::OK, TEXT, "ok\n".to_string()),
+            Ok(others) => (
+                StatusCode::OK,
+                TEXT,
+                format!("ok; not publishing:\n{}\n", others.join("\n")),
+            ),
             Err(why) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 TEXT,
@@ -413,6 +517,7 @@ mod tests {
         let status = Arc::new(Status::default());
         status.synced.store(synced, Ordering::Relaxed);
         WatchHandle {
+            cluster: "dev".into(),
             resource: "v1/configmaps".into(),
             namespace: None,
             status,
@@ -423,14 +528,14 @@ mod tests {
     fn readiness_follows_sync_role_and_shutdown() {
         let s = State::new("stdout");
         assert!(!s.ready(), "not started yet");
-        s.set_watches(Vec::new());
+        s.set_watches("dev", Vec::new());
         assert!(
             s.ready(),
             "started, nothing to sync (a wildcard matching nothing yet)"
         );
-        s.set_watches(vec![watch(true), watch(false)]);
+        s.set_watches("dev", vec![watch(true), watch(false)]);
         assert!(!s.ready(), "one watch has not synced");
-        s.set_watches(vec![watch(true), watch(true)]);
+        s.set_watches("dev", vec![watch(true), watch(true)]);
         assert!(s.ready());
         s.shutting_down();
         assert!(!s.ready(), "false once shutdown starts");
@@ -439,19 +544,54 @@ mod tests {
             .status
             .set_stall("not_authorized", "Broker: Topic authorization failed");
         let s = State::new("kafka");
-        s.set_watches(vec![watch(true), stalled]);
+        s.set_watches("dev", vec![watch(true), stalled]);
         let why = s.readiness().unwrap_err();
         assert!(
             why.contains("not_authorized") && why.contains("Topic authorization failed"),
             "{why}"
         );
         assert!(s.metrics().contains(
-            "kube_event_bridge_watch_stalled{resource=\"v1/configmaps\",namespace=\"*\",reason=\"not_authorized\"} 1"
+            "kube_event_bridge_watch_stalled{cluster=\"dev\",resource=\"v1/configmaps\",namespace=\"*\",reason=\"not_authorized\"} 1"
         ));
         let f = State::new("kafka");
         f.set_role(Role::Follower);
         assert!(f.ready(), "a follower standing by is ready");
         assert!(f.metrics().contains("kube_event_bridge_leader 0"));
+    }
+
+    #[test]
+    fn a_fleet_is_ready_while_one_cluster_publishes_and_names_the_others() {
+        let s = State::new("kafka");
+        s.set_fleet(Arc::default());
+        assert!(s.ready(), "a fleet with no cluster yet has nothing failing");
+        s.set_watches("east", vec![watch(true)]);
+        s.set_cluster_problem("west", Some("unreachable: connection refused".into()));
+        let others = s.readiness().unwrap();
+        assert_eq!(others.len(), 1, "{others:?}");
+        assert!(
+            others[0].starts_with("cluster west: unreachable: connection refused (for "),
+            "{others:?}"
+        );
+        let (status, _, body) = parts(route(&Method::GET, "/readyz", true, &s));
+        assert_eq!(status, 200);
+        assert!(
+            body.starts_with("ok; not publishing:\ncluster west: "),
+            "{body}"
+        );
+        let metrics = s.metrics();
+        for line in [
+            "kube_event_bridge_cluster_publishing{cluster=\"east\"} 1",
+            "kube_event_bridge_cluster_publishing{cluster=\"west\"} 0",
+        ] {
+            assert!(metrics.contains(line), "{line} in {metrics}");
+        }
+        s.set_watches("east", vec![watch(false)]);
+        let why = s.readiness().unwrap_err();
+        assert!(why.contains("cluster east: watch v1/configmaps"), "{why}");
+        assert!(why.contains("cluster west: unreachable"), "{why}");
+        s.set_cluster_problem("west", None);
+        s.forget_cluster("east");
+        assert!(s.ready(), "west publishes again, east left");
     }
 
     fn parts(r: Response<String>) -> (u16, String, String) {
@@ -472,7 +612,7 @@ mod tests {
             get("/readyz"),
             (503, text.clone(), "not ready: starting\n".into())
         );
-        s.set_watches(vec![watch(true)]);
+        s.set_watches("dev", vec![watch(true)]);
         assert_eq!(get("/readyz"), (200, text.clone(), "ok\n".into()));
         let (code, content_type, body) = get("/metrics");
         assert_eq!(
@@ -536,7 +676,7 @@ mod tests {
         let mut limits = Limits::default();
         change(&mut limits);
         let state = State::new("stdout");
-        state.set_watches(Vec::new());
+        state.set_watches("dev", Vec::new());
         let address = serve_with("127.0.0.1:0", state.clone(), limits, &Tasks::default())
             .await
             .unwrap();

@@ -18,6 +18,7 @@ mod content;
 mod destination;
 mod environment;
 mod file;
+mod fleet;
 #[cfg(test)]
 mod fuzz;
 mod limits;
@@ -29,11 +30,12 @@ mod validate;
 pub use content::ContentMode;
 pub use destination::parse_template;
 pub use environment::Environment;
-pub use file::NatsCredentials;
 pub use file::{
     AdminConfig, CheckpointConfig, CheckpointNats, ConfigFile, DeliveryConfig, DiscoveryConfig,
     HeartbeatConfig, KubernetesConfig, LeaderElectionConfig, ShardingConfig, SnapshotPolicy,
 };
+pub use file::{ClusterEntry, ClusterSecrets, NatsCredentials};
+pub use fleet::{Access, ClusterSpec, Fleet};
 pub use limits::{
     ACK_TIMEOUT_SECS, BURST, CHECKPOINT_INTERVAL_MS, COMMIT_INTERVAL_MS, DISCOVERY_REFRESH_SECS,
     DUPLICATE_WINDOW_SECS, HEARTBEAT_INTERVAL_SECS, HTTP_MAX_IN_FLIGHT, HTTP_MAX_RETRY_AFTER_SECS,
@@ -83,8 +85,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub struct Config {
     /// The cluster's name.
     pub cluster: String,
-    /// How to reach the API server.
+    /// How to reach the API server of the bridge's own cluster.
     pub kubernetes: KubernetesConfig,
+    /// The clusters watched: the bridge's own, or a fleet.
+    pub fleet: Fleet,
     /// The resources, each with its parsed group and version.
     pub resources: Vec<Resource>,
     /// The one sink.
@@ -123,7 +127,23 @@ impl Config {
     /// start: to tie checkpoints to it, or for the `clusterid` extension. RBAC must then grant
     /// `get` on that one namespace.
     pub fn reads_cluster_identity(&self) -> bool {
-        self.keeps_checkpoints() || self.audit_extensions
+        self.keeps_checkpoints() || self.audit_extensions || self.fleet.is_fleet()
+    }
+
+    /// The configuration of one cluster's watches: named `name`, reached through `kubernetes`,
+    /// with the resources watched in it.
+    pub fn for_cluster(&self, name: &str, kubernetes: KubernetesConfig) -> Config {
+        Config {
+            cluster: name.to_string(),
+            kubernetes,
+            resources: self
+                .resources
+                .iter()
+                .filter(|r| r.watched_in(name))
+                .cloned()
+                .collect(),
+            ..self.clone()
+        }
     }
 }
 

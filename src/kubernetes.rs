@@ -68,8 +68,25 @@ pub async fn client_and_url(k: &KubernetesConfig) -> Result<(Client, String)> {
             .await
             .map_err(|e| Error::ClientConfig(Box::new(e)))?,
     };
+    throttled(config, k.qps, k.burst)
+}
+
+/// A client for the cluster `kubeconfig` reaches (its current context), throttled to `qps` and
+/// `burst`, and the API server's URL: a fleet's cluster discovered from a Secret.
+pub async fn client_from_kubeconfig(
+    kubeconfig: Kubeconfig,
+    qps: f64,
+    burst: u32,
+) -> Result<(Client, String)> {
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| Error::ClientConfig(Box::new(e)))?;
+    throttled(config, qps, burst)
+}
+
+fn throttled(config: kube::Config, qps: f64, burst: u32) -> Result<(Client, String)> {
     let url = config.cluster_url.to_string();
-    let throttle = ThrottleLayer::new(k.qps, k.burst, throttle::Counters::process());
+    let throttle = ThrottleLayer::new(qps, burst, throttle::Counters::process());
     let client = ClientBuilder::try_from(config)
         .map_err(Error::Client)?
         .with_layer(&throttle)

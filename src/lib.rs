@@ -18,6 +18,7 @@ pub mod config;
 pub mod crd;
 pub mod discovery;
 pub mod encode;
+pub mod fleet;
 pub mod knative;
 pub mod known;
 pub mod kubernetes;

@@ -6,6 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use kube::Api;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -14,6 +16,10 @@ use crate::admin;
 use crate::allocator;
 use crate::config::Config;
 use crate::discovery;
+use crate::fleet::{
+    self,
+    secret::{self, Found},
+};
 use crate::kubernetes;
 use crate::leader::{self, Leader};
 use crate::lease::Validity;
@@ -84,15 +90,19 @@ pub struct Bridge {
 impl Bridge {
     /// Resolves every resource, connects the sink, loads each watch's checkpoint and starts one
     /// watch and one pipeline per resource and namespace scope; from then on the supervisor
-    /// follows CRDs and namespaces. `on_change` is told the running watches whenever they change.
-    /// Every task it spawns is one of `tasks`.
+    /// follows CRDs and namespaces. The admin server is told the running watches whenever they
+    /// change. Every task it spawns is one of `tasks`. A fleet starts its clusters one by one
+    /// instead ([`Bridge::start_fleet`]).
     pub async fn start(
         config: Config,
         leadership: Option<Validity>,
         shard: Option<Shard>,
-        on_change: OnChange,
+        admin: Arc<admin::State>,
         tasks: &Tasks,
     ) -> Result<Self> {
+        if config.fleet.is_fleet() {
+            return Self::start_fleet(config, leadership, shard, admin, tasks).await;
+        }
         let (client, api_server) = kubernetes::client_and_url(&config.kubernetes).await?;
         let resources = discovery::resolve(&client, &config.resources).await?;
         let shared = sink::connect(&config.sink).await?;
@@ -103,6 +113,8 @@ impl Bridge {
         );
         let stores = Stores::prepare(&config, &shared, &client).await?;
         let stop = CancellationToken::new();
+        let cluster = config.cluster.clone();
+        let on_change: OnChange = Box::new(move |w| admin.set_watches(&cluster, w));
         let mut supervisor = Supervisor::new(Parts {
             config: Arc::new(config),
             client,
@@ -120,6 +132,58 @@ impl Bridge {
         Ok(Self {
             stop,
             supervisor: tasks.spawn("supervisor", supervisor.run()),
+            sink: shared,
+        })
+    }
+
+    /// Connects the sink and starts the fleet: each cluster of `clusters[]` and of the
+    /// kubeconfig Secrets starts, fails and recovers on its own, so the start succeeds once the
+    /// sink is connected (and the Secrets are followed, when configured).
+    async fn start_fleet(
+        config: Config,
+        leadership: Option<Validity>,
+        shard: Option<Shard>,
+        admin: Arc<admin::State>,
+        tasks: &Tasks,
+    ) -> Result<Self> {
+        let shared = sink::connect(&config.sink).await?;
+        let metrics = Arc::new(fleet::Metrics::default());
+        admin.set_fleet(metrics.clone());
+        let stop = CancellationToken::new();
+        let (found_tx, found) = watch::channel(Found::default());
+        if let Some(secrets) = config.fleet.secrets.clone() {
+            let client = kubernetes::client(&config.kubernetes).await?;
+            let api = Api::namespaced(client, &secrets.namespace);
+            let counted = metrics.clone();
+            let follow = secret::follow(api, secrets, found_tx, move |r| {
+                fleet::count_refusal(&counted, r);
+            });
+            let until = stop.clone();
+            tasks.spawn("cluster Secret follower", async move {
+                tokio::select! {
+                    () = until.cancelled() => {}
+                    () = follow => {}
+                }
+            });
+        }
+        info!(
+            sink = shared.name(),
+            clusters = config.fleet.clusters.len(),
+            secrets = config.fleet.secrets.is_some(),
+            "sink connected; starting the fleet"
+        );
+        let members = Arc::new(fleet::Shared::new(
+            Arc::new(config),
+            shared.clone(),
+            admin,
+            leadership,
+            shard,
+            tasks.clone(),
+            metrics,
+        ));
+        Ok(Self {
+            supervisor: tasks.spawn("fleet", fleet::run(members, found, stop.clone())),
+            stop,
             sink: shared,
         })
     }
@@ -217,9 +281,7 @@ async fn run_bridge(config: Config, stop: CancellationToken, tasks: &Tasks) -> R
     if let Some(shard) = &shard {
         admin.set_shard(shard.metrics());
     }
-    let watches = admin.clone();
-    let on_change = Box::new(move |w| watches.set_watches(w));
-    let started = Bridge::start(config, leadership.clone(), shard, on_change, tasks);
+    let started = Bridge::start(config, leadership.clone(), shard, admin.clone(), tasks);
     tokio::pin!(started);
     // A signal during start lets the start finish (it may have begun writing to the broker and
     // the checkpoint store), then drains: no half-written state, within the grace period.

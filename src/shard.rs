@@ -311,6 +311,8 @@ pub type Owned = BTreeMap<String, Ownership>;
 pub struct Shard {
     owned: watch::Receiver<Owned>,
     commands: mpsc::UnboundedSender<Command>,
+    /// The desired watches of each cluster: their union is what the coordinator is told.
+    desired: Arc<std::sync::Mutex<BTreeMap<String, BTreeMap<String, String>>>>,
     metrics: Arc<Metrics>,
     settings: Settings,
 }
@@ -381,6 +383,7 @@ impl Shard {
         Ok(Self {
             owned,
             commands,
+            desired: Arc::default(),
             metrics,
             settings: settings.clone(),
         })
@@ -396,10 +399,18 @@ impl Shard {
         }
     }
 
-    /// Tells the watches every replica should run now (id and description): the assignment
-    /// follows.
-    pub fn set_desired(&self, watches: BTreeMap<String, String>) {
-        let _ = self.commands.send(Command::Desired(watches));
+    /// Tells the watches every replica should run now in `cluster` (id and description),
+    /// replacing those told before for it: the assignment follows, over every cluster's.
+    pub fn set_desired(&self, cluster: &str, watches: BTreeMap<String, String>) {
+        let mut desired = self.desired.lock().unwrap_or_else(|e| e.into_inner());
+        if watches.is_empty() {
+            desired.remove(cluster);
+        } else {
+            desired.insert(cluster.to_string(), watches);
+        }
+        let all = desired.values().flatten();
+        let all = all.map(|(id, d)| (id.clone(), d.clone())).collect();
+        let _ = self.commands.send(Command::Desired(all));
     }
 
     /// The watches held now.

@@ -120,6 +120,8 @@ const WATCH_TIMEOUT_SECS: u32 = 290;
 /// One watch: its label for logs and its pipeline's status.
 #[derive(Debug, Clone)]
 pub struct WatchHandle {
+    /// The cluster's name.
+    pub cluster: Arc<str>,
     /// `apps/v1/deployments`.
     pub resource: String,
     /// The namespace, `None` for all or cluster scope.
@@ -498,6 +500,7 @@ impl Supervisor {
             .map(|((key, r, ns), ownership)| {
                 let id = key.id.clone();
                 let handle = WatchHandle {
+                    cluster: self.config.cluster.as_str().into(),
                     resource: r.label(),
                     namespace: ns.clone(),
                     status: Arc::new(Status::default()),
@@ -583,7 +586,7 @@ impl Supervisor {
             return;
         };
         shard.settled().await;
-        let owned = shard.owned();
+        let owned = owned_in(shard, &self.config.cluster);
         self.release_unstarted(&owned);
         while let Some(done) = self.tasks.join_next().await {
             self.finished(done);
@@ -597,12 +600,13 @@ impl Supervisor {
     ) -> Option<crate::shard::Owned> {
         let shard = self.shard.as_ref()?;
         shard.set_desired(
+            &self.config.cluster,
             desired
                 .iter()
                 .map(|(id, (key, _, _))| (id.clone(), key.description.clone()))
                 .collect(),
         );
-        Some(shard.owned())
+        Some(owned_in(shard, &self.config.cluster))
     }
 
     /// Reconciles while running: a watch that cannot start is retried at the next refresh, and
@@ -742,6 +746,7 @@ impl Supervisor {
             key.id,
             Running {
                 handle: WatchHandle {
+                    cluster: config.cluster.as_str().into(),
                     resource: r.label(),
                     namespace,
                     status,
@@ -757,7 +762,7 @@ impl Supervisor {
 }
 
 /// An error and its causes, on one line.
-fn error_chain(error: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
@@ -833,6 +838,15 @@ fn validity(ownership: Option<&Ownership>, leadership: Option<&Validity>) -> Opt
     ownership
         .map(|o| o.validity.clone())
         .or_else(|| leadership.cloned())
+}
+
+/// The watches of `cluster` held here: in a fleet, the other clusters' claims are their
+/// supervisors' to start and release.
+fn owned_in(shard: &Shard, cluster: &str) -> crate::shard::Owned {
+    let prefix = checkpoint::key_safe(cluster);
+    let mut owned = shard.owned();
+    owned.retain(|id, _| id.rsplit_once('.').is_some_and(|(c, _)| c == prefix));
+    owned
 }
 
 /// Resolves when the watches held here change; never without sharding.

@@ -90,6 +90,9 @@ impl Collector for Exposition {
         publishing(&mut families)?;
         watching(&mut families)?;
         checkpoints(&mut families)?;
+        if let Some(fleet) = state.fleet_metrics() {
+            fleet_families(families.encoder, &fleet)?;
+        }
         match state.shard() {
             Some(shard) => sharding(&mut families, &shard),
             None => Ok(()),
@@ -113,6 +116,13 @@ fn process(encoder: &mut DescriptorEncoder, state: &State) -> fmt::Result {
         None,
         ConstGauge::new(i64::from(state.ready())),
     )?;
+    let publishing = encoder.encode_descriptor(
+        "cluster_publishing",
+        "Per cluster: 1 when it publishes (reachable, every watch synced, none stalled).",
+        None,
+        MetricType::Gauge,
+    )?;
+    for_clusters(publishing, &state.clusters_publishing())?;
     single(
         encoder,
         "leader",
@@ -349,6 +359,31 @@ fn checkpoints(f: &mut Families) -> fmt::Result {
     )
 }
 
+/// In a fleet: the members and the refused kubeconfig Secrets by reason.
+fn fleet_families(encoder: &mut DescriptorEncoder, fleet: &crate::fleet::Metrics) -> fmt::Result {
+    single(
+        encoder,
+        "cluster_members",
+        "Clusters of the fleet this process runs (publishing or retrying).",
+        None,
+        ConstGauge::new(fleet.members.load(Ordering::Relaxed) as i64),
+    )?;
+    let mut family = encoder.encode_descriptor(
+        "cluster_secrets_refused",
+        "Kubeconfig Secrets refused (not in Cluster API's format), by reason.",
+        None,
+        MetricType::Counter,
+    )?;
+    for (reason, n) in crate::fleet::secret::Refusal::ALL
+        .iter()
+        .zip(&fleet.refused)
+    {
+        ConstCounter::new(n.load(Ordering::Relaxed))
+            .encode(family.encode_family(&[("reason", reason.label())])?)?;
+    }
+    Ok(())
+}
+
 /// With sharding: the watches held, hand-offs by reason, and how long watches had no owner
 /// before this replica took them (a histogram, and the last value per watch).
 fn sharding(f: &mut Families, shard: &crate::shard::Metrics) -> fmt::Result {
@@ -413,6 +448,15 @@ impl EncodeMetric for Unowned {
     }
 }
 
+/// One sample per cluster, labelled `cluster`: 1 when it publishes.
+fn for_clusters(mut family: MetricEncoder, clusters: &[(String, bool)]) -> fmt::Result {
+    for (name, publishing) in clusters {
+        ConstGauge::new(i64::from(*publishing))
+            .encode(family.encode_family(&[("cluster", name.as_str())])?)?;
+    }
+    Ok(())
+}
+
 /// One family with one sample without labels.
 pub(super) fn single(
     encoder: &mut DescriptorEncoder,
@@ -445,8 +489,8 @@ fn by_reason(
         .unwrap_or(0)
 }
 
-/// Encodes families with one sample per watch, labelled `resource` and `namespace` (`*` for a
-/// watch of every namespace or of a cluster-scoped resource).
+/// Encodes families with one sample per watch, labelled `cluster`, `resource` and `namespace`
+/// (`*` for a watch of every namespace or of a cluster-scoped resource).
 struct Families<'a, 'e> {
     encoder: &'a mut DescriptorEncoder<'e>,
     watches: &'a [WatchHandle],
@@ -482,6 +526,7 @@ impl Families<'_, '_> {
                 continue;
             };
             let labels = [
+                ("cluster", &*w.cluster),
                 ("resource", w.resource.as_str()),
                 ("namespace", namespace(w)),
             ];
@@ -518,6 +563,7 @@ impl Families<'_, '_> {
         for w in self.watches {
             for (i, v) in values.iter().enumerate() {
                 let labels = [
+                    ("cluster", &*w.cluster),
                     ("resource", w.resource.as_str()),
                     ("namespace", namespace(w)),
                     (label, *v),
@@ -633,11 +679,13 @@ mod tests {
         busy.set_stall("publish_failing", "broker timed out");
         vec![
             WatchHandle {
+                cluster: "dev".into(),
                 resource: "apps/v1/deployments".into(),
                 namespace: Some("prod".into()),
                 status: busy,
             },
             WatchHandle {
+                cluster: "dev".into(),
                 resource: "v1/configmaps".into(),
                 namespace: None,
                 status: Arc::new(Status::default()),
@@ -648,7 +696,7 @@ mod tests {
     /// The document of a Kafka bridge running [`watches`].
     fn document() -> String {
         let state = State::new("kafka");
-        state.set_watches(watches());
+        state.set_watches("dev", watches());
         state.metrics()
     }
 
@@ -689,8 +737,8 @@ mod tests {
         labels.join(",")
     }
 
-    const PROD: &str = "namespace=prod,resource=apps/v1/deployments";
-    const ALL: &str = "namespace=*,resource=v1/configmaps";
+    const PROD: &str = "cluster=dev,namespace=prod,resource=apps/v1/deployments";
+    const ALL: &str = "cluster=dev,namespace=*,resource=v1/configmaps";
 
     #[test]
     fn every_documented_sample_has_its_labels_and_value() {
@@ -887,11 +935,15 @@ mod tests {
     fn a_follower_reports_no_leadership_and_label_values_are_escaped() {
         let state = State::new("nats");
         state.set_role(Role::Follower);
-        state.set_watches(vec![WatchHandle {
-            resource: "example.com/v1/\"quoted\"".into(),
-            namespace: Some("a\\b".into()),
-            status: Arc::new(Status::default()),
-        }]);
+        state.set_watches(
+            "dev",
+            vec![WatchHandle {
+                cluster: "dev".into(),
+                resource: "example.com/v1/\"quoted\"".into(),
+                namespace: Some("a\\b".into()),
+                status: Arc::new(Status::default()),
+            }],
+        );
         let document = state.metrics();
         assert!(
             document.contains("\nkube_event_bridge_leader 0\n"),
@@ -899,7 +951,7 @@ mod tests {
         );
         assert!(
             document.contains(
-                "\nkube_event_bridge_checkpoints_total{resource=\"example.com/v1/\\\"quoted\\\"\",namespace=\"a\\\\b\"} 0\n"
+                "\nkube_event_bridge_checkpoints_total{cluster=\"dev\",resource=\"example.com/v1/\\\"quoted\\\"\",namespace=\"a\\\\b\"} 0\n"
             ),
             "{document}"
         );

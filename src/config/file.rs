@@ -20,10 +20,18 @@ use super::sink::SinkConfig;
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ConfigFile {
     /// This cluster's name, carried by every event (`source`, the `cluster` extension, templates).
+    /// In a fleet, the name of the bridge's own cluster, where its Leases live.
     pub cluster: String,
     /// How to reach the API server; default: in-cluster, then `KUBECONFIG` or `~/.kube/config`.
     #[serde(default)]
     pub kubernetes: KubernetesConfig,
+    /// A fleet: the clusters to watch, each by name and kubeconfig (without one: the bridge's
+    /// own cluster). Default: the bridge's own cluster only, named `cluster`.
+    #[serde(default)]
+    pub clusters: Vec<ClusterEntry>,
+    /// A fleet discovered from Cluster API's kubeconfig Secrets in the bridge's own cluster
+    /// (`<name>-kubeconfig`, key `value`), followed while the bridge runs.
+    pub cluster_secrets: Option<ClusterSecrets>,
     /// The resources to watch.
     pub resources: Vec<ResourceConfig>,
     /// Where events go: exactly one of `kafka`, `nats`, `http`, `stdout`; default `stdout`, or
@@ -405,8 +413,39 @@ pub enum SnapshotPolicy {
     None,
 }
 
-/// How to reach the API server.
+/// One `clusters[]` entry as written.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClusterEntry {
+    /// The cluster's name (a DNS label): the `cluster` attribute of its events and the
+    /// `{cluster}` token of destinations.
+    pub name: String,
+    /// Path of a kubeconfig reaching it; without one, the bridge's own cluster (the
+    /// `kubernetes` section).
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use; default: its current context. Only with `kubeconfig`.
+    pub context: Option<String>,
+    /// Requests per second to this cluster's API server; default `kubernetes.qps`.
+    #[schemars(range(min = QPS.0, max = QPS.1))]
+    pub qps: Option<f64>,
+    /// Requests that may start at once; default `kubernetes.burst`.
+    #[schemars(range(min = BURST.min, max = BURST.max))]
+    pub burst: Option<u32>,
+}
+
+/// `clusterSecrets` as written: where the kubeconfig Secrets of Cluster API's format live.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClusterSecrets {
+    /// The namespace of the Secrets, in the bridge's own cluster.
+    pub namespace: String,
+    /// Only Secrets with these labels (a label selector); default: every Secret named
+    /// `<cluster>-kubeconfig` in the namespace.
+    pub label_selector: Option<String>,
+}
+
+/// How to reach the API server.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct KubernetesConfig {
     /// Path of a kubeconfig file; default: in-cluster, then `KUBECONFIG` or `~/.kube/config`.

@@ -31,6 +31,9 @@ pub struct ResourceConfig {
     /// Resources a wildcard entry leaves out (Events and Leases are typical).
     #[serde(default)]
     pub exclude: Vec<ExcludeConfig>,
+    /// In a fleet, the clusters whose resource this entry watches (their names); default: every
+    /// cluster.
+    pub clusters: Option<Vec<String>>,
     /// Namespaces to watch; omitted: all namespaces (or the cluster-scoped resource).
     pub namespaces: Option<Vec<String>>,
     /// Watch only namespaces whose labels match this selector (`team=payments`), following
@@ -166,6 +169,8 @@ pub struct Resource {
     pub resource: String,
     /// Left out of a wildcard.
     pub exclude: Vec<Exclude>,
+    /// The clusters it is watched in, or `None` for every one.
+    pub clusters: Option<Vec<String>>,
     /// Namespaces, or `None` for all.
     pub namespaces: Option<Vec<String>>,
     /// Namespaces by label.
@@ -238,12 +243,24 @@ impl Resource {
     /// Whether this entry and `other`, applied to the same resource, would watch some objects
     /// twice: same selectors and overlapping namespaces (a namespace selector may match any).
     pub fn overlaps(&self, other: &Resource) -> bool {
-        self.label_selector == other.label_selector
+        let in_both = match (&self.clusters, &other.clusters) {
+            (Some(x), Some(y)) => x.iter().any(|c| y.contains(c)),
+            _ => true,
+        };
+        in_both
+            && self.label_selector == other.label_selector
             && self.field_selector == other.field_selector
             && match (&self.namespaces, &other.namespaces) {
                 (Some(x), Some(y)) => x.iter().any(|n| y.contains(n)),
                 _ => true,
             }
+    }
+
+    /// Whether the entry is watched in the cluster `name`.
+    pub fn watched_in(&self, name: &str) -> bool {
+        self.clusters
+            .as_ref()
+            .is_none_or(|c| c.iter().any(|c| c == name))
     }
 
     /// Whether `group`, `version`, `plural`/`kind` is matched by this entry (pure name matching;
@@ -366,6 +383,7 @@ pub(super) fn validate_resource(
         version,
         resource: r.resource,
         exclude,
+        clusters: r.clusters,
         namespaces: r.namespaces,
         namespace_selector: r.namespace_selector,
         label_selector: r.label_selector,

@@ -3,6 +3,7 @@
 //! `Config` only when there is none.
 
 use super::environment::Environment;
+use super::fleet::{self, Fleet};
 use super::limits::{
     BURST, CHECKPOINT_INTERVAL_MS, DISCOVERY_REFRESH_SECS, HEARTBEAT_INTERVAL_SECS,
     LEASE_DURATION_SECS, MAX_IN_FLIGHT, MAX_QUEUE_BYTES, QPS, QUEUE_CAPACITY, RETRY_PERIOD_SECS,
@@ -35,6 +36,14 @@ impl ConfigFile {
             ));
         }
         let mut resources = self.validate_resources(&mut errors);
+        let fleet = fleet::validate_fleet(
+            &self.cluster,
+            &self.kubernetes,
+            &self.clusters,
+            self.cluster_secrets.as_ref(),
+            &mut errors,
+        );
+        fleet::check_resource_clusters(&resources, &fleet, &mut errors);
         let heartbeat = self.heartbeat_destination();
         let c = &self.checkpoint;
         let context = Context {
@@ -61,7 +70,7 @@ impl ConfigFile {
         self.check_sharding(&mut errors);
         self.check_checkpoint(sink.as_ref(), &mut errors);
         match sink {
-            Some(sink) if errors.is_empty() => Ok(self.build(resources, sink)),
+            Some(sink) if errors.is_empty() => Ok(self.build(resources, sink, fleet)),
             _ => Err(Error::Invalid(errors)),
         }
     }
@@ -234,10 +243,11 @@ impl ConfigFile {
     }
 
     /// The validated configuration, once every check passed.
-    fn build(self, resources: Vec<Resource>, sink: Sink) -> Config {
+    fn build(self, resources: Vec<Resource>, sink: Sink, fleet: Fleet) -> Config {
         Config {
             cluster: self.cluster,
             kubernetes: self.kubernetes,
+            fleet,
             resources,
             sink,
             delivery: self.delivery,
