@@ -1,6 +1,6 @@
 //! Shared helpers for the integration tests: environment variables, clients for the
 //! kube-apiserver, Kafka and NATS of the local test environment, unique names, polling,
-//! CRDs and Kafka topics.
+//! CRDs and Kafka topics, and extra clusters ([`ExtraCluster`]).
 //!
 //! Every helper panics with a descriptive message instead of returning an error: a test that
 //! cannot reach its environment must fail loudly, never pass silently.
@@ -10,6 +10,8 @@
 
 use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -189,6 +191,152 @@ pub async fn kube_client() -> kube::Client {
         .unwrap_or_else(|e| panic!("invalid kubeconfig {path}: {e}"));
     kube::Client::try_from(config)
         .unwrap_or_else(|e| panic!("cannot build a kube client from {path}: {e}"))
+}
+
+/// One more Kubernetes cluster in the test environment (`scripts/testenv cluster add`): another
+/// kube-apiserver on the environment's etcd under an etcd prefix of its own, so a brand-new cluster
+/// with its own namespaces and uids, trusting the environment's CA and admin certificate.
+/// Removed (`scripts/testenv cluster remove`) when dropped.
+///
+/// The environment is the one whose variables the test has: its state directory is the one of
+/// `KEB_TESTENV_FILE`.
+#[derive(Debug)]
+pub struct ExtraCluster {
+    /// Its name in the environment: the prefix given to [`ExtraCluster::add`] and a unique suffix.
+    pub name: String,
+    /// Its kubeconfig file (`KEB_CLUSTER_<NAME>_KUBECONFIG`).
+    pub kubeconfig: PathBuf,
+    /// The kubeconfig's text: self-contained (the CA and the credential as data, no file paths),
+    /// fit for the `value` key of a Cluster API kubeconfig Secret.
+    pub kubeconfig_text: String,
+    /// Its API server's URL (`KEB_CLUSTER_<NAME>_URL`), `https://127.0.0.1:<port>`.
+    pub url: String,
+}
+
+impl ExtraCluster {
+    /// Adds and starts a cluster named `unique_name(prefix)` and waits until it is ready and its
+    /// `kube-system` and `default` namespaces exist; panics with the script's output if it fails.
+    pub async fn add(prefix: &str) -> ExtraCluster {
+        let name = unique_name(prefix);
+        let stdout = testenv_cluster(&["add", &name]).await;
+        // From here on a panic removes the cluster again (Drop).
+        let mut cluster = ExtraCluster {
+            name,
+            kubeconfig: PathBuf::new(),
+            kubeconfig_text: String::new(),
+            url: String::new(),
+        };
+        let var = cluster_variable(&cluster.name);
+        cluster.kubeconfig = export_value(&stdout, &format!("{var}_KUBECONFIG")).into();
+        cluster.url = export_value(&stdout, &format!("{var}_URL"));
+        cluster.kubeconfig_text =
+            std::fs::read_to_string(&cluster.kubeconfig).unwrap_or_else(|e| {
+                panic!(
+                    "cannot read the kubeconfig of cluster {} at {}: {e}",
+                    cluster.name,
+                    cluster.kubeconfig.display()
+                )
+            });
+        cluster
+    }
+
+    /// Stops its API server (`scripts/testenv cluster stop`); its data stays in etcd.
+    pub async fn stop(&self) {
+        testenv_cluster(&["stop", &self.name]).await;
+    }
+
+    /// Starts it again on the same port over the same etcd prefix (the same cluster, same uids),
+    /// and waits until it is ready (`scripts/testenv cluster start`).
+    pub async fn start(&self) {
+        testenv_cluster(&["start", &self.name]).await;
+    }
+
+    /// A kube client built from [`ExtraCluster::kubeconfig_text`] alone.
+    pub async fn client(&self) -> kube::Client {
+        let name = &self.name;
+        let kubeconfig = Kubeconfig::from_yaml(&self.kubeconfig_text)
+            .unwrap_or_else(|e| panic!("the kubeconfig of cluster {name} does not parse: {e}"));
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .unwrap_or_else(|e| panic!("the kubeconfig of cluster {name} is invalid: {e}"));
+        kube::Client::try_from(config)
+            .unwrap_or_else(|e| panic!("cannot build a kube client for cluster {name}: {e}"))
+    }
+}
+
+impl Drop for ExtraCluster {
+    fn drop(&mut self) {
+        let args = ["cluster", "remove", self.name.as_str()];
+        let problem = match testenv_command(&args).stdin(Stdio::null()).output() {
+            Ok(output) if output.status.success() => return,
+            Ok(output) => format!(
+                "{}: {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            ),
+            Err(e) => e.to_string(),
+        };
+        let message = format!("scripts/testenv {} failed: {problem}", args.join(" "));
+        if std::thread::panicking() {
+            eprintln!("{message}");
+        } else {
+            panic!("{message}");
+        }
+    }
+}
+
+/// `scripts/testenv ARGS` of this checkout, for the environment whose variables the test has
+/// (`KEB_TESTENV_DIR` is the directory of `KEB_TESTENV_FILE`).
+fn testenv_command(args: &[&str]) -> Command {
+    let env_file = PathBuf::from(required_var("KEB_TESTENV_FILE"));
+    let dir = env_file
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or_else(|| panic!("KEB_TESTENV_FILE={} has no directory", env_file.display()));
+    let mut command = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/testenv"));
+    command.args(args).env("KEB_TESTENV_DIR", dir);
+    command
+}
+
+/// Runs `scripts/testenv cluster ARGS` to completion and returns its standard output; panics with
+/// its standard error if it fails.
+async fn testenv_cluster(args: &[&str]) -> String {
+    let args = [&["cluster"], args].concat();
+    let mut command = tokio::process::Command::from(testenv_command(&args));
+    let output = command
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("cannot run scripts/testenv {}: {e}", args.join(" ")));
+    assert!(
+        output.status.success(),
+        "scripts/testenv {} failed ({}):\n{}",
+        args.join(" "),
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout)
+        .unwrap_or_else(|e| panic!("scripts/testenv {} printed no UTF-8: {e}", args.join(" ")))
+}
+
+/// The prefix of the variables `scripts/testenv cluster add` prints for cluster `name`.
+fn cluster_variable(name: &str) -> String {
+    format!(
+        "KEB_CLUSTER_{}",
+        name.to_ascii_uppercase().replace('-', "_")
+    )
+}
+
+/// The value of `export VAR=value` in `stdout`, or a panic naming `var`.
+fn export_value(stdout: &str, var: &str) -> String {
+    let prefix = format!("export {var}=");
+    stdout
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .filter(|value| !value.is_empty())
+        .map(str::to_owned)
+        .unwrap_or_else(|| panic!("scripts/testenv printed no {var}; its output:\n{stdout}"))
 }
 
 /// A name unique to this run: `prefix` lowercased and reduced to `[a-z0-9-]`, then `-` and a
@@ -483,6 +631,31 @@ mod tests {
         let ci = missing_var_message("KUBECONFIG", "is empty", true);
         assert!(ci.starts_with("KUBECONFIG is empty"), "{ci}");
         assert!(!ci.contains("scripts/testenv up"), "{ci}");
+    }
+
+    #[test]
+    fn a_clusters_exports_are_found_by_its_variable_prefix() {
+        let stdout = "export KEB_CLUSTER_FLEET_A_1F2E3D4C0_KUBECONFIG=/s/clusters/fleet-a-1f2e3d4c0/kubeconfig\n\
+                      export KEB_CLUSTER_FLEET_A_1F2E3D4C0_URL=https://127.0.0.1:40001\n";
+        let var = cluster_variable("fleet-a-1f2e3d4c0");
+        assert_eq!(var, "KEB_CLUSTER_FLEET_A_1F2E3D4C0");
+        assert_eq!(
+            export_value(stdout, &format!("{var}_KUBECONFIG")),
+            "/s/clusters/fleet-a-1f2e3d4c0/kubeconfig"
+        );
+        assert_eq!(
+            export_value(stdout, &format!("{var}_URL")),
+            "https://127.0.0.1:40001"
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "printed no KEB_CLUSTER_B_URL")]
+    fn a_missing_export_is_named() {
+        export_value(
+            "export KEB_CLUSTER_A_URL=https://127.0.0.1:1\n",
+            "KEB_CLUSTER_B_URL",
+        );
     }
 
     #[test]
