@@ -15,6 +15,7 @@ mod consumer;
 mod credentials;
 mod deploy;
 mod dynamic;
+mod fleet;
 mod fleet_env;
 mod harness;
 mod http_sink;

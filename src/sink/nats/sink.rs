@@ -29,6 +29,9 @@ pub struct NatsSink {
     stream: Option<StreamSettings>,
     subject: Template,
     mode: ContentMode,
+    /// Held while the stream's subjects are read and extended: the clusters of a fleet prepare
+    /// their resources at once, and two concurrent extensions would each drop the other's.
+    extending: tokio::sync::Mutex<()>,
 }
 
 /// What is needed to extend the stream for resources discovered later.
@@ -61,6 +64,7 @@ impl NatsSink {
             }),
             subject,
             mode: config.content_mode,
+            extending: tokio::sync::Mutex::new(()),
         };
         Ok(sink)
     }
@@ -80,6 +84,7 @@ impl NatsSink {
             .collect();
         subjects.sort();
         subjects.dedup();
+        let _extending = self.extending.lock().await;
         ensure_stream(ctx, stream, subjects).await
     }
 

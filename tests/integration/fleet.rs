@@ -1,0 +1,285 @@
+//! A fleet end to end against several real API servers (issue 31): one bridge publishes every
+//! cluster's changes, each tagged with its cluster; one cluster going away stalls only its own
+//! watch while `/readyz` stays ready and names it; clusters discovered from Cluster API's
+//! kubeconfig Secrets start, rotate and leave while the bridge runs, losing nothing; a Secret of
+//! another shape is refused without harm; two entries of one cluster are refused naming both.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::harness::{Bridge, Reader, Received, SinkKind, get, sink_yaml, summary};
+use crate::support::{self, ExtraCluster, unique_name, wait_until};
+
+/// The namespace watched in every cluster.
+const WORK: &str = "work";
+/// How long an expected event may take.
+const WAIT: Duration = Duration::from_secs(90);
+
+async fn create_namespace(client: &kube::Client, name: &str) {
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
+}
+
+async fn create_cm(client: &kube::Client, name: &str) {
+    let cm: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": name}, "data": {"v": "0"}})).unwrap();
+    Api::<ConfigMap>::namespaced(client.clone(), WORK)
+        .create(&PostParams::default(), &cm)
+        .await
+        .unwrap_or_else(|e| panic!("create configmap {name}: {e}"));
+}
+
+/// A cluster of the test, with its namespace `work` created.
+async fn cluster(prefix: &str) -> (ExtraCluster, kube::Client) {
+    let c = ExtraCluster::add(prefix).await;
+    let client = c.client().await;
+    create_namespace(&client, WORK).await;
+    (c, client)
+}
+
+/// Reads until an event of ConfigMap `name` arrives from `cluster`; panics with what came.
+async fn expect_event(reader: &mut Reader, cluster: &str, name: &str) -> Received {
+    let got = reader
+        .read_until(WAIT, |got| got.iter().any(|e| is(e, cluster, name)))
+        .await;
+    got.iter()
+        .find(|e| is(e, cluster, name))
+        .cloned()
+        .unwrap_or_else(|| panic!("no event of {cluster}/{name}; got:\n{}", summary(&got)))
+}
+
+fn is(e: &Received, cluster: &str, name: &str) -> bool {
+    e.ext("cluster") == cluster && e.ext("name") == name
+}
+
+/// The `/readyz` answer once `pred` holds for it.
+async fn readyz_until(bridge: &Bridge, what: &str, pred: impl Fn(u16, &str) -> bool) -> String {
+    let address = bridge.admin_address().await;
+    wait_until(what, WAIT, || {
+        let address = address.clone();
+        let pred = &pred;
+        async move {
+            let (status, body) = get(&address, "/readyz").await;
+            pred(status, &body).then_some(body)
+        }
+    })
+    .await
+}
+
+/// The value of the sample `line_start` (name and labels) in `/metrics`.
+async fn metric(bridge: &Bridge, line_start: &str) -> Option<f64> {
+    let (_, body) = get(&bridge.admin_address().await, "/metrics").await;
+    body.lines()
+        .find_map(|l| l.strip_prefix(line_start)?.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fleet_publishes_every_cluster_and_one_cluster_down_stalls_only_itself() {
+    let (a, a_client) = cluster("fa").await;
+    let (b, b_client) = cluster("fb").await;
+    let hub = unique_name("hub");
+    let config = format!(
+        "cluster: {hub}\nclusters:\n- {{name: {}, kubeconfig: {}}}\n- {{name: {}, kubeconfig: {}}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{WORK}]}}\n{}",
+        a.name,
+        a.kubeconfig.display(),
+        b.name,
+        b.kubeconfig.display(),
+        sink_yaml(SinkKind::Nats, &hub)
+    );
+    create_cm(&a_client, "before").await;
+    let mut bridge = Bridge::start(&config);
+    bridge.wait_synced(2).await;
+    let mut reader = Reader::nats(&hub).await;
+    let snapshot = expect_event(&mut reader, &a.name, "before").await;
+    assert_eq!(snapshot.ext("origin"), "snapshot");
+    create_cm(&b_client, "in-b").await;
+    let in_b = expect_event(&mut reader, &b.name, "in-b").await;
+    assert_ne!(
+        snapshot.ext("clusterid"),
+        in_b.ext("clusterid"),
+        "two clusters, two identities"
+    );
+    assert!(
+        in_b.destination.starts_with(&format!("k8s.{}.", b.name)),
+        "{{cluster}} is the member's name: {}",
+        in_b.destination
+    );
+    readyz_until(&bridge, "/readyz answers ok", |s, body| {
+        s == 200 && body == "ok\n"
+    })
+    .await;
+
+    b.stop().await;
+    let body = readyz_until(
+        &bridge,
+        "/readyz names the cluster that went away",
+        |s, body| s == 200 && body.contains(&format!("cluster {}: watch v1/configmaps", b.name)),
+    )
+    .await;
+    assert!(body.starts_with("ok; not publishing:\n"), "{body}");
+    let publishing = format!(
+        "kube_event_bridge_cluster_publishing{{cluster=\"{}\"}}",
+        b.name
+    );
+    assert_eq!(metric(&bridge, &publishing).await, Some(0.0));
+    create_cm(&a_client, "while-b-down").await;
+    expect_event(&mut reader, &a.name, "while-b-down").await;
+
+    b.start().await;
+    create_cm(&b_client, "b-back").await;
+    expect_event(&mut reader, &b.name, "b-back").await;
+    readyz_until(&bridge, "/readyz is ok again", |s, body| {
+        s == 200 && body == "ok\n"
+    })
+    .await;
+    assert_eq!(metric(&bridge, &publishing).await, Some(1.0));
+    let log = bridge.log_text();
+    let named = format!("\"cluster\":\"{}\"", b.name);
+    assert!(
+        log.lines()
+            .any(|l| l.contains("\"level\":\"WARN\"") && l.contains(&named)),
+        "no warning names the cluster {}:\n{log}",
+        b.name
+    );
+    drop(bridge);
+}
+
+fn kubeconfig_secret(name: &str, kubeconfig: &str) -> Secret {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "stringData": {"value": kubeconfig},
+    }))
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn clusters_of_secrets_join_rotate_and_leave_without_losing_events() {
+    let hub_client = support::kube_client().await;
+    let secrets_ns = support::unique_namespace(&hub_client, "fleet-secrets").await;
+    let secrets: Api<Secret> = Api::namespaced(hub_client.clone(), &secrets_ns);
+    let (a, a_client) = cluster("sa").await;
+    let hub = unique_name("hub");
+    let config = format!(
+        "cluster: {hub}\nclusterSecrets: {{namespace: {secrets_ns}}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{WORK}]}}\n{}",
+        sink_yaml(SinkKind::Nats, &hub)
+    );
+    let bridge = Bridge::start(&config);
+    readyz_until(&bridge, "a fleet without clusters is ready", |s, _| {
+        s == 200
+    })
+    .await;
+
+    // A Secret of another shape is refused, named, counted; the bridge carries on.
+    let pp = PostParams::default();
+    let junk: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "junk-kubeconfig"}, "stringData": {"other": "x"}
+    }))
+    .unwrap();
+    secrets.create(&pp, &junk).await.unwrap();
+    wait_log_containing(&bridge, "no key \\\"value\\\" holding the kubeconfig").await;
+    let refused = "kube_event_bridge_cluster_secrets_refused_total{reason=\"no_value\"}";
+    assert_eq!(metric(&bridge, refused).await, Some(1.0));
+
+    create_cm(&a_client, "existing").await;
+    let secret_name = format!("{}-kubeconfig", a.name);
+    secrets
+        .create(&pp, &kubeconfig_secret(&secret_name, &a.kubeconfig_text))
+        .await
+        .unwrap();
+    let mut reader = Reader::nats(&hub).await;
+    expect_event(&mut reader, &a.name, "existing").await;
+
+    // Rotation: the same cluster through a kubeconfig of other text. A change made while the
+    // member restarts is published once it resumes from its checkpoint.
+    let rotated = format!("{}\n# rotated\n", a.kubeconfig_text);
+    secrets
+        .patch(
+            &secret_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"value": rotated}})),
+        )
+        .await
+        .unwrap();
+    create_cm(&a_client, "during-rotation").await;
+    wait_log_containing(&bridge, "cluster kubeconfig rotated").await;
+    create_cm(&a_client, "after-rotation").await;
+    expect_event(&mut reader, &a.name, "during-rotation").await;
+    expect_event(&mut reader, &a.name, "after-rotation").await;
+
+    // Leaving stops the member cleanly; coming back resumes from its checkpoint.
+    secrets
+        .delete(&secret_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_log_containing(&bridge, "cluster left the fleet").await;
+    create_cm(&a_client, "while-away").await;
+    let quiet = reader.drain(Duration::from_secs(5)).await;
+    assert!(
+        !quiet.iter().any(|e| is(e, &a.name, "while-away")),
+        "a cluster that left still publishes: {}",
+        summary(&quiet)
+    );
+    secrets
+        .create(&pp, &kubeconfig_secret(&secret_name, &a.kubeconfig_text))
+        .await
+        .unwrap();
+    let back = expect_event(&mut reader, &a.name, "while-away").await;
+    assert_eq!(back.change(), "added");
+    assert_ne!(
+        back.ext("origin"),
+        "snapshot",
+        "resumed from its checkpoint, not snapshotted again"
+    );
+    // The whole stream: each ConfigMap added exactly once, through rotation and leaving.
+    let all = Reader::nats(&hub)
+        .await
+        .read_until(WAIT, |got| got.iter().any(|e| is(e, &a.name, "while-away")))
+        .await;
+    for name in [
+        "existing",
+        "during-rotation",
+        "after-rotation",
+        "while-away",
+    ] {
+        let added = all
+            .iter()
+            .filter(|e| is(e, &a.name, name) && e.change() == "added")
+            .count();
+        assert_eq!(added, 1, "{name} added {added} times:\n{}", summary(&all));
+    }
+    drop(bridge);
+}
+
+/// Waits until a log line contains `needle` (as it appears in the JSON line).
+async fn wait_log_containing(bridge: &Bridge, needle: &str) {
+    wait_until(&format!("the log contains {needle:?}"), WAIT, || async {
+        bridge.log_text().contains(needle).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_entries_of_one_cluster_are_refused_naming_both() {
+    let (a, _client) = cluster("dup").await;
+    let hub = unique_name("hub");
+    let config = format!(
+        "cluster: {hub}\nclusters:\n- {{name: first, kubeconfig: {k}}}\n- {{name: second, kubeconfig: {k}}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{WORK}]}}\n{}",
+        sink_yaml(SinkKind::Nats, &hub),
+        k = a.kubeconfig.display(),
+    );
+    let bridge = Bridge::start(&config);
+    let body = readyz_until(&bridge, "/readyz names the refused entry", |s, body| {
+        s == 200 && body.contains("the same cluster as")
+    })
+    .await;
+    let named_both = body.contains("cluster second: refused: the same cluster as \"first\"")
+        || body.contains("cluster first: refused: the same cluster as \"second\"");
+    assert!(named_both, "{body}");
+    drop(bridge);
+}
