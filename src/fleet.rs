@@ -96,7 +96,7 @@ pub enum Reach {
     /// A `clusters[]` entry.
     Configured(Access),
     /// A kubeconfig Secret.
-    Secret(Discovered),
+    Secret(Box<Discovered>),
 }
 
 impl Reach {
@@ -131,7 +131,6 @@ pub struct Shared {
 
 impl Shared {
     /// What the members of a fleet share; `uids` starts empty.
-    #[expect(clippy::too_many_arguments, reason = "each is a distinct shared part")]
     pub fn new(
         config: Arc<Config>,
         sink: Arc<AnySink>,
@@ -200,7 +199,7 @@ pub fn desired(config: &Config, found: &Found) -> BTreeMap<String, Reach> {
     for d in found.clusters.values() {
         match desired.get(&d.name) {
             None => {
-                desired.insert(d.name.clone(), Reach::Secret(d.clone()));
+                desired.insert(d.name.clone(), Reach::Secret(Box::new(d.clone())));
             }
             Some(Reach::Configured(_)) => {
                 warn!(secret = %d.secret, cluster = %d.name, "a clusters[] entry already names this cluster; the Secret is ignored");

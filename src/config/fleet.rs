@@ -288,13 +288,13 @@ mod tests {
 
     #[test]
     fn with_secrets_any_dns_label_may_be_named_and_one_cluster_only_is_refused() {
-        let c = ConfigFile::parse(&format!(
-            "cluster: hub\nclusterSecrets: {{namespace: fleet}}\nresources: [{{apiVersion: v1, resource: pods, clusters: [later]}}]\n"
-        ));
+        let c = ConfigFile::parse(
+            "cluster: hub\nclusterSecrets: {namespace: fleet}\nresources: [{apiVersion: v1, resource: pods, clusters: [later]}]\n",
+        );
         assert!(c.unwrap().validate().is_ok());
-        let e = invalid(&format!(
-            "cluster: dev\nresources: [{{apiVersion: v1, resource: pods, clusters: [prod]}}]\n"
-        ));
+        let e = invalid(
+            "cluster: dev\nresources: [{apiVersion: v1, resource: pods, clusters: [prod]}]\n",
+        );
         assert!(
             e.contains(
                 "resources[0].clusters[0]: \"prod\" is not a cluster of this configuration (dev)"
