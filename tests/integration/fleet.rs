@@ -2,7 +2,8 @@
 //! cluster's changes, each tagged with its cluster; one cluster going away stalls only its own
 //! watch while `/readyz` stays ready and names it; clusters discovered from Cluster API's
 //! kubeconfig Secrets start, rotate and leave while the bridge runs, losing nothing; a Secret of
-//! another shape is refused without harm; two entries of one cluster are refused naming both.
+//! another shape is refused without harm; two entries of one cluster are refused naming both;
+//! replicas share a fleet's watches (one cluster's watch is the unit) and take over a killed one's.
 
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::harness::{Bridge, Reader, Received, SinkKind, get, sink_yaml, summary};
+use crate::sharding::{group_leases, valid_holder};
 use crate::support::{self, ExtraCluster, unique_name, wait_until};
 
 /// The namespace watched in every cluster.
@@ -282,4 +284,86 @@ async fn two_entries_of_one_cluster_are_refused_naming_both() {
         || body.contains("cluster first: refused: the same cluster as \"second\"");
     assert!(named_both, "{body}");
     drop(bridge);
+}
+
+/// Creates ConfigMap `name` in `namespace`.
+async fn create_cm_in(client: &kube::Client, namespace: &str, name: &str) {
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    Api::<ConfigMap>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &cm)
+        .await
+        .unwrap_or_else(|e| panic!("create configmap {namespace}/{name}: {e}"));
+}
+
+/// The replica holding each watch Lease validly, by Lease name.
+async fn holders(hub: &kube::Client, lease_ns: &str, prefix: &str) -> Option<Vec<String>> {
+    let members = group_leases(hub, lease_ns, prefix, "member").await?;
+    let watches = group_leases(hub, lease_ns, prefix, "watch").await?;
+    watches
+        .iter()
+        .map(|l| valid_holder(l, &members))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replicas_share_the_watches_of_a_fleet_and_take_over_a_killed_one_s() {
+    let hub_client = support::kube_client().await;
+    let lease_ns = support::unique_namespace(&hub_client, "fleet-leases").await;
+    let (a, a_client) = cluster("sha").await;
+    let (b, b_client) = cluster("shb").await;
+    for client in [&a_client, &b_client] {
+        create_namespace(client, "other").await;
+    }
+    let hub = unique_name("hub");
+    let prefix = unique_name("keb");
+    let config = format!(
+        "cluster: {hub}\nclusters:\n- {{name: {}, kubeconfig: {}}}\n- {{name: {}, kubeconfig: {}}}\ncheckpoint: {{intervalMs: 200}}\nsharding: {{enabled: true, namespace: {lease_ns}, leasePrefix: {prefix}, leaseDurationSecs: 4, renewSecs: 1}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{WORK}, other]}}\n{}",
+        a.name,
+        a.kubeconfig.display(),
+        b.name,
+        b.kubeconfig.display(),
+        sink_yaml(SinkKind::Nats, &hub)
+    );
+    let one = Bridge::start_with_env(&config, &[("POD_NAME", "one")]);
+    let mut two = Bridge::start_with_env(&config, &[("POD_NAME", "two")]);
+    // Four watches (two clusters, two namespaces each), two each.
+    wait_until("four watches held, two by each replica", WAIT, || async {
+        let held = holders(&hub_client, &lease_ns, &prefix).await?;
+        let by = |r: &str| held.iter().filter(|h| *h == r).count();
+        (held.len() == 4 && by("one") == 2 && by("two") == 2).then_some(())
+    })
+    .await;
+    let mut reader = Reader::nats(&hub).await;
+    two.signal("KILL");
+    two.wait_exit(Duration::from_secs(10)).await;
+    wait_until("the survivor holds all four watches", WAIT, || async {
+        let held = holders(&hub_client, &lease_ns, &prefix).await?;
+        (held.len() == 4 && held.iter().all(|h| h == "one")).then_some(())
+    })
+    .await;
+    let scopes = [
+        (&a, &a_client, WORK),
+        (&a, &a_client, "other"),
+        (&b, &b_client, WORK),
+        (&b, &b_client, "other"),
+    ];
+    for (_, client, ns) in scopes {
+        create_cm_in(client, ns, &format!("after-{ns}")).await;
+    }
+    let got = reader
+        .read_until(WAIT, |got| {
+            scopes.iter().all(|(c, _, ns)| {
+                got.iter()
+                    .any(|e| is(e, &c.name, &format!("after-{ns}")) && e.ext("namespace") == *ns)
+            })
+        })
+        .await;
+    for (c, _, ns) in scopes {
+        let n = got
+            .iter()
+            .filter(|e| is(e, &c.name, &format!("after-{ns}")) && e.ext("namespace") == ns)
+            .count();
+        assert_eq!(n, 1, "{}/{ns}: {n} events:\n{}", c.name, summary(&got));
+    }
+    drop(one);
 }
