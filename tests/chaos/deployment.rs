@@ -39,6 +39,9 @@ pub enum Mode {
     Leader,
     /// Three replicas (two to three while replicas leave and join), sharding.
     Sharded,
+    /// Two replicas sharing the watches of a fleet (sharding): the checked cluster, named in
+    /// `clusters[]`, and the bystanders of [`crate::fleet::Bystanders`], from their Secrets.
+    Fleet,
 }
 
 impl Mode {
@@ -48,6 +51,7 @@ impl Mode {
             Mode::Single => "single",
             Mode::Leader => "leader",
             Mode::Sharded => "sharded",
+            Mode::Fleet => "fleet",
         }
     }
 
@@ -57,6 +61,7 @@ impl Mode {
             Mode::Single => 1,
             Mode::Leader => 2,
             Mode::Sharded => 3,
+            Mode::Fleet => 2,
         }
     }
 
@@ -64,7 +69,7 @@ impl Mode {
     pub fn lease_secs(self) -> u64 {
         match self {
             Mode::Single => 0,
-            Mode::Leader | Mode::Sharded => 4,
+            Mode::Leader | Mode::Sharded | Mode::Fleet => 4,
         }
     }
 }
@@ -162,11 +167,11 @@ impl Replica {
             .ok()
     }
 
-    fn count_log(&self, message: &str) -> usize {
+    fn count_log(&self, message: &str, also: &str) -> usize {
         let needle = format!("\"message\":\"{message}\"");
         self.log_text()
             .lines()
-            .filter(|l| l.contains(&needle))
+            .filter(|l| l.contains(&needle) && l.contains(also))
             .count()
     }
 }
@@ -188,6 +193,8 @@ pub struct Deployment {
     pub sink: Sink,
     /// The mode.
     pub mode: Mode,
+    /// The cluster whose events are checked (its name in the configuration).
+    pub cluster: String,
     config: PathBuf,
     dir: PathBuf,
     /// Live replicas.
@@ -203,7 +210,7 @@ pub struct Deployment {
 
 impl Deployment {
     /// Writes the configuration into `dir` and starts the mode's replicas. `sink_yaml` is the
-    /// `sink:` section.
+    /// `sink:` section; a fleet finds its bystanders' Secrets in `secrets`.
     pub fn start(
         sink: Sink,
         mode: Mode,
@@ -211,6 +218,7 @@ impl Deployment {
         layout: &Layout,
         sink_yaml: &str,
         dir: &Path,
+        secrets: Option<&str>,
     ) -> Deployment {
         std::fs::create_dir_all(dir).expect("deployment directory");
         let compacted = (sink == Sink::Kafka).then(|| format!("chaos.{cluster}.compacted"));
@@ -226,17 +234,24 @@ impl Deployment {
                 "leaderElection: {{enabled: true, namespace: default, leaseDurationSecs: {}, retryPeriodSecs: 1}}\n",
                 mode.lease_secs()
             ),
-            Mode::Sharded => format!(
+            Mode::Sharded | Mode::Fleet => format!(
                 "sharding: {{enabled: true, namespace: default, leaseDurationSecs: {}, renewSecs: 1}}\n",
                 mode.lease_secs()
             ),
         });
+        if mode == Mode::Fleet {
+            let secrets = secrets.expect("a fleet deployment needs its bystanders' Secrets");
+            config.push_str(&format!(
+                "clusters: [{{name: {cluster}}}]\nclusterSecrets: {{namespace: {secrets}}}\n"
+            ));
+        }
         let path = dir.join("bridge.yaml");
         std::fs::write(&path, config).expect("write config");
         let mut d = Deployment {
             name: format!("{}/{}", sink.name(), mode.name()),
             sink,
             mode,
+            cluster: cluster.to_string(),
             config: path,
             dir: dir.to_path_buf(),
             replicas: Vec::new(),
@@ -260,14 +275,19 @@ impl Deployment {
             .push(Replica::start(&self.config, log, number));
     }
 
-    /// Waits until the replicas together published the initial state of `watches` watches.
+    /// Waits until the replicas together published the initial state of `watches` watches (of
+    /// the checked cluster, in a fleet: its log lines name it).
     pub async fn wait_synced(&mut self, watches: usize, timeout: Duration) -> Result<(), String> {
         let deadline = Instant::now() + timeout;
+        let of_cluster = match self.mode {
+            Mode::Fleet => format!("\"cluster\":\"{}\"", self.cluster),
+            _ => String::new(),
+        };
         loop {
             let synced: usize = self
                 .replicas
                 .iter()
-                .map(|r| r.count_log("initial state published"))
+                .map(|r| r.count_log("initial state published", &of_cluster))
                 .sum();
             if synced >= watches {
                 return Ok(());

@@ -5,13 +5,14 @@
 //!
 //! Settings come from the environment (`scripts/chaos` sets them from its arguments):
 //! `KEB_CHAOS_SECONDS` (default 300), `KEB_CHAOS_SEED` (default: from the clock, printed),
-//! `KEB_CHAOS_SINKS` (`kafka,nats,http`), `KEB_CHAOS_MODES` (`single,leader,sharded`),
+//! `KEB_CHAOS_SINKS` (`kafka,nats,http`), `KEB_CHAOS_MODES` (`single,leader,sharded,fleet`),
 //! `KEB_CHAOS_DIR` (where the report and the bridges' logs go; default `target/chaos`),
 //! `KEB_CHAOS_BIN` (the bridge binary; default the one cargo built).
 //! Any anomaly fails the run.
 
 mod checker;
 mod deployment;
+mod fleet;
 #[path = "../integration/harness.rs"]
 mod harness;
 mod history;
@@ -72,6 +73,7 @@ impl Settings {
             "single" => Some(Mode::Single),
             "leader" => Some(Mode::Leader),
             "sharded" => Some(Mode::Sharded),
+            "fleet" => Some(Mode::Fleet),
             _ => None,
         })?;
         let dir = var("KEB_CHAOS_DIR").map_or_else(
@@ -113,7 +115,7 @@ fn list<T: Copy>(
     name: &str,
     parse: impl Fn(&str) -> Option<T>,
 ) -> Result<Vec<T>, String> {
-    let every = ["kafka", "nats", "http", "single", "leader", "sharded"];
+    let every = ["kafka", "nats", "http", "single", "leader", "sharded", "fleet"];
     let value = value.unwrap_or_else(|| "all".into());
     let words: Vec<&str> = if value == "all" {
         every

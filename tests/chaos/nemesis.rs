@@ -2,7 +2,9 @@
 //! killed (SIGKILL, then started again as the kubelet would), paused (SIGSTOP, sometimes past
 //! their Lease), stopped in order and joined; Kafka and NATS are stopped, killed and paused (Kafka
 //! sometimes past the transaction timeout); the API server restarts; etcd compacts its history;
-//! HTTP receivers answer 5xx, 429 with `Retry-After`, slowly, not at all, or drop connections.
+//! HTTP receivers answer 5xx, 429 with `Retry-After`, slowly, not at all, or drop connections;
+//! the bystanders of fleet deployments are stopped, paused, killed, removed from the fleet and
+//! rotated ([`crate::fleet`]).
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -15,6 +17,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::deployment::{Deployment, KAFKA_TRANSACTION_TIMEOUT_SECS, Mode, Sink};
+use crate::fleet::{Bystanders, MemberUndo};
 use crate::receiver::{Receiver, Reply};
 
 /// One fault as it was injected.
@@ -48,6 +51,10 @@ enum Undo {
     Receiver {
         deployment: usize,
     },
+    Member {
+        index: usize,
+        undo: MemberUndo,
+    },
 }
 
 /// The nemesis of one round.
@@ -60,6 +67,10 @@ pub struct Nemesis {
     /// Faults injected.
     pub injected: Vec<Injected>,
     hold: Arc<AtomicBool>,
+    /// The bystanders of the round's fleet deployments, if it has any.
+    pub bystanders: Option<Bystanders>,
+    /// Bystanders are faulted one at a time: the next may start after this.
+    member_free: Instant,
 }
 
 impl Nemesis {
@@ -73,6 +84,8 @@ impl Nemesis {
             component_free: Instant::now(),
             injected: Vec::new(),
             hold,
+            bystanders: None,
+            member_free: Instant::now(),
         }
     }
 
@@ -102,10 +115,12 @@ impl Nemesis {
         receivers: &BTreeMap<usize, Receiver>,
     ) {
         let component_free = Instant::now() >= self.component_free;
+        let member_free = self.bystanders.is_some() && Instant::now() >= self.member_free;
         let roll = self.rng.random_range(0..100);
         match roll {
             0..=44 => self.replica_fault(deployments),
             45..=59 if !receivers.is_empty() => self.receiver_fault(receivers),
+            60..=74 if member_free => self.member_fault().await,
             _ if component_free => self.component_fault(deployments).await,
             _ => self.replica_fault(deployments),
         }
@@ -273,6 +288,24 @@ impl Nemesis {
         }
     }
 
+    async fn member_fault(&mut self) {
+        let roll = self.rng.random_range(0..5);
+        let pick = self.rng.random_range(0..8);
+        let length = self.secs(1.0, 12.0);
+        let Some(bystanders) = self.bystanders.as_mut() else {
+            return;
+        };
+        let Some((kind, detail, index, undo)) = bystanders.fault(roll, length, pick).await else {
+            return;
+        };
+        self.member_free = Instant::now() + length + Duration::from_secs(2);
+        if let Some(undo) = undo {
+            self.undo
+                .push((Instant::now() + length, Undo::Member { index, undo }));
+        }
+        self.note(kind, detail);
+    }
+
     fn component(&mut self, name: &'static str, verb: &'static str, after: Duration) {
         let at = Instant::now() + after;
         self.component_free = at + Duration::from_secs(3);
@@ -343,6 +376,11 @@ impl Nemesis {
                 }
                 Undo::Component { verb, name } => testenv(verb, name).await,
                 Undo::Receiver { deployment } => receivers[&deployment].script(|_| Reply::Accept),
+                Undo::Member { index, undo } => {
+                    if let Some(b) = self.bystanders.as_mut() {
+                        b.undo(index, undo).await;
+                    }
+                }
             }
         }
     }

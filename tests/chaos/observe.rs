@@ -31,6 +31,11 @@ pub struct Observed {
     started: Instant,
     /// Records that could not be decoded (an anomaly of their own).
     pub undecodable: Vec<String>,
+    /// The cluster checked; events of the other clusters of a fleet are kept apart in
+    /// [`Observed::others`] (empty: every event is checked).
+    pub cluster: String,
+    /// The names of the objects other clusters published, by cluster.
+    pub others: BTreeMap<String, HashSet<String>>,
 }
 
 impl Observed {
@@ -43,10 +48,17 @@ impl Observed {
             ids: HashSet::new(),
             started,
             undecodable: Vec::new(),
+            cluster: String::new(),
+            others: BTreeMap::new(),
         }
     }
 
     fn event(&mut self, destination: String, event: Event, compacted_key: Option<String>) {
+        if !self.cluster.is_empty() && event.cluster != self.cluster {
+            let names = self.others.entry(event.cluster.clone()).or_default();
+            names.insert(event.name.clone());
+            return;
+        }
         if self.ids.insert(event.id.clone()) {
             let watch = WatchKey {
                 resource: event.resource.clone(),
@@ -125,6 +137,12 @@ impl Drop for Observer {
 }
 
 impl Observer {
+    /// Checks only the events of `cluster`, keeping the other clusters' apart (a fleet).
+    pub fn checking(self, cluster: &str) -> Observer {
+        self.observed.lock().unwrap().cluster = cluster.to_string();
+        self
+    }
+
     /// Reads the `partitions` partitions of each of `topics` from their start with
     /// `read_committed`; records of `compacted` are also kept as keyed records.
     ///

@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use crate::checker::{Anomaly, check};
 use crate::deployment::{Deployment, KAFKA_TRANSACTION_TIMEOUT_SECS, Mode, Sink, tail};
+use crate::fleet::Bystanders;
 use crate::history::{Evidence, WatchKey};
 use crate::nemesis::{Injected, Nemesis};
 use crate::observe::Observer;
@@ -73,16 +74,28 @@ pub async fn run(
     let client = crate::support::kube_client().await;
     crate::support::create_crd(&client, CRD_GROUP, "Gadget", CRD_PLURAL, "Namespaced").await;
     let layout = make_layout(&client).await;
+    let bystanders = if pairs.iter().any(|(_, m)| *m == Mode::Fleet) {
+        Some(Bystanders::start(&client, &layout.plain[0]).await)
+    } else {
+        None
+    };
     let started = Instant::now();
     let mut receivers = BTreeMap::new();
     let mut deployments = Vec::new();
     let mut observers = Vec::new();
     for (i, (sink, mode)) in pairs.iter().enumerate() {
         let cluster = crate::support::unique_name(&format!("chaos-{}", sink.name()));
-        let (sink_yaml, observer) = prepare(*sink, &cluster, started, i, &mut receivers).await;
+        let fleet = bystanders.as_ref().filter(|_| *mode == Mode::Fleet);
+        let others = fleet.map(Bystanders::names).unwrap_or_default();
+        let (sink_yaml, mut observer) =
+            prepare(*sink, &cluster, started, i, &mut receivers, &others).await;
+        if fleet.is_some() {
+            observer = observer.checking(&cluster);
+        }
         let sub = dir.join(format!("{}-{}", sink.name(), mode.name()));
+        let secrets = fleet.map(|b| b.namespace.as_str());
         deployments.push(Deployment::start(
-            *sink, *mode, &cluster, &layout, &sink_yaml, &sub,
+            *sink, *mode, &cluster, &layout, &sink_yaml, &sub, secrets,
         ));
         observers.push(observer);
     }
@@ -100,6 +113,7 @@ pub async fn run(
     let mut workload = Workload::new(client.clone(), layout.clone(), seed, started);
     let ledger = workload.ledger.clone();
     let mut nemesis = Nemesis::new(seed ^ 0x5eed, started, workload.hold.clone());
+    nemesis.bystanders = bystanders;
     let quiet_tail = Duration::from_secs(15).min(length / 4);
     let end = Instant::now() + length.saturating_sub(quiet_tail);
     let writer = tokio::spawn(async move { workload.run(end, 25).await });
@@ -128,6 +142,15 @@ pub async fn run(
     }
 
     let settled = settle(&client, &layout, &mut deployments, &observers).await;
+    if let Some(b) = &nemesis.bystanders {
+        let fleets: Vec<(usize, &Observer)> = deployments
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| d.mode == Mode::Fleet)
+            .map(|(i, _)| (i, &observers[i]))
+            .collect();
+        stuck.extend(b.probe(number, &fleets).await);
+    }
     let ledger = ledger.lock().unwrap();
     let mut anomalies = Vec::new();
     let mut events = BTreeMap::new();
@@ -246,14 +269,17 @@ async fn prepare(
     started: Instant,
     index: usize,
     receivers: &mut BTreeMap<usize, Receiver>,
+    others: &[String],
 ) -> (String, Observer) {
     let e = crate::support::env();
     match sink {
         Sink::Kafka => {
-            let topics: Vec<String> = ["configmaps", CRD_PLURAL, "compacted"]
+            // The checked cluster's topics (the compacted one third), then the bystanders'.
+            let mut topics: Vec<String> = ["configmaps", CRD_PLURAL, "compacted"]
                 .iter()
                 .map(|r| format!("chaos.{cluster}.{r}"))
                 .collect();
+            topics.extend(others.iter().map(|o| format!("chaos.{o}.configmaps")));
             for t in &topics {
                 crate::support::create_topic(t, KAFKA_PARTITIONS).await;
             }
@@ -315,7 +341,10 @@ async fn drive(
         if sampled.elapsed() >= Duration::from_secs(1) {
             sampled = Instant::now();
             for (i, d) in deployments.iter_mut().enumerate() {
-                if readiness(d).await.iter().any(|(status, _)| *status != 200) {
+                // A fleet stays ready while another cluster publishes, naming this one.
+                let named = format!("cluster {}:", d.cluster);
+                let answers = readiness(d).await;
+                if answers.iter().any(|(s, body)| *s != 200 || body.contains(&named)) {
                     unready[i] = Some(Instant::now());
                 }
             }

@@ -251,6 +251,12 @@ impl ExtraCluster {
         testenv_cluster(&["start", &self.name]).await;
     }
 
+    /// `scripts/testenv cluster VERB` on it: `pause` (SIGSTOP: it holds its sockets and answers
+    /// nothing), `resume`, or `kill` (SIGKILL; [`ExtraCluster::start`] brings it back).
+    pub async fn signal(&self, verb: &str) {
+        testenv_cluster(&[verb, &self.name]).await;
+    }
+
     /// A kube client built from [`ExtraCluster::kubeconfig_text`] alone.
     pub async fn client(&self) -> kube::Client {
         let name = &self.name;
