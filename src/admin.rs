@@ -81,6 +81,8 @@ pub struct State {
     shard: Mutex<Option<Arc<crate::shard::Metrics>>>,
     /// The fleet's counters, when the bridge watches a fleet.
     fleet_metrics: Mutex<Option<Arc<crate::fleet::Metrics>>>,
+    /// Why the fleet's members cannot be followed (their Secrets unreadable), and since when.
+    fleet_problem: Mutex<Option<(String, std::time::Instant)>>,
     api: Arc<throttle::Counters>,
     /// Holds the collector that reads this state at scrape time.
     registry: Registry,
@@ -100,6 +102,7 @@ impl State {
             clusters: Mutex::new(BTreeMap::new()),
             shard: Mutex::new(None),
             fleet_metrics: Mutex::new(None),
+            fleet_problem: Mutex::new(None),
             api: throttle::Counters::process(),
             registry: metrics::registry(state.clone()),
             process: process::registry(),
@@ -137,6 +140,21 @@ impl State {
         self.cluster(cluster, |c| {
             c.problem = problem.map(|p| (p, std::time::Instant::now()));
         });
+    }
+
+    /// Records why the fleet's members cannot be followed (their Secrets cannot be read), or
+    /// that they can again: named in `/readyz`, and not ready while no cluster publishes.
+    pub fn set_fleet_problem(&self, problem: Option<String>) {
+        let mut current = self.fleet_problem.lock().unwrap_or_else(|e| e.into_inner());
+        match problem {
+            None => *current = None,
+            Some(p) => {
+                let since = current
+                    .as_ref()
+                    .map_or_else(std::time::Instant::now, |c| c.1);
+                *current = Some((p, since));
+            }
+        }
     }
 
     /// Forgets a cluster that left the fleet.
@@ -205,6 +223,11 @@ impl State {
                 }
             }
             publishing += usize::from(problems.len() == before);
+        }
+        drop(clusters);
+        let fleet_problem = self.fleet_problem.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((problem, since)) = fleet_problem.as_ref() {
+            problems.push(format!("{problem} (for {} s)", since.elapsed().as_secs()));
         }
         match (problems.is_empty(), fleet && publishing > 0) {
             (true, _) => Ok(Vec::new()),
@@ -592,6 +615,19 @@ mod tests {
         s.set_cluster_problem("west", None);
         s.forget_cluster("east");
         assert!(s.ready(), "west publishes again, east left");
+        s.set_fleet_problem(Some("clusterSecrets: cannot watch: forbidden".into()));
+        let others = s.readiness().unwrap();
+        assert!(
+            others[0].starts_with("clusterSecrets: cannot watch: forbidden (for "),
+            "{others:?}"
+        );
+        s.forget_cluster("west");
+        assert!(
+            !s.ready(),
+            "no cluster publishes and the Secrets cannot be read"
+        );
+        s.set_fleet_problem(None);
+        assert!(s.ready());
     }
 
     fn parts(r: Response<String>) -> (u16, String, String) {

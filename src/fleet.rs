@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use futures::FutureExt;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -291,7 +292,15 @@ fn reconcile(
         );
         let (shared, name, reach) = (shared.clone(), name.clone(), reach.clone());
         tasks.spawn(async move {
-            member::run(shared, name.clone(), reach, member_stop).await;
+            // A member that panics is started again like one that failed, not lost.
+            let run = member::run(shared, name.clone(), reach, member_stop);
+            if std::panic::AssertUnwindSafe(run)
+                .catch_unwind()
+                .await
+                .is_err()
+            {
+                tracing::error!(cluster = %name, "cluster task panicked; starting it again");
+            }
             name
         });
     }
@@ -305,5 +314,78 @@ fn reconcile(
 pub fn count_refusal(metrics: &Metrics, reason: Refusal) {
     if let Some(i) = Refusal::ALL.iter().position(|r| *r == reason) {
         metrics.refused[i].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::ObjectMeta;
+
+    use super::*;
+    use crate::config::ConfigFile;
+
+    const KUBECONFIG: &str = "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:6443'}\nusers:\n- name: u\n  user: {token: t}\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\ncurrent-context: x\n";
+
+    fn found(secrets: &[(&str, Option<&str>)]) -> Found {
+        let mut found = Found::default();
+        for (name, label) in secrets {
+            let s = Secret {
+                metadata: ObjectMeta {
+                    name: Some((*name).into()),
+                    namespace: Some("fleet".into()),
+                    labels: label.map(|l| [(secret::NAME_LABEL.to_string(), l.to_string())].into()),
+                    ..ObjectMeta::default()
+                },
+                data: Some([("value".to_string(), ByteString(KUBECONFIG.into()))].into()),
+                ..Secret::default()
+            };
+            found
+                .clusters
+                .insert((*name).into(), secret::parse(&s).unwrap());
+        }
+        found
+    }
+
+    fn config() -> Config {
+        ConfigFile::parse(
+            "cluster: hub\nclusters: [{name: hub}, {name: east, kubeconfig: /k}]\nclusterSecrets: {namespace: fleet}\nresources: [{apiVersion: v1, resource: pods}]\n",
+        )
+        .unwrap()
+        .validate()
+        .unwrap()
+    }
+
+    #[test]
+    fn entries_come_first_then_each_secret_s_cluster_once() {
+        let wanted = desired(
+            &config(),
+            &found(&[
+                ("east-kubeconfig", None),
+                ("west-kubeconfig", None),
+                ("a-kubeconfig", Some("west")),
+            ]),
+        );
+        let names: Vec<&str> = wanted.keys().map(String::as_str).collect();
+        assert_eq!(names, ["east", "hub", "west"]);
+        assert!(
+            matches!(wanted["east"], Reach::Configured(_)),
+            "an entry wins over a Secret"
+        );
+        let Reach::Secret(west) = &wanted["west"] else {
+            panic!("west comes from a Secret");
+        };
+        assert_eq!(
+            west.secret, "fleet/a-kubeconfig",
+            "the first Secret by name wins"
+        );
+    }
+
+    #[test]
+    fn a_rotation_changes_only_a_secret_s_digest() {
+        let wanted = desired(&config(), &found(&[("west-kubeconfig", None)]));
+        assert_eq!(wanted["hub"].digest(), 0);
+        assert_ne!(wanted["west"].digest(), 0);
     }
 }

@@ -155,9 +155,14 @@ impl Bridge {
             let client = kubernetes::client(&config.kubernetes).await?;
             let api = Api::namespaced(client, &secrets.namespace);
             let counted = metrics.clone();
-            let follow = secret::follow(api, secrets, found_tx, move |r| {
-                fleet::count_refusal(&counted, r);
-            });
+            let told = admin.clone();
+            let follow = secret::follow(
+                api,
+                secrets,
+                found_tx,
+                move |r| fleet::count_refusal(&counted, r),
+                move |trouble| told.set_fleet_problem(trouble),
+            );
             let until = stop.clone();
             tasks.spawn("cluster Secret follower", async move {
                 tokio::select! {

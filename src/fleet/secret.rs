@@ -208,13 +208,15 @@ impl Found {
 }
 
 /// Keeps `found` equal to the kubeconfig Secrets `secrets` selects, through `api` (the bridge's
-/// own cluster); `refusals` counts each refusal. Errors are logged and retried by the watcher's
-/// backoff; this never returns.
+/// own cluster); `refusals` counts each refusal; `trouble` is told why the Secrets cannot be
+/// read (RBAC, the API server), and `None` once they can. Errors are logged and retried by the
+/// watcher's backoff; this never returns.
 pub async fn follow(
     api: Api<Secret>,
     secrets: ClusterSecrets,
     found: watch::Sender<Found>,
     refusals: impl Fn(Refusal) + Send + Sync + 'static,
+    trouble: impl Fn(Option<String>) + Send + Sync + 'static,
 ) {
     let mut config = watcher::Config::default();
     if let Some(selector) = &secrets.label_selector {
@@ -223,6 +225,9 @@ pub async fn follow(
     let mut stream = watcher::watcher(api, config).default_backoff().boxed();
     let mut listing = Found::default();
     while let Some(event) = stream.next().await {
+        if event.is_ok() {
+            trouble(None);
+        }
         match event {
             Ok(Event::Init) => {
                 listing = Found {
@@ -243,7 +248,13 @@ pub async fn follow(
                     info!(secret = %d.secret, cluster = %d.name, "cluster kubeconfig Secret deleted");
                 }
             }),
-            Err(e) => warn!(namespace = %secrets.namespace, error = %e, "cannot watch the cluster Secrets; retrying"),
+            Err(e) => {
+                warn!(namespace = %secrets.namespace, error = %e, "cannot watch the cluster Secrets; retrying");
+                trouble(Some(format!(
+                    "clusterSecrets: cannot watch the Secrets of namespace {}: {e}",
+                    secrets.namespace
+                )));
+            }
         }
     }
 }

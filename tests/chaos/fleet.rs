@@ -173,10 +173,15 @@ impl Bystanders {
     /// Writes a probe ConfigMap into each bystander and waits until every observer of a fleet
     /// deployment received its event: a member that does not publish again by itself once
     /// everything is healed is an anomaly.
-    pub async fn probe(&self, round: usize, observers: &[(usize, &Observer)]) -> Vec<(usize, Anomaly)> {
+    pub async fn probe(
+        &self,
+        round: usize,
+        observers: &[(usize, &Observer)],
+    ) -> Vec<(usize, Anomaly)> {
         let name = format!("probe-{round}");
         for c in &self.clusters {
-            let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+            let cm: ConfigMap =
+                serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
             let api = Api::<ConfigMap>::namespaced(c.client().await, &self.probe_namespace);
             retry(&format!("probe in {}", c.name), || async {
                 match api.create(&PostParams::default(), &cm).await {

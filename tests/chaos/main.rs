@@ -115,7 +115,9 @@ fn list<T: Copy>(
     name: &str,
     parse: impl Fn(&str) -> Option<T>,
 ) -> Result<Vec<T>, String> {
-    let every = ["kafka", "nats", "http", "single", "leader", "sharded", "fleet"];
+    let every = [
+        "kafka", "nats", "http", "single", "leader", "sharded", "fleet",
+    ];
     let value = value.unwrap_or_else(|| "all".into());
     let words: Vec<&str> = if value == "all" {
         every

@@ -120,7 +120,7 @@ impl Nemesis {
         match roll {
             0..=44 => self.replica_fault(deployments),
             45..=59 if !receivers.is_empty() => self.receiver_fault(receivers),
-            60..=74 if member_free => self.member_fault().await,
+            60..=84 if member_free => self.member_fault().await,
             _ if component_free => self.component_fault(deployments).await,
             _ => self.replica_fault(deployments),
         }
@@ -298,7 +298,7 @@ impl Nemesis {
         let Some((kind, detail, index, undo)) = bystanders.fault(roll, length, pick).await else {
             return;
         };
-        self.member_free = Instant::now() + length + Duration::from_secs(2);
+        self.member_free = Instant::now() + length + Duration::from_secs(1);
         if let Some(undo) = undo {
             self.undo
                 .push((Instant::now() + length, Undo::Member { index, undo }));

@@ -344,7 +344,10 @@ async fn drive(
                 // A fleet stays ready while another cluster publishes, naming this one.
                 let named = format!("cluster {}:", d.cluster);
                 let answers = readiness(d).await;
-                if answers.iter().any(|(s, body)| *s != 200 || body.contains(&named)) {
+                if answers
+                    .iter()
+                    .any(|(s, body)| *s != 200 || body.contains(&named))
+                {
                     unready[i] = Some(Instant::now());
                 }
             }

@@ -299,10 +299,7 @@ async fn create_cm_in(client: &kube::Client, namespace: &str, name: &str) {
 async fn holders(hub: &kube::Client, lease_ns: &str, prefix: &str) -> Option<Vec<String>> {
     let members = group_leases(hub, lease_ns, prefix, "member").await?;
     let watches = group_leases(hub, lease_ns, prefix, "watch").await?;
-    watches
-        .iter()
-        .map(|l| valid_holder(l, &members))
-        .collect()
+    watches.iter().map(|l| valid_holder(l, &members)).collect()
 }
 
 #[tokio::test(flavor = "multi_thread")]
