@@ -364,3 +364,55 @@ async fn replicas_share_the_watches_of_a_fleet_and_take_over_a_killed_one_s() {
     }
     drop(one);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kafka_fleet_gives_each_cluster_its_own_transactions_and_topics() {
+    let (a, a_client) = cluster("ka").await;
+    let (b, b_client) = cluster("kb").await;
+    let hub = unique_name("hub");
+    let config = format!(
+        "cluster: {hub}\nclusters:\n- {{name: {}, kubeconfig: {}}}\n- {{name: {}, kubeconfig: {}}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{WORK}]}}\n{}",
+        a.name,
+        a.kubeconfig.display(),
+        b.name,
+        b.kubeconfig.display(),
+        sink_yaml(SinkKind::Kafka, &hub)
+    );
+    let topics: Vec<String> = [&a.name, &b.name]
+        .iter()
+        .map(|c| format!("k8s.{c}.core.configmaps"))
+        .collect();
+    let mut reader = Reader::kafka(&topics).await;
+    let mut bridge = Bridge::start(&config);
+    bridge.wait_synced(2).await;
+    create_cm(&a_client, "in-a").await;
+    create_cm(&b_client, "in-b").await;
+    let deadline = std::time::Instant::now() + WAIT;
+    let mut got = Vec::new();
+    let both = |got: &[Received]| {
+        got.iter().any(|e| is(e, &a.name, "in-a")) && got.iter().any(|e| is(e, &b.name, "in-b"))
+    };
+    while !both(&got) && std::time::Instant::now() < deadline {
+        got.extend(reader.next(Duration::from_millis(500)).await);
+    }
+    let find = |cluster: &str, name: &str| {
+        got.iter()
+            .find(|e| is(e, cluster, name))
+            .cloned()
+            .unwrap_or_else(|| {
+                panic!(
+                    "no event of {cluster}/{name}; got:\n{}\nlog:\n{}",
+                    summary(&got),
+                    bridge.log_text()
+                )
+            })
+    };
+    let (from_a, from_b) = (find(&a.name, "in-a"), find(&b.name, "in-b"));
+    assert_eq!(from_a.destination, topics[0]);
+    assert_eq!(from_b.destination, topics[1]);
+    // One transactional producer per cluster: a cluster's trouble never holds another's
+    // transactions open.
+    let producers = metric(&bridge, "kube_event_bridge_kafka_transactional_producers").await;
+    assert_eq!(producers, Some(2.0));
+    drop(bridge);
+}
