@@ -81,6 +81,10 @@ enum Command {
         /// Exit after this many seconds without an event.
         #[arg(long)]
         idle_timeout_secs: Option<u64>,
+        /// Follow one cluster of the fleet (by default every one: the configured clusters, and
+        /// with clusterSecrets any cluster, where the broker allows a wildcard).
+        #[arg(long)]
+        cluster: Option<String>,
     },
     /// Force a fresh snapshot of one resource: delete its watches' checkpoints. A running bridge
     /// owning them is fenced and exits; its next start lists and publishes every object again.
@@ -263,12 +267,14 @@ async fn command(command: Command) -> anyhow::Result<()> {
             from_beginning,
             limit,
             idle_timeout_secs,
+            cluster,
         } => {
             let options = tail::Options {
                 verbose,
                 from_beginning,
                 limit,
                 idle_timeout: idle_timeout_secs.map(Duration::from_secs),
+                cluster,
             };
             Ok(tail::run(&load(&config)?, options).await?)
         }

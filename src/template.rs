@@ -296,11 +296,23 @@ impl Template {
     /// The subject filter a JetStream stream needs to capture every rendering for `v`'s
     /// per-watch values: per-object tokens become `*`.
     pub fn subject_filter(&self, v: &Values<'_>) -> String {
+        self.filter(v, false)
+    }
+
+    /// [`Template::subject_filter`] for every cluster: `{cluster}` becomes `*` too (its value is
+    /// a DNS label, one subject token), as for the clusters of kubeconfig Secrets, whose names
+    /// are not known in advance.
+    pub fn subject_filter_any_cluster(&self, v: &Values<'_>) -> String {
+        self.filter(v, true)
+    }
+
+    fn filter(&self, v: &Values<'_>, any_cluster: bool) -> String {
         let mut out = String::new();
         for seg in &self.segments {
             match seg {
                 Segment::Literal(l) => out.push_str(l),
                 Segment::Token(Token::Namespace | Token::Name) => out.push('*'),
+                Segment::Token(Token::Cluster) if any_cluster => out.push('*'),
                 Segment::Token(t) => push_safe(&mut out, v.get(*t), is_subject_token_char),
             }
         }
@@ -414,6 +426,18 @@ mod tests {
             t.render_subject(&cluster_scoped),
             "k8s.dev.stable_example_com.crontabs._.a_b_c_d"
         );
+    }
+
+    #[test]
+    fn any_cluster_becomes_a_wildcard_token() {
+        let t = Template::parse("k8s.{cluster}.{group}.{resource}.{namespace}.{name}").unwrap();
+        assert_eq!(
+            t.subject_filter_any_cluster(&V),
+            "k8s.*.stable_example_com.crontabs.*.*"
+        );
+        let mixed = Template::parse("k8s.c-{cluster}.{resource}").unwrap();
+        assert_eq!(mixed.subject_filter_any_cluster(&V), "k8s.*.crontabs");
+        assert_eq!(mixed.subject_filter(&V), "k8s.c-dev.crontabs");
     }
 
     #[test]
