@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
+use kube_event_bridge::clusters;
 use kube_event_bridge::config::{Config, ConfigFile};
 use kube_event_bridge::discovery::{self, ResolvedResource};
 use kube_event_bridge::trace::export::{ExportLayer, Exporter};
@@ -359,12 +360,66 @@ async fn status(config: &Config) -> anyhow::Result<()> {
 }
 
 async fn asyncapi(config: &Config, format: DocumentFormat) -> anyhow::Result<()> {
-    let (client, api_server) = kubernetes::client_and_url(&config.kubernetes).await?;
-    let resolved = discovery::resolve(&client, &config.resources).await?;
-    let document = kube_event_bridge::asyncapi::document(config, &resolved, &api_server)?;
+    let document = if config.fleet.is_fleet() {
+        asyncapi_fleet(config).await?
+    } else {
+        let (client, api_server) = kubernetes::client_and_url(&config.kubernetes).await?;
+        let resolved = discovery::resolve(&client, &config.resources).await?;
+        kube_event_bridge::asyncapi::document(config, &resolved, &api_server)?
+    };
     let json = matches!(format, DocumentFormat::Json);
     print!("{}", kube_event_bridge::asyncapi::render(&document, json));
     Ok(())
+}
+
+/// The AsyncAPI document of a fleet: each configured cluster's resources resolved through its
+/// own API server (one that cannot be reached fails the command, naming it), and those of the
+/// clusters of kubeconfig Secrets through the bridge's own cluster. Entries a cluster does not
+/// serve are named on standard error.
+async fn asyncapi_fleet(config: &Config) -> anyhow::Result<serde_json::Value> {
+    let targets = clusters::configured(config);
+    let resolved = futures::future::join_all(targets.iter().map(|c| async move {
+        let (client, api_server) = clusters::connect(config, c).await?;
+        let watched = config.for_cluster(c.name(), config.kubernetes.clone());
+        let resolution = clusters::resolve(config, c.name(), &client, &watched.resources).await?;
+        Ok::<_, clusters::Error>((api_server, resolution))
+    }))
+    .await;
+    let mut parts = Vec::new();
+    for (c, r) in targets.iter().zip(resolved) {
+        let (api_server, resolution) = r?;
+        for missing in &resolution.missing {
+            eprintln!("cluster {}: not served, left out: {missing}", c.name());
+        }
+        parts.push((Some(c.name()), resolution.resources, api_server));
+    }
+    let discovered = clusters::discovered_resources(config);
+    if !discovered.is_empty() {
+        // The clusters of the Secrets are not known yet: their resources take their shape from
+        // the bridge's own cluster.
+        let (client, _) = clusters::connect_with(&config.cluster, &config.kubernetes).await?;
+        let resolution = clusters::resolve(config, &config.cluster, &client, &discovered).await?;
+        for missing in &resolution.missing {
+            eprintln!(
+                "clusters of kubeconfig Secrets: not served by the bridge's own cluster {}, through which they are resolved, left out: {missing}",
+                config.cluster
+            );
+        }
+        parts.push((None, resolution.resources, String::new()));
+    }
+    let members: Vec<kube_event_bridge::asyncapi::Member<'_>> = parts
+        .iter()
+        .map(
+            |(cluster, resources, api_server)| kube_event_bridge::asyncapi::Member {
+                cluster: *cluster,
+                resources,
+                api_server,
+            },
+        )
+        .collect();
+    Ok(kube_event_bridge::asyncapi::fleet_document(
+        config, &members,
+    )?)
 }
 
 async fn check_config(path: &std::path::Path, cluster: bool) -> anyhow::Result<()> {

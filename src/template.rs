@@ -341,9 +341,17 @@ impl Template {
     }
 
     /// An AsyncAPI channel address for one resource: the per-watch tokens rendered as a topic
-    /// (or, with `subject`, a subject), `{name}` kept as a parameter, and `{namespace}` kept as a
-    /// parameter with `namespace_parameter`, else rendered from `v` (`_` when `None`).
-    pub fn address(&self, v: &Values<'_>, subject: bool, namespace_parameter: bool) -> String {
+    /// (or, with `subject`, a subject), `{name}` kept as a parameter, `{namespace}` kept as a
+    /// parameter with `namespace_parameter`, else rendered from `v` (`_` when `None`), and
+    /// `{cluster}` kept as a parameter with `cluster_parameter` (the clusters of kubeconfig
+    /// Secrets).
+    pub fn address(
+        &self,
+        v: &Values<'_>,
+        subject: bool,
+        namespace_parameter: bool,
+        cluster_parameter: bool,
+    ) -> String {
         let safe = if subject {
             is_subject_token_char
         } else {
@@ -357,6 +365,7 @@ impl Template {
                 Segment::Token(Token::Namespace) if namespace_parameter => {
                     out.push_str("{namespace}")
                 }
+                Segment::Token(Token::Cluster) if cluster_parameter => out.push_str("{cluster}"),
                 Segment::Token(t) => push_safe(&mut out, v.get(*t), safe),
             }
         }
@@ -429,7 +438,7 @@ mod tests {
     }
 
     #[test]
-    fn any_cluster_becomes_a_wildcard_token() {
+    fn any_cluster_becomes_a_wildcard_token_or_a_parameter() {
         let t = Template::parse("k8s.{cluster}.{group}.{resource}.{namespace}.{name}").unwrap();
         assert_eq!(
             t.subject_filter_any_cluster(&V),
@@ -438,6 +447,14 @@ mod tests {
         let mixed = Template::parse("k8s.c-{cluster}.{resource}").unwrap();
         assert_eq!(mixed.subject_filter_any_cluster(&V), "k8s.*.crontabs");
         assert_eq!(mixed.subject_filter(&V), "k8s.c-dev.crontabs");
+        assert_eq!(
+            t.address(&V, true, false, true),
+            "k8s.{cluster}.stable_example_com.crontabs.team-a.{name}"
+        );
+        assert_eq!(
+            t.address(&V, true, false, false),
+            "k8s.dev.stable_example_com.crontabs.team-a.{name}"
+        );
     }
 
     #[test]
