@@ -87,13 +87,41 @@ impl Binding<'_> {
     }
 }
 
+/// One cluster a document describes, with its resources as discovery resolved them there.
+#[derive(Debug, Clone, Copy)]
+pub struct Member<'a> {
+    /// Its name; `None` for every cluster of the kubeconfig Secrets, whose names are known only
+    /// to the running bridge: `{cluster}` is then a parameter of the channel addresses.
+    pub cluster: Option<&'a str>,
+    /// Its resources.
+    pub resources: &'a [ResolvedResource],
+    /// Its API server's URL (the `source` of Knative-format events); unused for `None`.
+    pub api_server: &'a str,
+}
+
 /// The AsyncAPI document of `config`, whose resources discovery resolved to `resources`;
-/// `api_server` is the API server's URL (the `source` of Knative-format events).
+/// `api_server` is the API server's URL (the `source` of Knative-format events). For a fleet,
+/// see [`fleet_document`].
 pub fn document(
     config: &Config,
     resources: &[ResolvedResource],
     api_server: &str,
 ) -> Result<Value> {
+    fleet_document(
+        config,
+        &[Member {
+            cluster: Some(&config.cluster),
+            resources,
+            api_server,
+        }],
+    )
+}
+
+/// The AsyncAPI document of `config` publishing the events of `members`: in a fleet, the
+/// channels of every cluster (its name rendered into `{cluster}`, or kept as a parameter for
+/// the clusters of kubeconfig Secrets), and one message per cluster and resource, named
+/// `<cluster>.<resource>` (`discovered.<resource>` for the Secrets' clusters).
+pub fn fleet_document(config: &Config, members: &[Member<'_>]) -> Result<Value> {
     let settings = crate::sink::settings(&config.sink)?;
     let binding = Binding { sink: settings };
     let event_schema: Value =
@@ -106,27 +134,41 @@ pub fn document(
     let mut channels = Map::new();
     let mut operations = Map::new();
     let mut messages = Map::new();
-    let groups = group_by_address(config, binding, resources);
+    let fleet = config.fleet.is_fleet();
+    let groups = group_by_address(config, binding, members);
     let origins = server::Origins::of(
         groups.iter().filter_map(|(a, _)| a.as_deref()),
         config.sink.kind(),
         binding.sink,
     );
-    for (address, members) in groups {
+    for (address, published) in groups {
         let (server_id, address) = origins.split(address);
         let id = unique_id(
             &channels,
             &address.clone().unwrap_or_else(|| config.sink.kind().into()),
         );
         let mut channel_messages = Map::new();
-        for r in &members {
-            let mut info = ResourceInfo::new(&config.cluster, r, api_server);
+        for (member, r) in &published {
+            let (cluster, api_server) = match member.cluster {
+                Some(name) => (name, member.api_server),
+                None => (
+                    message::EXAMPLE_DISCOVERED_CLUSTER,
+                    message::EXAMPLE_DISCOVERED_API_SERVER,
+                ),
+            };
+            let mut info = ResourceInfo::new(cluster, r, api_server);
             if config.audit_extensions {
                 info = info.with_audit(message::example_cluster_id());
             }
             let tombstones = info.tombstones && binding.sink.tombstones();
-            let name = unique_id(&messages, &message_id(r));
-            let m = message::message(&binding, r, info, &descriptions, trait_ref)?;
+            let base = match (fleet, member.cluster) {
+                (false, _) => message_id(r),
+                (true, Some(name)) => format!("{name}.{}", message_id(r)),
+                (true, None) => format!("{DISCOVERED_ID}.{}", message_id(r)),
+            };
+            let name = unique_id(&messages, &base);
+            let discovered = member.cluster.is_none();
+            let m = message::message(&binding, r, info, discovered, &descriptions, trait_ref)?;
             messages.insert(name.clone(), m);
             channel_messages.insert(
                 name.clone(),
@@ -145,7 +187,14 @@ pub fn document(
             .keys()
             .map(|m| json!({"$ref": format!("#/channels/{id}/messages/{m}")}))
             .collect();
-        let mut channel = channel(binding, address.as_deref(), &members, channel_messages);
+        let resources: Vec<&ResolvedResource> = published.iter().map(|(_, r)| *r).collect();
+        let mut channel = channel(
+            config,
+            binding,
+            address.as_deref(),
+            &resources,
+            channel_messages,
+        );
         if let Some(server_id) = server_id {
             channel["servers"] = json!([{"$ref": format!("#/servers/{server_id}")}]);
         }
@@ -165,7 +214,7 @@ pub fn document(
     });
     let mut doc = json!({
         "asyncapi": ASYNCAPI_VERSION,
-        "info": info(config),
+        "info": info(config, members),
         "defaultContentType": encode::DATA_CONTENT_TYPE,
     });
     if let Some((servers, schemes)) = server::servers(binding.sink, &origins) {
@@ -180,18 +229,52 @@ pub fn document(
     Ok(doc)
 }
 
-fn info(config: &Config) -> Value {
+/// The message ids of the clusters of kubeconfig Secrets start with this.
+const DISCOVERED_ID: &str = "discovered";
+
+fn info(config: &Config, members: &[Member<'_>]) -> Value {
+    let (title, whose) = if config.fleet.is_fleet() {
+        let named: Vec<String> = members
+            .iter()
+            .filter_map(|m| m.cluster)
+            .map(|c| format!("`{c}`"))
+            .collect();
+        let mut whose = match named.len() {
+            0 => String::new(),
+            1 => format!("cluster {}", named[0]),
+            _ => format!("clusters {}", named.join(", ")),
+        };
+        if let Some(s) = &config.fleet.secrets {
+            if !whose.is_empty() {
+                whose.push_str(" and ");
+            }
+            whose.push_str(&format!(
+                "every cluster discovered from a kubeconfig Secret in namespace `{}`",
+                s.namespace
+            ));
+        }
+        let whose =
+            format!("{whose}; each event's `cluster` attribute names the cluster it comes from");
+        (
+            format!("kube-event-bridge: fleet of {}", config.cluster),
+            whose,
+        )
+    } else {
+        (
+            format!("kube-event-bridge: cluster {}", config.cluster),
+            format!("cluster `{}`", config.cluster),
+        )
+    };
     json!({
-        "title": format!("kube-event-bridge: cluster {}", config.cluster),
+        "title": title,
         "version": env!("CARGO_PKG_VERSION"),
         "description": format!(
-            "Every add, update and delete of the watched Kubernetes resources of cluster `{}`, \
+            "Every add, update and delete of the watched Kubernetes resources of {whose}, \
              published by kube-event-bridge as a CloudEvent 1.0. Per object, events arrive in the \
              order the API server made the changes; an event may arrive twice with the same `id` \
              (deduplicate by `id`, keep state by `uid`, compare `sequence` within a uid). \
              Generated by `kube-event-bridge asyncapi` from the configuration, its resources \
-             resolved through the API server's discovery.",
-            config.cluster
+             resolved through the API server's discovery."
         ),
         "license": {"name": "Apache-2.0", "url": "https://www.apache.org/licenses/LICENSE-2.0"},
         "externalDocs": {
@@ -216,28 +299,34 @@ fn embedded(mut schema: Value) -> Value {
     schema
 }
 
-/// Resources grouped by channel address (`None`: standard output), in configuration order.
+/// The resources of each member, with their member, grouped by channel address (`None`:
+/// standard output), in member then configuration order.
+type Groups<'a> = Vec<(Option<String>, Vec<(Member<'a>, &'a ResolvedResource)>)>;
+
 fn group_by_address<'a>(
     config: &'a Config,
     binding: Binding<'_>,
-    resources: &'a [ResolvedResource],
-) -> Vec<(Option<String>, Vec<&'a ResolvedResource>)> {
-    let mut groups: Vec<(Option<String>, Vec<&ResolvedResource>)> = Vec::new();
-    for r in resources {
-        let mut values = r.template_values(&config.cluster);
-        if let (true, Some([namespace])) = (r.namespaced, r.config.namespaces.as_deref()) {
-            values.namespace = Some(namespace);
-        }
-        let address = config.sink.destination().map(|t| {
-            r.destination(t).address(
-                &values,
-                binding.sink.subject_addresses(),
-                namespace_parameter(r),
-            )
-        });
-        match groups.iter_mut().find(|(a, _)| *a == address) {
-            Some((_, members)) => members.push(r),
-            None => groups.push((address, vec![r])),
+    members: &[Member<'a>],
+) -> Groups<'a> {
+    let mut groups: Groups<'a> = Vec::new();
+    for member in members {
+        for r in member.resources {
+            let mut values = r.template_values(member.cluster.unwrap_or(&config.cluster));
+            if let (true, Some([namespace])) = (r.namespaced, r.config.namespaces.as_deref()) {
+                values.namespace = Some(namespace);
+            }
+            let address = config.sink.destination().map(|t| {
+                r.destination(t).address(
+                    &values,
+                    binding.sink.subject_addresses(),
+                    namespace_parameter(r),
+                    member.cluster.is_none(),
+                )
+            });
+            match groups.iter_mut().find(|(a, _)| *a == address) {
+                Some((_, published)) => published.push((*member, r)),
+                None => groups.push((address, vec![(*member, r)])),
+            }
         }
     }
     groups
@@ -290,6 +379,7 @@ fn unique_id(taken: &Map<String, Value>, base: &str) -> String {
 
 /// The Channel Object of one address.
 fn channel(
+    config: &Config,
     binding: Binding<'_>,
     address: Option<&str>,
     members: &[&ResolvedResource],
@@ -311,7 +401,7 @@ fn channel(
         "messages": messages,
     });
     if let Some(address) = address {
-        let parameters = parameters(address, binding, members);
+        let parameters = parameters(config, address, binding, members);
         if !parameters.is_empty() {
             channel["parameters"] = Value::Object(parameters);
         }
@@ -322,14 +412,33 @@ fn channel(
     channel
 }
 
-/// The parameters of a templated address: `{namespace}` and `{name}`.
+/// The parameters of a templated address: `{cluster}` (the clusters of kubeconfig Secrets),
+/// `{namespace}` and `{name}`.
 fn parameters(
+    config: &Config,
     address: &str,
     binding: Binding<'_>,
     members: &[&ResolvedResource],
 ) -> Map<String, Value> {
     let safe = binding.sink.parameter_encoding();
     let mut out = Map::new();
+    if address.contains("{cluster}") {
+        let secrets = config.fleet.secrets.as_ref().map_or(String::new(), |s| {
+            format!(" in namespace `{}`", s.namespace)
+        });
+        out.insert(
+            "cluster".into(),
+            json!({
+                "description": format!(
+                    "The name of a cluster discovered from a kubeconfig Secret{secrets} (a DNS \
+                     label: the Secret's name without `-kubeconfig`, or its \
+                     `cluster.x-k8s.io/cluster-name` label), the `cluster` attribute of its \
+                     events. The clusters listed in the configuration have channels of their own."
+                ),
+                "examples": [message::EXAMPLE_DISCOVERED_CLUSTER],
+            }),
+        );
+    }
     if address.contains("{namespace}") {
         let mut p = json!({"description": format!(
             "The object's namespace, {safe}; `_` for cluster-scoped objects."
@@ -692,6 +801,189 @@ mod tests {
         assert!(
             !text.contains("hunter2") && !text.contains("\"bridge\""),
             "{text}"
+        );
+    }
+
+    const FLEET: &str = "cluster: hub\n\
+        clusters: [{name: hub}, {name: east, kubeconfig: /k/east}]\n\
+        clusterSecrets: {namespace: fleet}\n\
+        resources:\n\
+        - {apiVersion: v1, resource: configmaps}\n\
+        - {apiVersion: v1, resource: pods, clusters: [east]}\n";
+
+    /// A fleet's document: hub's configmaps, east's configmaps and pods, the Secrets' clusters'
+    /// configmaps.
+    fn fleet_doc(sink: &str) -> Value {
+        let yaml = format!("{FLEET}{sink}");
+        let (cfg, rs) = resolved(
+            &yaml,
+            &[("ConfigMap", "configmaps", true), ("Pod", "pods", true)],
+        );
+        let hub = vec![rs[0].clone()];
+        let discovered = vec![rs[0].clone()];
+        let members = [
+            Member {
+                cluster: Some("hub"),
+                resources: &hub,
+                api_server: "https://hub:6443",
+            },
+            Member {
+                cluster: Some("east"),
+                resources: &rs,
+                api_server: "https://east:6443",
+            },
+            Member {
+                cluster: None,
+                resources: &discovered,
+                api_server: "",
+            },
+        ];
+        fleet_document(&cfg, &members).unwrap()
+    }
+
+    #[test]
+    fn a_fleet_has_each_cluster_s_channels_and_a_cluster_parameter_for_the_secrets() {
+        let d = fleet_doc(
+            "sink: {kafka: {bootstrapServers: 'a:9092', topic: 'k8s.{cluster}.{resource}'}}\n",
+        );
+        let addresses: Vec<&str> = d["channels"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|c| c["address"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            addresses,
+            [
+                "k8s.{cluster}.configmaps",
+                "k8s.east.configmaps",
+                "k8s.east.pods",
+                "k8s.hub.configmaps",
+            ]
+        );
+        let any = &d["channels"]["k8s._cluster_.configmaps"];
+        let parameter = &any["parameters"]["cluster"];
+        assert!(
+            parameter["description"]
+                .as_str()
+                .unwrap()
+                .contains("kubeconfig Secret in namespace `fleet`"),
+            "{parameter}"
+        );
+        assert!(any.get("bindings").is_none(), "no one topic to bind: {any}");
+        let messages = d["components"]["messages"].as_object().unwrap();
+        let names: Vec<&String> = messages.keys().collect();
+        assert_eq!(
+            names,
+            [
+                "discovered.v1.configmaps",
+                "east.v1.configmaps",
+                "east.v1.pods",
+                "hub.v1.configmaps"
+            ]
+        );
+        let east = &messages["east.v1.configmaps"]["headers"]["properties"];
+        assert_eq!(east["ce_cluster"]["const"], "east");
+        assert_eq!(east["ce_source"]["const"], "/k8s/east/api/v1/configmaps");
+        assert!(
+            east["ce_cluster"]["description"]
+                .as_str()
+                .unwrap()
+                .contains("in a fleet the name of the member"),
+            "{}",
+            east["ce_cluster"]
+        );
+        let discovered = &messages["discovered.v1.configmaps"];
+        let headers = &discovered["headers"]["properties"];
+        assert!(headers["ce_cluster"].get("const").is_none());
+        assert_eq!(
+            headers["ce_cluster"]["pattern"],
+            "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+        );
+        assert_eq!(
+            headers["ce_source"]["pattern"],
+            "^/k8s/[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/api/v1/configmaps$"
+        );
+        let example = &discovered["examples"][0]["headers"];
+        assert_eq!(example["ce_cluster"], "workload-1");
+        assert!(
+            discovered["summary"]
+                .as_str()
+                .unwrap()
+                .contains("in a cluster discovered from a kubeconfig Secret"),
+            "{}",
+            discovered["summary"]
+        );
+        let info = d["info"]["description"].as_str().unwrap();
+        assert!(
+            info.contains("clusters `hub`, `east` and every cluster discovered from a kubeconfig Secret in namespace `fleet`"),
+            "{info}"
+        );
+        assert_eq!(d["info"]["title"], "kube-event-bridge: fleet of hub");
+        let yaml: Value = serde_saphyr::from_str(&render(&d, false)).unwrap();
+        assert_eq!(yaml, d);
+    }
+
+    #[test]
+    fn a_destination_without_the_cluster_is_one_channel_with_every_cluster_s_messages() {
+        let d = fleet_doc(
+            "sink: {nats: {url: 'nats://x', subject: 'k8s.{resource}.{namespace}.{name}', jetstream: {stream: s}}}\n",
+        );
+        let channels = d["channels"].as_object().unwrap();
+        let addresses: Vec<&str> = channels
+            .values()
+            .map(|c| c["address"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            addresses,
+            [
+                "k8s.configmaps.{namespace}.{name}",
+                "k8s.pods.{namespace}.{name}"
+            ]
+        );
+        let cm = &channels["k8s.configmaps._namespace_._name_"];
+        let names: Vec<&String> = cm["messages"].as_object().unwrap().keys().collect();
+        assert_eq!(
+            names,
+            [
+                "discovered.v1.configmaps",
+                "east.v1.configmaps",
+                "hub.v1.configmaps"
+            ]
+        );
+        assert!(cm["parameters"].get("cluster").is_none());
+    }
+
+    #[test]
+    fn knative_sources_of_the_secrets_clusters_are_any_url() {
+        let yaml = format!(
+            "{}sink: {{nats: {{url: 'nats://x', jetstream: {{stream: s}}}}}}\neventFormat: knative\n",
+            FLEET
+        );
+        let (cfg, rs) = resolved(
+            &yaml,
+            &[("ConfigMap", "configmaps", true), ("Pod", "pods", true)],
+        );
+        let d = fleet_document(
+            &cfg,
+            &[Member {
+                cluster: None,
+                resources: &rs[..1],
+                api_server: "",
+            }],
+        )
+        .unwrap();
+        let headers =
+            &d["components"]["messages"]["discovered.v1.configmaps"]["headers"]["properties"];
+        assert!(
+            headers["ce-source"].get("const").is_none(),
+            "{}",
+            headers["ce-source"]
+        );
+        assert!(
+            headers["ce-source"].get("pattern").is_none(),
+            "{}",
+            headers["ce-source"]
         );
     }
 }

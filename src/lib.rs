@@ -14,6 +14,7 @@ pub mod backoff;
 pub mod budget;
 pub mod change;
 pub mod checkpoint;
+pub mod clusters;
 pub mod config;
 pub mod crd;
 pub mod discovery;

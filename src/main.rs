@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
-use kube_event_bridge::config::{Config, ConfigFile};
+use kube_event_bridge::clusters::{self, Cluster};
+use kube_event_bridge::config::{Config, ConfigFile, KubernetesConfig};
 use kube_event_bridge::discovery::{self, ResolvedResource};
 use kube_event_bridge::trace::export::{ExportLayer, Exporter};
-use kube_event_bridge::{allocator, kubernetes, runtime, schema, shutdown, snapshot, tail};
+use kube_event_bridge::{allocator, kubernetes, rbac, runtime, schema, shutdown, snapshot, tail};
 use tracing_subscriber::Layer as _;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
@@ -56,13 +57,19 @@ enum Command {
         config: PathBuf,
     },
     /// Validate a configuration without connecting; with --cluster, also resolve every resource
-    /// through discovery and print the plan.
+    /// through discovery and print the plan (for a fleet: per configured cluster, each reached
+    /// as the bridge reaches it; one that cannot be reached fails the check, naming it).
     CheckConfig {
         /// The configuration file.
         config: PathBuf,
-        /// Resolve resources against the cluster and print the plan.
+        /// Resolve resources against the cluster (every configured cluster of a fleet) and print
+        /// the plan.
         #[arg(long)]
         cluster: bool,
+        /// Resolve against this cluster of the fleet alone (implies --cluster); with
+        /// clusterSecrets, also a cluster a kubeconfig Secret names.
+        #[arg(long, value_name = "NAME")]
+        only: Option<String>,
     },
     /// Print the events the bridge publishes to the configured sink, readably.
     Tail {
@@ -81,6 +88,10 @@ enum Command {
         /// Exit after this many seconds without an event.
         #[arg(long)]
         idle_timeout_secs: Option<u64>,
+        /// Follow one cluster of the fleet (by default every one: the configured clusters, and
+        /// with clusterSecrets any cluster, where the broker allows a wildcard).
+        #[arg(long)]
+        cluster: Option<String>,
     },
     /// Force a fresh snapshot of one resource: delete its watches' checkpoints. A running bridge
     /// owning them is fenced and exits; its next start lists and publishes every object again.
@@ -104,7 +115,9 @@ enum Command {
     },
     /// Print the RBAC objects (Roles or ClusterRole, bindings, Lease access) the configuration
     /// needs, resolved through discovery: list and watch on exactly the resources it resolves to
-    /// (a wildcard's by name), get, create and update on Leases when leader election is on.
+    /// (a wildcard's by name), get, create and update on Leases when leader election is on. For
+    /// a fleet: what the bridge's own cluster needs (its watched resources if it is a member, the
+    /// Leases, the kubeconfig Secrets of clusterSecrets), or with --cluster what one member needs.
     Rbac {
         /// The configuration file.
         #[arg(long, short)]
@@ -115,6 +128,18 @@ enum Command {
         /// The namespace the bridge runs in.
         #[arg(long, default_value = "kube-event-bridge")]
         namespace: String,
+        /// A cluster of the fleet: print what the bridge needs there (the resources watched in
+        /// it, the read of its identity; Leases only in the bridge's own cluster). With
+        /// clusterSecrets, any cluster a kubeconfig Secret names.
+        #[arg(long)]
+        cluster: Option<String>,
+        /// Reach the cluster through this kubeconfig for discovery, instead of how the
+        /// configuration reaches it (a path or Secret that only the bridge's pod has).
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+        /// The context of --kubeconfig (default: its current context).
+        #[arg(long, requires = "kubeconfig")]
+        context: Option<String>,
     },
     /// Print an AsyncAPI 3.0.0 document of what the configuration publishes: the server, one
     /// channel per topic or subject (templates as parameterized addresses), one send operation
@@ -256,19 +281,25 @@ fn aborted(error: &anyhow::Error) -> bool {
 async fn command(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Run { config } => run(&config).await,
-        Command::CheckConfig { config, cluster } => check_config(&config, cluster).await,
+        Command::CheckConfig {
+            config,
+            cluster,
+            only,
+        } => check_config(&config, cluster || only.is_some(), only.as_deref()).await,
         Command::Tail {
             config,
             verbose,
             from_beginning,
             limit,
             idle_timeout_secs,
+            cluster,
         } => {
             let options = tail::Options {
                 verbose,
                 from_beginning,
                 limit,
                 idle_timeout: idle_timeout_secs.map(Duration::from_secs),
+                cluster,
             };
             Ok(tail::run(&load(&config)?, options).await?)
         }
@@ -288,7 +319,21 @@ async fn command(command: Command) -> anyhow::Result<()> {
             config,
             service_account,
             namespace,
-        } => rbac(&load(&config)?, &service_account, &namespace).await,
+            cluster,
+            kubeconfig,
+            context,
+        } => {
+            let reach = kubeconfig.map(|kubeconfig| (kubeconfig, context));
+            let config = load(&config)?;
+            rbac(
+                &config,
+                &service_account,
+                &namespace,
+                cluster.as_deref(),
+                reach,
+            )
+            .await
+        }
         Command::Asyncapi { config, format } => asyncapi(&load(&config)?, format).await,
         Command::Schema { dir } => schema::write_all(&dir)
             .with_context(|| format!("cannot write schemas to {}", dir.display())),
@@ -311,29 +356,51 @@ async fn resolve(config: &Config) -> anyhow::Result<Vec<ResolvedResource>> {
     Ok(discovery::resolve(&client, &config.resources).await?)
 }
 
-async fn rbac(config: &Config, service_account: &str, namespace: &str) -> anyhow::Result<()> {
-    let resolved = resolve(config).await?;
-    // The bridge keeps its Leases in its own namespace unless the config names another.
-    let election = &config.leader_election;
-    let sharding = &config.sharding;
-    let leases = if sharding.enabled {
-        let ns = sharding.namespace.as_deref().unwrap_or(namespace);
-        Some((ns, &kube_event_bridge::rbac::SHARDING_LEASE_VERBS[..]))
-    } else if election.enabled {
-        let ns = election.namespace.as_deref().unwrap_or(namespace);
-        Some((ns, &kube_event_bridge::rbac::LEASE_VERBS[..]))
-    } else {
-        None
+/// Prints the RBAC of the bridge's own cluster, or of the fleet's cluster `cluster`; `reach` is
+/// a kubeconfig (and context) to resolve the resources through instead of the configuration's.
+async fn rbac(
+    config: &Config,
+    service_account: &str,
+    namespace: &str,
+    cluster: Option<&str>,
+    reach: Option<(PathBuf, Option<String>)>,
+) -> anyhow::Result<()> {
+    let target = cluster
+        .map(|name| clusters::named(config, name))
+        .transpose()?;
+    let mut needs = rbac::needs(config, cluster, namespace);
+    // The cluster whose watched resources are granted: the member asked for, or the bridge's
+    // own cluster when it is a member.
+    let member = match target {
+        Some(c) if !c.is_own(config) => Some(c),
+        _ => clusters::own(config).cloned().map(Cluster::Configured),
+    };
+    let resolved = match member {
+        None => Vec::new(),
+        // The single cluster of a configuration without a fleet, as it always was.
+        Some(_) if !config.fleet.is_fleet() && reach.is_none() => resolve(config).await?,
+        Some(member) => {
+            let name = member.name();
+            let (client, _) = match reach {
+                Some((kubeconfig, context)) => {
+                    let k = KubernetesConfig {
+                        kubeconfig: Some(kubeconfig),
+                        context,
+                        ..config.kubernetes.clone()
+                    };
+                    clusters::connect_with(name, &k).await?
+                }
+                None => clusters::connect(config, &member).await?,
+            };
+            let watched = config.for_cluster(name, config.kubernetes.clone());
+            let resolution = clusters::resolve(config, name, &client, &watched.resources).await?;
+            needs.not_served = resolution.missing;
+            resolution.resources
+        }
     };
     print!(
         "{}",
-        kube_event_bridge::rbac::render_with_leases(
-            &resolved,
-            service_account,
-            namespace,
-            leases,
-            config.reads_cluster_identity()
-        )
+        rbac::render_needs(&resolved, service_account, namespace, &needs)
     );
     Ok(())
 }
@@ -353,15 +420,73 @@ async fn status(config: &Config) -> anyhow::Result<()> {
 }
 
 async fn asyncapi(config: &Config, format: DocumentFormat) -> anyhow::Result<()> {
-    let (client, api_server) = kubernetes::client_and_url(&config.kubernetes).await?;
-    let resolved = discovery::resolve(&client, &config.resources).await?;
-    let document = kube_event_bridge::asyncapi::document(config, &resolved, &api_server)?;
+    let document = if config.fleet.is_fleet() {
+        asyncapi_fleet(config).await?
+    } else {
+        let (client, api_server) = kubernetes::client_and_url(&config.kubernetes).await?;
+        let resolved = discovery::resolve(&client, &config.resources).await?;
+        kube_event_bridge::asyncapi::document(config, &resolved, &api_server)?
+    };
     let json = matches!(format, DocumentFormat::Json);
     print!("{}", kube_event_bridge::asyncapi::render(&document, json));
     Ok(())
 }
 
-async fn check_config(path: &std::path::Path, cluster: bool) -> anyhow::Result<()> {
+/// The AsyncAPI document of a fleet: each configured cluster's resources resolved through its
+/// own API server (one that cannot be reached fails the command, naming it), and those of the
+/// clusters of kubeconfig Secrets through the bridge's own cluster. Entries a cluster does not
+/// serve are named on standard error.
+async fn asyncapi_fleet(config: &Config) -> anyhow::Result<serde_json::Value> {
+    let targets = clusters::configured(config);
+    let resolved = futures::future::join_all(targets.iter().map(|c| async move {
+        let (client, api_server) = clusters::connect(config, c).await?;
+        let watched = config.for_cluster(c.name(), config.kubernetes.clone());
+        let resolution = clusters::resolve(config, c.name(), &client, &watched.resources).await?;
+        Ok::<_, clusters::Error>((api_server, resolution))
+    }))
+    .await;
+    let mut parts = Vec::new();
+    for (c, r) in targets.iter().zip(resolved) {
+        let (api_server, resolution) = r?;
+        for missing in &resolution.missing {
+            eprintln!("cluster {}: not served, left out: {missing}", c.name());
+        }
+        parts.push((Some(c.name()), resolution.resources, api_server));
+    }
+    let discovered = clusters::discovered_resources(config);
+    if !discovered.is_empty() {
+        // The clusters of the Secrets are not known yet: their resources take their shape from
+        // the bridge's own cluster.
+        let (client, _) = clusters::connect_with(&config.cluster, &config.kubernetes).await?;
+        let resolution = clusters::resolve(config, &config.cluster, &client, &discovered).await?;
+        for missing in &resolution.missing {
+            eprintln!(
+                "clusters of kubeconfig Secrets: not served by the bridge's own cluster {}, through which they are resolved, left out: {missing}",
+                config.cluster
+            );
+        }
+        parts.push((None, resolution.resources, String::new()));
+    }
+    let members: Vec<kube_event_bridge::asyncapi::Member<'_>> = parts
+        .iter()
+        .map(
+            |(cluster, resources, api_server)| kube_event_bridge::asyncapi::Member {
+                cluster: *cluster,
+                resources,
+                api_server,
+            },
+        )
+        .collect();
+    Ok(kube_event_bridge::asyncapi::fleet_document(
+        config, &members,
+    )?)
+}
+
+async fn check_config(
+    path: &std::path::Path,
+    cluster: bool,
+    only: Option<&str>,
+) -> anyhow::Result<()> {
     let config = load(path)?;
     if !cluster {
         println!(
@@ -372,6 +497,12 @@ async fn check_config(path: &std::path::Path, cluster: bool) -> anyhow::Result<(
         );
         return Ok(());
     }
+    if config.fleet.is_fleet() {
+        return check_fleet(path, &config, only).await;
+    }
+    if let Some(name) = only {
+        clusters::named(&config, name)?;
+    }
     let resolved = resolve(&config).await?;
     println!(
         "{}: valid; plan for cluster {}:",
@@ -379,12 +510,89 @@ async fn check_config(path: &std::path::Path, cluster: bool) -> anyhow::Result<(
         config.cluster
     );
     for r in &resolved {
-        println!("{}", plan_line(&config, r));
+        println!("{}", plan_line(&config, &config.cluster, r));
     }
     Ok(())
 }
 
-fn plan_line(config: &Config, r: &ResolvedResource) -> String {
+/// `check-config --cluster` of a fleet: every configured cluster (or `only`) resolved at once,
+/// each reached as the bridge reaches it, and its plan printed in a section of its own; then
+/// the clusters of kubeconfig Secrets, which are resolved when the bridge runs. Fails naming the
+/// clusters that could not be reached.
+async fn check_fleet(
+    path: &std::path::Path,
+    config: &Config,
+    only: Option<&str>,
+) -> anyhow::Result<()> {
+    let targets = match only {
+        Some(name) => vec![clusters::named(config, name)?],
+        None => clusters::configured(config),
+    };
+    let names: Vec<&str> = targets.iter().map(Cluster::name).collect();
+    println!(
+        "{}: valid; plan for the fleet's cluster{} {}:",
+        path.display(),
+        if names.len() == 1 { "" } else { "s" },
+        names.join(", ")
+    );
+    let plans = futures::future::join_all(targets.iter().map(|c| async move {
+        let (client, _) = clusters::connect(config, c).await?;
+        let watched = config.for_cluster(c.name(), config.kubernetes.clone());
+        clusters::resolve(config, c.name(), &client, &watched.resources).await
+    }))
+    .await;
+    let mut unreachable = Vec::new();
+    for (c, plan) in targets.iter().zip(plans) {
+        println!("cluster {} ({}):", c.name(), c.describe(config));
+        match plan {
+            Ok(plan) => {
+                for r in &plan.resources {
+                    println!("{}", plan_line(config, c.name(), r));
+                }
+                for missing in &plan.missing {
+                    println!("  not served here, not watched: {missing}");
+                }
+                if plan.resources.is_empty() && plan.missing.is_empty() {
+                    println!("  no resource is watched in this cluster");
+                }
+            }
+            Err(e) => {
+                println!("  cannot reach: {:#}", anyhow::Error::new(e));
+                unreachable.push(c.name());
+            }
+        }
+    }
+    if let (Some(secrets), None) = (&config.fleet.secrets, only) {
+        let selector = secrets
+            .label_selector
+            .as_ref()
+            .map(|s| format!(" matching {s:?}"))
+            .unwrap_or_default();
+        let watched: Vec<String> = clusters::discovered_resources(config)
+            .iter()
+            .map(|r| format!("resources[{}]", r.index))
+            .collect();
+        println!(
+            "clusters from kubeconfig Secrets in namespace {}{selector}: resolved when the bridge runs; each watches {}",
+            secrets.namespace,
+            if watched.is_empty() {
+                "nothing (every resource is narrowed to configured clusters)".to_string()
+            } else {
+                watched.join(", ")
+            }
+        );
+    }
+    anyhow::ensure!(
+        unreachable.is_empty(),
+        "cannot reach cluster{} {} (see above)",
+        if unreachable.len() == 1 { "" } else { "s" },
+        unreachable.join(", ")
+    );
+    Ok(())
+}
+
+/// One resource of the plan of `cluster`.
+fn plan_line(config: &Config, cluster: &str, r: &ResolvedResource) -> String {
     let scope = if r.namespaced {
         "Namespaced"
     } else {
@@ -397,7 +605,7 @@ fn plan_line(config: &Config, r: &ResolvedResource) -> String {
         (None, None) => "-".into(),
     };
     let destination = match kube_event_bridge::sink::settings(&config.sink) {
-        Ok(sink) => sink.plan(&config.cluster, r),
+        Ok(sink) => sink.plan(cluster, r),
         Err(e) => e.to_string(),
     };
     let events: Vec<&str> = r.config.events.iter().map(|k| k.as_str()).collect();

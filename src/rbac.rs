@@ -13,6 +13,13 @@
 //!   even when another entry needs the cluster role);
 //! - the Lease grants are a `Role` + `RoleBinding` in the bridge's own namespace.
 //!
+//! In a fleet, each cluster gets its own: a member reached through a kubeconfig needs list and
+//! watch on the resources watched there and the read of its identity, nothing about Leases
+//! ([`needs`] with its name); the bridge's own cluster needs its resources if it is a member,
+//! the Leases, and with `clusterSecrets` a `Role` + `RoleBinding` granting `get`, `list` and
+//! `watch` on Secrets in that one namespace ([`needs`] without a name). [`render_needs`] renders
+//! either.
+//!
 //! Resources are taken after discovery ([`crate::discovery::resolve`]) because RBAC names the
 //! plural (`configmaps`), while a configuration may name the kind (`ConfigMap`). A wildcard entry
 //! (`resource: "*"`) is granted the resources discovery resolved it to, each by name: never `*`,
@@ -29,6 +36,7 @@ use k8s_openapi::api::rbac::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 
+use crate::config::Config;
 use crate::discovery::ResolvedResource;
 
 /// The verbs granted on every watched resource, and on Namespaces and CRDs when followed: the
@@ -166,6 +174,123 @@ pub fn render_with_leases(
     leases: Option<(&str, &[&str])>,
     identity: bool,
 ) -> String {
+    let needs = Needs {
+        leases: leases.map(|(ns, verbs)| {
+            (
+                ns.to_string(),
+                verbs.iter().map(|v| v.to_string()).collect(),
+            )
+        }),
+        identity,
+        ..Needs::default()
+    };
+    render_needs(resources, service_account, namespace, &needs)
+}
+
+/// What the bridge needs in one cluster besides list and watch on the resources watched there.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Needs {
+    /// The cluster and its part in the configuration, for the header; `None` for the single
+    /// cluster of a configuration without a fleet (the header then reads as it always did).
+    pub cluster: Option<Part>,
+    /// The namespace of the Leases and the verbs on them (leader election or sharding).
+    pub leases: Option<(String, Vec<String>)>,
+    /// The namespace of the kubeconfig Secrets the bridge reads (`clusterSecrets`).
+    pub cluster_secrets: Option<String>,
+    /// Whether the bridge reads the cluster's identity (`get` on namespace `kube-system`).
+    pub identity: bool,
+    /// Entries of `resources` this cluster does not serve: named in the header, not granted.
+    pub not_served: Vec<String>,
+}
+
+/// A cluster's part in a fleet, as the header of its RBAC names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Part {
+    /// The bridge's own cluster (its Leases, the kubeconfig Secrets), named `cluster`; `member`
+    /// when the bridge also watches it.
+    Own {
+        /// The cluster's name.
+        name: String,
+        /// Whether it is also a member of the fleet.
+        member: bool,
+    },
+    /// A member the bridge reaches through a kubeconfig: only its watched resources and identity.
+    Member {
+        /// The cluster's name.
+        name: String,
+        /// The bridge's own cluster, where the Leases live.
+        own: String,
+    },
+}
+
+/// The name of the Role (and binding) granting reads of the kubeconfig Secrets:
+/// [`role_name`] plus `:cluster-secrets`.
+pub fn cluster_secrets_role_name(service_account: &str, namespace: &str) -> String {
+    format!("{}:cluster-secrets", role_name(service_account, namespace))
+}
+
+/// The verbs granted on Secrets in `clusterSecrets.namespace`: the bridge follows them (`list`,
+/// `watch`) and commands read one cluster's (`get`). Never cluster-wide.
+pub const CLUSTER_SECRET_VERBS: [&str; 3] = ["get", "list", "watch"];
+
+/// What one cluster of `config` needs: `cluster` is `None` for the bridge's own cluster (its
+/// member's resources, if it is one, the Leases and the kubeconfig Secrets), or a member's name
+/// (its resources and identity; Leases only live in the bridge's own cluster). `namespace` is the
+/// bridge's, where its Leases live unless the configuration names another namespace. Pure: the
+/// resources watched there are resolved by the caller.
+pub fn needs(config: &Config, cluster: Option<&str>, namespace: &str) -> Needs {
+    let fleet = config.fleet.is_fleet();
+    let own = crate::clusters::own(config).map(|c| c.name.clone());
+    match cluster {
+        Some(name) if !crate::clusters::is_own(config, name) => Needs {
+            cluster: Some(Part::Member {
+                name: name.to_string(),
+                own: config.cluster.clone(),
+            }),
+            identity: config.reads_cluster_identity(),
+            ..Needs::default()
+        },
+        _ => Needs {
+            cluster: fleet.then(|| Part::Own {
+                name: own.clone().unwrap_or_else(|| config.cluster.clone()),
+                member: own.is_some(),
+            }),
+            leases: leases(config, namespace),
+            cluster_secrets: config.fleet.secrets.as_ref().map(|s| s.namespace.clone()),
+            // The identity is read by each member, not by the bridge's own cluster as such.
+            identity: own.is_some() && config.reads_cluster_identity(),
+            not_served: Vec::new(),
+        },
+    }
+}
+
+/// The namespace of the Leases and their verbs: sharding's, else leader election's, in the
+/// bridge's own namespace unless the configuration names another.
+pub fn leases(config: &Config, namespace: &str) -> Option<(String, Vec<String>)> {
+    let (election, sharding) = (&config.leader_election, &config.sharding);
+    if sharding.enabled {
+        let ns = sharding.namespace.as_deref().unwrap_or(namespace);
+        Some((
+            ns.to_string(),
+            SHARDING_LEASE_VERBS.map(String::from).to_vec(),
+        ))
+    } else if election.enabled {
+        let ns = election.namespace.as_deref().unwrap_or(namespace);
+        Some((ns.to_string(), LEASE_VERBS.map(String::from).to_vec()))
+    } else {
+        None
+    }
+}
+
+/// Renders what `needs` says, with list and watch on `resources` (resolved through discovery in
+/// that cluster), for the bridge running as `service_account` in `namespace`: as [`render`], plus
+/// a Role and RoleBinding in the namespace of the kubeconfig Secrets when the bridge reads them.
+pub fn render_needs(
+    resources: &[ResolvedResource],
+    service_account: &str,
+    namespace: &str,
+    needs: &Needs,
+) -> String {
     let perms = permissions(resources);
     let name = role_name(service_account, namespace);
     let subject = Subject {
@@ -198,20 +323,45 @@ pub fn render_with_leases(
             subjects: Some(vec![subject.clone()]),
         }));
     }
-    let mut out = format!(
+    let mut out = String::new();
+    match &needs.cluster {
+        None => {}
+        Some(Part::Own { name, member }) => {
+            let watched = if *member {
+                "a member of the fleet: its watched resources, "
+            } else {
+                "not a member of the fleet: "
+            };
+            out.push_str(&format!(
+                "# Cluster {name}, the bridge's own ({watched}its Leases and kubeconfig Secrets); apply it there.\n"
+            ));
+        }
+        Some(Part::Member { name, own }) => out.push_str(&format!(
+            "# Cluster {name} of the fleet; apply it there. The ServiceAccount below must be the identity of\n\
+             # the bridge's kubeconfig for {name}. Its Leases live in {own}: `rbac` without --cluster.\n"
+        )),
+    }
+    let watched = match &needs.cluster {
+        Some(Part::Own { member: false, .. }) => "no resources watched here".to_string(),
+        Some(Part::Member { .. } | Part::Own { member: true, .. }) => format!(
+            "{} on the resources watched in this cluster",
+            WATCH_VERBS.join(", ")
+        ),
+        _ => format!("{} on the configured resources", WATCH_VERBS.join(", ")),
+    };
+    out.push_str(&format!(
         "# RBAC for kube-event-bridge running as system:serviceaccount:{namespace}:{service_account}:\n\
-         # {} on the configured resources",
-        WATCH_VERBS.join(", "),
-    );
-    match leases {
-        Some((lease_ns, verbs)) => {
+         # {watched}"
+    ));
+    match (&needs.leases, &needs.cluster) {
+        (Some((lease_ns, verbs)), _) => {
             let lease = lease_role_name(service_account, namespace);
             docs.push(yaml(&Role {
                 metadata: meta(&lease, Some(lease_ns)),
                 rules: Some(vec![PolicyRule {
                     api_groups: Some(vec![LEASE_GROUP.into()]),
                     resources: Some(vec!["leases".into()]),
-                    verbs: verbs.iter().map(|v| v.to_string()).collect(),
+                    verbs: verbs.clone(),
                     ..PolicyRule::default()
                 }]),
             }));
@@ -225,9 +375,31 @@ pub fn render_with_leases(
                 verbs.join(", ")
             ));
         }
-        None => out.push_str(" (leader election and sharding off: no Lease access).\n"),
+        (None, Some(Part::Member { .. })) => out.push_str(".\n"),
+        (None, _) => out.push_str(" (leader election and sharding off: no Lease access).\n"),
     }
-    if identity {
+    if let Some(secrets_ns) = &needs.cluster_secrets {
+        let role = cluster_secrets_role_name(service_account, namespace);
+        docs.push(yaml(&Role {
+            metadata: meta(&role, Some(secrets_ns)),
+            rules: Some(vec![PolicyRule {
+                api_groups: Some(vec![String::new()]),
+                resources: Some(vec!["secrets".into()]),
+                verbs: CLUSTER_SECRET_VERBS.iter().map(|v| v.to_string()).collect(),
+                ..PolicyRule::default()
+            }]),
+        }));
+        docs.push(yaml(&RoleBinding {
+            metadata: meta(&role, Some(secrets_ns)),
+            role_ref: role_ref("Role", &role),
+            subjects: Some(vec![subject.clone()]),
+        }));
+        out.push_str(&format!(
+            "# {} on secrets in {secrets_ns} alone: the kubeconfig Secrets of the fleet's clusters.\n",
+            CLUSTER_SECRET_VERBS.join(", ")
+        ));
+    }
+    if needs.identity {
         let identity = identity_role_name(service_account, namespace);
         docs.push(yaml(&Role {
             metadata: meta(&identity, Some(IDENTITY_NAMESPACE)),
@@ -246,6 +418,11 @@ pub fn render_with_leases(
         }));
         out.push_str(&format!(
             "# get on namespace {IDENTITY_NAMESPACE}, whose uid identifies this cluster (checkpoints, clusterid).\n"
+        ));
+    }
+    for missing in &needs.not_served {
+        out.push_str(&format!(
+            "# not served by this cluster, not granted: {missing}\n"
         ));
     }
     for doc in docs {
@@ -763,5 +940,202 @@ mod tests {
         assert!(d.iter().any(|d| d["kind"] == "RoleBinding"
             && d["metadata"]["namespace"] == IDENTITY_NAMESPACE
             && d["subjects"][0]["name"] == "sa"));
+    }
+
+    const FLEET: &str = "cluster: hub\nleaderElection: {enabled: true}\n\
+        clusters: [{name: hub}, {name: east, kubeconfig: /k/east}]\n\
+        clusterSecrets: {namespace: fleet}\n\
+        resources:\n\
+        - {apiVersion: v1, resource: configmaps, clusters: [hub]}\n\
+        - {apiVersion: v1, resource: pods, clusters: [east]}\n";
+
+    fn config(yaml: &str) -> Config {
+        ConfigFile::parse(yaml).unwrap().validate().unwrap()
+    }
+
+    #[test]
+    fn a_member_needs_its_resources_and_identity_but_no_lease_nor_secret() {
+        let c = config(FLEET);
+        let needs = needs(&c, Some("east"), "ops");
+        assert_eq!(
+            needs,
+            Needs {
+                cluster: Some(Part::Member {
+                    name: "east".into(),
+                    own: "hub".into()
+                }),
+                identity: true,
+                ..Needs::default()
+            }
+        );
+        let pods = resolved(
+            "cluster: dev\nresources: [{apiVersion: v1, resource: pods}]\n",
+            &[("Pod", "pods", true)],
+        );
+        let text = render_needs(&pods, "keb", "ops", &needs);
+        assert!(
+            text.starts_with("# Cluster east of the fleet; apply it there."),
+            "{text}"
+        );
+        assert!(
+            !text.contains("lease") && !text.contains("secrets"),
+            "{text}"
+        );
+        let kinds: Vec<String> = docs(&text).iter().map(summary).collect();
+        assert_eq!(
+            kinds,
+            [
+                "ClusterRole -/kube-event-bridge:ops:keb",
+                "ClusterRoleBinding -/kube-event-bridge:ops:keb",
+                "Role kube-system/kube-event-bridge:ops:keb:cluster-identity",
+                "RoleBinding kube-system/kube-event-bridge:ops:keb:cluster-identity",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_own_cluster_needs_its_resources_the_leases_and_the_secrets_namespace_alone() {
+        let c = config(FLEET);
+        let hub = needs(&c, None, "ops");
+        assert_eq!(
+            needs(&c, Some("hub"), "ops"),
+            hub,
+            "--cluster of the own cluster"
+        );
+        assert_eq!(
+            hub.cluster,
+            Some(Part::Own {
+                name: "hub".into(),
+                member: true
+            })
+        );
+        assert_eq!(
+            hub.leases,
+            Some(("ops".into(), LEASE_VERBS.map(String::from).to_vec()))
+        );
+        assert_eq!(hub.cluster_secrets.as_deref(), Some("fleet"));
+        assert!(hub.identity);
+        let cms = resolved(
+            "cluster: dev\nresources: [{apiVersion: v1, resource: configmaps}]\n",
+            &[("ConfigMap", "configmaps", true)],
+        );
+        let text = render_needs(&cms, "keb", "ops", &hub);
+        let d = docs(&text);
+        let kinds: Vec<String> = d.iter().map(summary).collect();
+        assert_eq!(
+            kinds,
+            [
+                "ClusterRole -/kube-event-bridge:ops:keb",
+                "ClusterRoleBinding -/kube-event-bridge:ops:keb",
+                "Role ops/kube-event-bridge:ops:keb:leader-election",
+                "RoleBinding ops/kube-event-bridge:ops:keb:leader-election",
+                "Role fleet/kube-event-bridge:ops:keb:cluster-secrets",
+                "RoleBinding fleet/kube-event-bridge:ops:keb:cluster-secrets",
+                "Role kube-system/kube-event-bridge:ops:keb:cluster-identity",
+                "RoleBinding kube-system/kube-event-bridge:ops:keb:cluster-identity",
+            ]
+        );
+        let secrets = d
+            .iter()
+            .find(|d| d["metadata"]["namespace"] == "fleet" && d["kind"] == "Role")
+            .unwrap();
+        let expected: Value = serde_saphyr::from_str(
+            "- {apiGroups: [''], resources: [secrets], verbs: [get, list, watch]}\n",
+        )
+        .unwrap();
+        assert_eq!(secrets["rules"], expected, "{text}");
+        assert!(
+            !d.iter()
+                .any(|d| d["kind"] == "ClusterRole" && d["rules"].to_string().contains("secrets")),
+            "Secrets are never granted cluster-wide:\n{text}"
+        );
+        assert!(
+            text.contains("# get, list, watch on secrets in fleet alone"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_hub_that_is_no_member_needs_its_leases_and_secrets_only() {
+        let c = config(
+            "cluster: hub\nsharding: {enabled: true, namespace: shards}\n\
+             clusterSecrets: {namespace: fleet}\nresources: [{apiVersion: v1, resource: pods}]\n",
+        );
+        let hub = needs(&c, None, "ops");
+        assert_eq!(
+            hub.cluster,
+            Some(Part::Own {
+                name: "hub".into(),
+                member: false
+            })
+        );
+        assert!(!hub.identity, "the identity is read by members only");
+        assert_eq!(hub.leases.as_ref().unwrap().0, "shards");
+        let text = render_needs(&[], "keb", "ops", &hub);
+        assert!(text.contains("not a member of the fleet"), "{text}");
+        assert!(text.contains("# no resources watched here, get, list, watch, create, update, delete on leases in shards."), "{text}");
+        let kinds: Vec<String> = docs(&text).iter().map(summary).collect();
+        assert_eq!(
+            kinds,
+            [
+                "Role shards/kube-event-bridge:ops:keb:leader-election",
+                "RoleBinding shards/kube-event-bridge:ops:keb:leader-election",
+                "Role fleet/kube-event-bridge:ops:keb:cluster-secrets",
+                "RoleBinding fleet/kube-event-bridge:ops:keb:cluster-secrets",
+            ]
+        );
+        // A cluster of the Secrets is a member like any other.
+        let later = needs(&c, Some("later"), "ops");
+        assert!(later.leases.is_none() && later.cluster_secrets.is_none() && later.identity);
+    }
+
+    #[test]
+    fn a_single_cluster_renders_as_it_always_did() {
+        let c = config(
+            "cluster: dev\nleaderElection: {enabled: true}\nresources: [{apiVersion: v1, resource: pods}]\n",
+        );
+        let rs = resolved(
+            "cluster: dev\nresources: [{apiVersion: v1, resource: pods}]\n",
+            &[("Pod", "pods", true)],
+        );
+        let n = needs(&c, None, "ops");
+        assert_eq!(needs(&c, Some("dev"), "ops"), n);
+        assert_eq!(n.cluster, None);
+        let lease = n.leases.as_ref().map(|(ns, _)| ns.as_str());
+        let verbs = n
+            .leases
+            .as_ref()
+            .map(|(_, v)| v.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(
+            render_needs(&rs, "keb", "ops", &n),
+            render_with_leases(
+                &rs,
+                "keb",
+                "ops",
+                lease.zip(verbs.as_deref()),
+                c.reads_cluster_identity()
+            )
+        );
+        assert!(render_needs(&rs, "keb", "ops", &n).starts_with(
+            "# RBAC for kube-event-bridge running as system:serviceaccount:ops:keb:\n"
+        ));
+    }
+
+    #[test]
+    fn resources_a_member_does_not_serve_are_named_not_granted() {
+        let needs = Needs {
+            cluster: Some(Part::Member {
+                name: "east".into(),
+                own: "hub".into(),
+            }),
+            not_served: vec!["resources[1].apiVersion: apps/v9 is not served".into()],
+            ..Needs::default()
+        };
+        let text = render_needs(&[], "keb", "ops", &needs);
+        assert!(
+            text.contains("# not served by this cluster, not granted: resources[1].apiVersion: apps/v9 is not served\n"),
+            "{text}"
+        );
+        assert!(docs(&text).is_empty(), "{text}");
     }
 }

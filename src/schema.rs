@@ -35,7 +35,8 @@ pub struct EventEnvelope {
     pub dataschema: Option<String>,
     /// Always `application/json`.
     pub datacontenttype: String,
-    /// The cluster name from the configuration.
+    /// The cluster's name: the configured `cluster`, or in a fleet the name of the member the
+    /// object lives in (its `clusters[]` entry, or the cluster its kubeconfig Secret names).
     pub cluster: String,
     /// The object's apiVersion.
     pub apiversion: String,

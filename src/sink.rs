@@ -271,15 +271,27 @@ pub trait Settings: SinkSettings + describe::Describe {
     /// (`kafka topic k8s.dev.core.pods`).
     fn plan(&self, cluster: &str, r: &ResolvedResource) -> String;
 
-    /// Subscribes where the events of `resources` are published, for `tail`: every message
-    /// decoded as a CloudEvent, or why it could not be. Fails with [`Error::NoSubscription`]
-    /// when the sink has nothing to subscribe to.
+    /// Subscribes where the events of each scope's resources are published, for `tail`: every
+    /// message decoded as a CloudEvent, or why it could not be, each at most once however many
+    /// scopes share its destination. Fails with [`Error::NoSubscription`] when the sink has
+    /// nothing to subscribe to.
     fn subscribe<'a>(
         &'a self,
-        cluster: &'a str,
-        resources: &'a [ResolvedResource],
+        scopes: &'a [Scope<'a>],
         from_beginning: bool,
     ) -> BoxFuture<'a, Result<Messages>>;
+}
+
+/// What `tail` follows in one cluster: its name, or every cluster discovered from kubeconfig
+/// Secrets, and the resources watched there.
+#[derive(Debug, Clone, Copy)]
+pub struct Scope<'a> {
+    /// The cluster; `None` for every cluster of the kubeconfig Secrets, whose names are known
+    /// only to the running bridge: the `{cluster}` token then matches any name, where the
+    /// broker allows a wildcard (a NATS subject token, a Kafka topic regex).
+    pub cluster: Option<&'a str>,
+    /// The resources, as discovery resolved them.
+    pub resources: &'a [ResolvedResource],
 }
 
 /// [`Settings::subscribe`] of a sink with nothing to subscribe to: its events are at `reason`.

@@ -296,11 +296,23 @@ impl Template {
     /// The subject filter a JetStream stream needs to capture every rendering for `v`'s
     /// per-watch values: per-object tokens become `*`.
     pub fn subject_filter(&self, v: &Values<'_>) -> String {
+        self.filter(v, false)
+    }
+
+    /// [`Template::subject_filter`] for every cluster: `{cluster}` becomes `*` too (its value is
+    /// a DNS label, one subject token), as for the clusters of kubeconfig Secrets, whose names
+    /// are not known in advance.
+    pub fn subject_filter_any_cluster(&self, v: &Values<'_>) -> String {
+        self.filter(v, true)
+    }
+
+    fn filter(&self, v: &Values<'_>, any_cluster: bool) -> String {
         let mut out = String::new();
         for seg in &self.segments {
             match seg {
                 Segment::Literal(l) => out.push_str(l),
                 Segment::Token(Token::Namespace | Token::Name) => out.push('*'),
+                Segment::Token(Token::Cluster) if any_cluster => out.push('*'),
                 Segment::Token(t) => push_safe(&mut out, v.get(*t), is_subject_token_char),
             }
         }
@@ -329,9 +341,17 @@ impl Template {
     }
 
     /// An AsyncAPI channel address for one resource: the per-watch tokens rendered as a topic
-    /// (or, with `subject`, a subject), `{name}` kept as a parameter, and `{namespace}` kept as a
-    /// parameter with `namespace_parameter`, else rendered from `v` (`_` when `None`).
-    pub fn address(&self, v: &Values<'_>, subject: bool, namespace_parameter: bool) -> String {
+    /// (or, with `subject`, a subject), `{name}` kept as a parameter, `{namespace}` kept as a
+    /// parameter with `namespace_parameter`, else rendered from `v` (`_` when `None`), and
+    /// `{cluster}` kept as a parameter with `cluster_parameter` (the clusters of kubeconfig
+    /// Secrets).
+    pub fn address(
+        &self,
+        v: &Values<'_>,
+        subject: bool,
+        namespace_parameter: bool,
+        cluster_parameter: bool,
+    ) -> String {
         let safe = if subject {
             is_subject_token_char
         } else {
@@ -345,6 +365,7 @@ impl Template {
                 Segment::Token(Token::Namespace) if namespace_parameter => {
                     out.push_str("{namespace}")
                 }
+                Segment::Token(Token::Cluster) if cluster_parameter => out.push_str("{cluster}"),
                 Segment::Token(t) => push_safe(&mut out, v.get(*t), safe),
             }
         }
@@ -413,6 +434,26 @@ mod tests {
         assert_eq!(
             t.render_subject(&cluster_scoped),
             "k8s.dev.stable_example_com.crontabs._.a_b_c_d"
+        );
+    }
+
+    #[test]
+    fn any_cluster_becomes_a_wildcard_token_or_a_parameter() {
+        let t = Template::parse("k8s.{cluster}.{group}.{resource}.{namespace}.{name}").unwrap();
+        assert_eq!(
+            t.subject_filter_any_cluster(&V),
+            "k8s.*.stable_example_com.crontabs.*.*"
+        );
+        let mixed = Template::parse("k8s.c-{cluster}.{resource}").unwrap();
+        assert_eq!(mixed.subject_filter_any_cluster(&V), "k8s.*.crontabs");
+        assert_eq!(mixed.subject_filter(&V), "k8s.c-dev.crontabs");
+        assert_eq!(
+            t.address(&V, true, false, true),
+            "k8s.{cluster}.stable_example_com.crontabs.team-a.{name}"
+        );
+        assert_eq!(
+            t.address(&V, true, false, false),
+            "k8s.dev.stable_example_com.crontabs.team-a.{name}"
         );
     }
 

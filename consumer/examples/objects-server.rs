@@ -9,14 +9,17 @@
 //! | `NATS_URL` and `KEB_STREAM` | read this JetStream stream (`KEB_SUBJECTS`: optional comma-separated filters) |
 //! | `KEB_LISTEN` | the HTTP address, default `127.0.0.1:8080` |
 //!
-//! Endpoints: `GET /readyz` (200 once the store caught up, 503 before), `GET /objects` (every
-//! object), `GET /objects/{resource}/{namespace}/{name}` and `GET /objects/{resource}/{name}`
-//! (`resource` as `configmaps` or `deployments.apps`).
+//! Endpoints: `GET /readyz` (200 once the store caught up, 503 before), `GET /clusters` (each
+//! cluster and how many objects it has: one store can follow a fleet), `GET /objects` (every
+//! object of every cluster), `GET /objects/{cluster}` (one cluster's),
+//! `GET /objects/{cluster}/{resource}/{namespace}/{name}` and
+//! `GET /objects/{cluster}/{resource}/{name}` (`cluster` as the events' `cluster` attribute,
+//! `resource` as `configmaps` or `deployments.apps`).
 //!
 //! ```sh
 //! KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092 KEB_TOPICS=state.prod.configmaps \
 //!   cargo run --release -p kube-event-bridge-consumer --example objects-server
-//! curl -s localhost:8080/objects/configmaps/shop/web
+//! curl -s localhost:8080/objects/prod/configmaps/shop/web
 //! ```
 
 use std::convert::Infallible;
@@ -134,20 +137,35 @@ fn respond(store: &Store, request: &Request<Incoming>) -> Response<Full<Bytes>> 
     match path.as_slice() {
         ["readyz"] if store.is_ready() => reply(StatusCode::OK, json!("ready")),
         ["readyz"] => reply(StatusCode::SERVICE_UNAVAILABLE, json!("catching up")),
-        ["objects"] => {
-            let mut objects = store.list();
-            objects.sort_by(|a, b| a.key.cmp(&b.key));
-            reply(
-                StatusCode::OK,
-                Value::Array(objects.iter().map(|o| describe(o)).collect()),
-            )
+        ["clusters"] => {
+            let counts: serde_json::Map<String, Value> = store
+                .clusters()
+                .into_iter()
+                .map(|c| {
+                    let objects = store.cluster(&c).len();
+                    (c, json!(objects))
+                })
+                .collect();
+            reply(StatusCode::OK, Value::Object(counts))
         }
-        ["objects", resource, namespace, name] => {
-            found(store.get(&ObjectKey::namespaced(resource, namespace, name)))
+        ["objects"] => listed(store.list()),
+        ["objects", cluster] => listed(store.cluster(cluster).list()),
+        ["objects", cluster, resource, namespace, name] => {
+            found(store.get(&ObjectKey::namespaced(cluster, resource, namespace, name)))
         }
-        ["objects", resource, name] => found(store.get(&ObjectKey::cluster(resource, name))),
+        ["objects", cluster, resource, name] => {
+            found(store.get(&ObjectKey::cluster_scoped(cluster, resource, name)))
+        }
         _ => reply(StatusCode::NOT_FOUND, json!("no such endpoint")),
     }
+}
+
+fn listed(mut objects: Vec<std::sync::Arc<Object>>) -> Response<Full<Bytes>> {
+    objects.sort_by(|a, b| a.key.cmp(&b.key));
+    reply(
+        StatusCode::OK,
+        Value::Array(objects.iter().map(|o| describe(o)).collect()),
+    )
 }
 
 fn found(object: Option<std::sync::Arc<Object>>) -> Response<Full<Bytes>> {
@@ -163,7 +181,8 @@ fn describe(o: &Object) -> Value {
         Body::Missing { reason, .. } => (Value::Null, json!(format!("{reason:?}"))),
     };
     json!({
-        "resource": o.key.resource, "namespace": o.key.namespace, "name": o.key.name,
+        "cluster": o.key.cluster, "resource": o.key.resource, "namespace": o.key.namespace,
+        "name": o.key.name,
         "uid": o.uid, "resourceVersion": o.resource_version, "origin": o.origin.to_string(),
         "missingBody": missing, "object": object,
     })

@@ -6,9 +6,12 @@
 //! (same id) and stale versions (a `sequence` not newer than the store's for that uid) are
 //! dropped, deletes and Kafka tombstones remove objects, a recreated object (same name, new
 //! uid) replaces the old one, truncated and reference events keep the identity and version and
-//! flag the body as missing ([`Body::Missing`]). A [`Store`] reads it: get by name or uid,
-//! list, and [`Store::wait_until_ready`] once reading caught up with what was published when
-//! it started. A subscription ([`kafka::Subscription`], [`nats::Subscription`]) reads the
+//! flag the body as missing ([`Body::Missing`]). Objects are kept per cluster (the `cluster`
+//! attribute), so one store can follow a fleet: the objects of two clusters with the same
+//! namespace and name are two objects, and deletes, tombstones and the memory of deleted uids
+//! apply within their cluster. A [`Store`] reads it: get by [`ObjectKey`] (cluster, resource,
+//! namespace, name) or by cluster and uid, list, view one cluster ([`Store::cluster`]), and
+//! [`Store::wait_until_ready`] once reading caught up with what was published when it started. A subscription ([`kafka::Subscription`], [`nats::Subscription`]) reads the
 //! topics or the stream and yields a stream of [`Change`]s.
 //!
 //! ```no_run
@@ -30,7 +33,8 @@
 //!         Change::CaughtUp => println!("{} objects", store.len()),
 //!     }
 //! }
-//! let web = store.get(&ObjectKey::namespaced("configmaps", "shop", "web"));
+//! let web = store.get(&ObjectKey::namespaced("prod", "configmaps", "shop", "web"));
+//! let prod = store.cluster("prod").len();
 //! # Ok(())
 //! # }
 //! ```
@@ -46,6 +50,6 @@ mod store;
 pub use event::{ChangeType, Event, Origin, Payload, Record};
 pub use reflect::{Input, reflect};
 pub use store::{
-    Body, Change, DEFAULT_FORGOTTEN_CAPACITY, DeleteCause, MissingBody, Object, ObjectKey, Outcome,
-    Store, Writer,
+    Body, Change, ClusterView, DEFAULT_FORGOTTEN_CAPACITY, DeleteCause, MissingBody, Object,
+    ObjectKey, Outcome, Store, Writer,
 };

@@ -1,5 +1,7 @@
 //! The store of current objects: a cheap-to-clone reader ([`Store`]) and the [`Writer`] that
-//! applies the event contract (docs/consumers.md) to every record read.
+//! applies the event contract (docs/consumers.md) to every record read. Objects are kept per
+//! cluster (the `cluster` attribute): one store can follow a whole fleet, and
+//! [`Store::cluster`] views one cluster's objects.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -14,10 +16,14 @@ use crate::event::{ChangeType, Event, Origin, Payload, Record};
 /// repeated event of a deleted object cannot bring it back.
 pub const DEFAULT_FORGOTTEN_CAPACITY: usize = 100_000;
 
-/// Identifies an object by resource, namespace and name (`kubectl` style resource:
-/// `configmaps`, `deployments.apps`).
+/// Identifies an object by cluster, resource, namespace and name (`kubectl` style resource:
+/// `configmaps`, `deployments.apps`). The cluster is the event's `cluster` attribute: the
+/// bridge's `cluster`, or in a fleet the member's name, so that the objects of two clusters with
+/// the same namespace and name are two objects.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ObjectKey {
+    /// The cluster (the `cluster` attribute).
+    pub cluster: String,
     /// The plural resource, with its group after a dot unless it is the core group.
     pub resource: String,
     /// The namespace; `None` for cluster-scoped objects.
@@ -27,18 +33,20 @@ pub struct ObjectKey {
 }
 
 impl ObjectKey {
-    /// A namespaced object, e.g. `ObjectKey::namespaced("deployments.apps", "shop", "web")`.
-    pub fn namespaced(resource: &str, namespace: &str, name: &str) -> Self {
+    /// A namespaced object, e.g. `ObjectKey::namespaced("prod", "deployments.apps", "shop", "web")`.
+    pub fn namespaced(cluster: &str, resource: &str, namespace: &str, name: &str) -> Self {
         ObjectKey {
+            cluster: cluster.into(),
             resource: resource.into(),
             namespace: Some(namespace.into()),
             name: name.into(),
         }
     }
 
-    /// A cluster-scoped object, e.g. `ObjectKey::cluster("nodes", "node-7")`.
-    pub fn cluster(resource: &str, name: &str) -> Self {
+    /// A cluster-scoped object, e.g. `ObjectKey::cluster_scoped("prod", "nodes", "node-7")`.
+    pub fn cluster_scoped(cluster: &str, resource: &str, name: &str) -> Self {
         ObjectKey {
+            cluster: cluster.into(),
             resource: resource.into(),
             namespace: None,
             name: name.into(),
@@ -51,6 +59,7 @@ impl ObjectKey {
             None => event.resource.clone(),
         };
         ObjectKey {
+            cluster: event.cluster.clone(),
             resource,
             namespace: event.namespace.clone(),
             name: event.name.clone(),
@@ -59,10 +68,39 @@ impl ObjectKey {
 }
 
 impl fmt::Display for ObjectKey {
+    /// `configmaps shop/web in prod`, `nodes node-7 in prod`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.namespace {
-            Some(ns) => write!(f, "{} {ns}/{}", self.resource, self.name),
-            None => write!(f, "{} {}", self.resource, self.name),
+            Some(ns) => write!(
+                f,
+                "{} {ns}/{} in {}",
+                self.resource, self.name, self.cluster
+            ),
+            None => write!(f, "{} {} in {}", self.resource, self.name, self.cluster),
+        }
+    }
+}
+
+/// An object's identity in the store: its cluster and uid. Uids are unique within a cluster;
+/// clusters restored from one etcd backup share them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Id {
+    cluster: String,
+    uid: String,
+}
+
+impl Id {
+    fn of_event(event: &Event) -> Self {
+        Id {
+            cluster: event.cluster.clone(),
+            uid: event.uid.clone(),
+        }
+    }
+
+    fn of(object: &Object) -> Self {
+        Id {
+            cluster: object.key.cluster.clone(),
+            uid: object.uid.clone(),
         }
     }
 }
@@ -115,7 +153,7 @@ impl Body {
 /// One object in the store: its identity and version from the last applied event, and its body.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Object {
-    /// Resource, namespace and name.
+    /// Cluster, resource, namespace and name.
     pub key: ObjectKey,
     /// `metadata.uid`.
     pub uid: String,
@@ -190,37 +228,39 @@ pub enum Outcome {
 
 #[derive(Debug, Default)]
 struct State {
-    by_uid: HashMap<String, Arc<Object>>,
+    by_uid: HashMap<Id, Arc<Object>>,
+    /// Key → uid (the key holds the cluster).
     by_key: HashMap<ObjectKey, String>,
-    by_partition_key: HashMap<(String, String), String>,
+    /// (topic, record key) → the object a tombstone there removes.
+    by_partition_key: HashMap<(String, String), Id>,
     forgotten: Forgotten,
 }
 
-/// Uids deleted or replaced, with the newest `sequence` the store had seen of each when it
-/// forgot it, oldest evicted first beyond the capacity. A uid's events up to that sequence are
-/// late duplicates; a newer one is the object coming back into a label selector it had left
-/// (the API server sends `deleted` when an object stops matching, `added` when it matches
-/// again, with the same uid).
+/// Uids deleted or replaced, each of its cluster, with the newest `sequence` the store had seen
+/// of each when it forgot it, oldest evicted first beyond the capacity. A uid's events up to
+/// that sequence are late duplicates; a newer one is the object coming back into a label
+/// selector it had left (the API server sends `deleted` when an object stops matching, `added`
+/// when it matches again, with the same uid).
 #[derive(Debug, Default)]
 struct Forgotten {
-    set: HashMap<String, String>,
-    order: VecDeque<String>,
+    set: HashMap<Id, String>,
+    order: VecDeque<Id>,
     capacity: usize,
 }
 
 impl Forgotten {
-    fn insert(&mut self, uid: String, sequence: &str) {
+    fn insert(&mut self, id: Id, sequence: &str) {
         if self.capacity == 0 {
             return;
         }
-        if let Some(known) = self.set.get_mut(&uid) {
+        if let Some(known) = self.set.get_mut(&id) {
             if known.as_str() < sequence {
                 *known = sequence.to_string();
             }
             return;
         }
-        self.set.insert(uid.clone(), sequence.to_string());
-        self.order.push_back(uid);
+        self.set.insert(id.clone(), sequence.to_string());
+        self.order.push_back(id);
         while self.order.len() > self.capacity {
             if let Some(old) = self.order.pop_front() {
                 self.set.remove(&old);
@@ -241,26 +281,63 @@ impl Store {
         self.state.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The object with this resource, namespace and name.
+    /// The object with this cluster, resource, namespace and name.
     pub fn get(&self, key: &ObjectKey) -> Option<Arc<Object>> {
         let state = self.read();
         let uid = state.by_key.get(key)?;
-        state.by_uid.get(uid).cloned()
+        state
+            .by_uid
+            .get(&Id {
+                cluster: key.cluster.clone(),
+                uid: uid.clone(),
+            })
+            .cloned()
     }
 
-    /// The object with this uid.
-    pub fn get_by_uid(&self, uid: &str) -> Option<Arc<Object>> {
-        self.read().by_uid.get(uid).cloned()
+    /// The object with this uid in `cluster`.
+    pub fn get_by_uid(&self, cluster: &str, uid: &str) -> Option<Arc<Object>> {
+        self.read()
+            .by_uid
+            .get(&Id {
+                cluster: cluster.into(),
+                uid: uid.into(),
+            })
+            .cloned()
     }
 
-    /// Every object, in no particular order.
+    /// Every object of every cluster, in no particular order.
     pub fn list(&self) -> Vec<Arc<Object>> {
         self.read().by_uid.values().cloned().collect()
     }
 
-    /// How many objects the store holds.
+    /// How many objects the store holds, of every cluster.
     pub fn len(&self) -> usize {
         self.read().by_uid.len()
+    }
+
+    /// The clusters the store holds objects of, sorted.
+    pub fn clusters(&self) -> Vec<String> {
+        let state = self.read();
+        let mut clusters: Vec<String> = state.by_uid.keys().map(|id| id.cluster.clone()).collect();
+        clusters.sort();
+        clusters.dedup();
+        clusters
+    }
+
+    /// The objects of one cluster: a cheap view sharing this store.
+    ///
+    /// ```no_run
+    /// # fn example(store: kube_event_bridge_consumer::Store) {
+    /// let east = store.cluster("east");
+    /// let web = east.get("configmaps", Some("shop"), "web");
+    /// println!("{} objects in east", east.len());
+    /// # }
+    /// ```
+    pub fn cluster(&self, name: &str) -> ClusterView {
+        ClusterView {
+            store: self.clone(),
+            cluster: name.to_string(),
+        }
     }
 
     /// Whether the store is empty.
@@ -281,6 +358,63 @@ impl Store {
         if ready.wait_for(|r| *r).await.is_err() {
             std::future::pending::<()>().await;
         }
+    }
+}
+
+/// The objects of one cluster of a [`Store`] ([`Store::cluster`]). Listing and counting walk
+/// the whole store.
+#[derive(Debug, Clone)]
+pub struct ClusterView {
+    store: Store,
+    cluster: String,
+}
+
+impl ClusterView {
+    /// The cluster's name.
+    pub fn name(&self) -> &str {
+        &self.cluster
+    }
+
+    /// The object with this resource (`configmaps`, `deployments.apps`), namespace (`None` for
+    /// cluster-scoped objects) and name.
+    pub fn get(&self, resource: &str, namespace: Option<&str>, name: &str) -> Option<Arc<Object>> {
+        self.store.get(&ObjectKey {
+            cluster: self.cluster.clone(),
+            resource: resource.into(),
+            namespace: namespace.map(Into::into),
+            name: name.into(),
+        })
+    }
+
+    /// The object with this uid.
+    pub fn get_by_uid(&self, uid: &str) -> Option<Arc<Object>> {
+        self.store.get_by_uid(&self.cluster, uid)
+    }
+
+    /// The cluster's objects, in no particular order.
+    pub fn list(&self) -> Vec<Arc<Object>> {
+        let state = self.store.read();
+        state
+            .by_uid
+            .iter()
+            .filter(|(id, _)| id.cluster == self.cluster)
+            .map(|(_, o)| o.clone())
+            .collect()
+    }
+
+    /// How many objects of the cluster the store holds.
+    pub fn len(&self) -> usize {
+        let state = self.store.read();
+        state
+            .by_uid
+            .keys()
+            .filter(|id| id.cluster == self.cluster)
+            .count()
+    }
+
+    /// Whether the store holds no object of the cluster.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -354,18 +488,19 @@ impl Writer {
 
 impl State {
     fn apply_event(&mut self, destination: String, event: Event) -> Outcome {
-        if let Some(sequence) = self.forgotten.set.get(&event.uid) {
+        let id = Id::of_event(&event);
+        if let Some(sequence) = self.forgotten.set.get(&id) {
             match event.change {
                 ChangeType::Deleted => return Outcome::Duplicate,
                 _ if event.sequence <= *sequence => return Outcome::Stale,
                 // Back in the selector it had left: known again.
                 _ => {
-                    self.forgotten.set.remove(&event.uid);
-                    self.forgotten.order.retain(|u| *u != event.uid);
+                    self.forgotten.set.remove(&id);
+                    self.forgotten.order.retain(|u| *u != id);
                 }
             }
         }
-        let current = self.by_uid.get(&event.uid).cloned();
+        let current = self.by_uid.get(&id).cloned();
         match (event.change, current) {
             (ChangeType::Deleted, Some(current)) => {
                 // Never dropped for its sequence: a repaired delete repeats the last one.
@@ -381,14 +516,14 @@ impl State {
                     ..object_of(destination, event, Body::Full(Value::Null))
                 };
                 self.remove(&current);
-                self.forgotten.insert(last.uid.clone(), &last.sequence);
+                self.forgotten.insert(Id::of(&last), &last.sequence);
                 Outcome::Changed(Change::Deleted {
                     object: Arc::new(last),
                     cause: DeleteCause::Event(origin),
                 })
             }
             (ChangeType::Deleted, None) => {
-                self.forgotten.insert(event.uid, &event.sequence);
+                self.forgotten.insert(id, &event.sequence);
                 Outcome::Unknown
             }
             (_, Some(current)) if event.sequence <= current.sequence => {
@@ -414,13 +549,18 @@ impl State {
             .by_key
             .get(&key)
             .filter(|uid| **uid != event.uid)
-            .and_then(|uid| self.by_uid.get(uid))
+            .and_then(|uid| {
+                self.by_uid.get(&Id {
+                    cluster: key.cluster.clone(),
+                    uid: uid.clone(),
+                })
+            })
             .cloned();
         if let Some(holder) = &holder
             && holder.sequence > event.sequence
         {
             // An older incarnation of a name a newer uid already holds.
-            self.forgotten.insert(event.uid, &event.sequence);
+            self.forgotten.insert(Id::of_event(&event), &event.sequence);
             return Outcome::Stale;
         }
         let body = body_of(&event, previous.as_deref());
@@ -435,21 +575,21 @@ impl State {
         self.by_key.insert(object.key.clone(), object.uid.clone());
         self.by_partition_key.insert(
             (object.destination.clone(), object.partition_key.clone()),
-            object.uid.clone(),
+            Id::of(&object),
         );
-        self.by_uid.insert(object.uid.clone(), object.clone());
+        self.by_uid.insert(Id::of(&object), object.clone());
         Outcome::Changed(Change::Applied { object, previous })
     }
 
     fn apply_tombstone(&mut self, destination: String, key: String) -> Outcome {
-        let Some(uid) = self
+        let Some(id) = self
             .by_partition_key
             .get(&(destination, key.clone()))
             .cloned()
         else {
             return Outcome::Unknown;
         };
-        let Some(current) = self.by_uid.get(&uid).cloned() else {
+        let Some(current) = self.by_uid.get(&id).cloned() else {
             return Outcome::Unknown;
         };
         self.remove(&current);
@@ -460,15 +600,16 @@ impl State {
     }
 
     fn remove(&mut self, object: &Object) {
-        self.by_uid.remove(&object.uid);
+        let id = Id::of(object);
+        self.by_uid.remove(&id);
         if self.by_key.get(&object.key) == Some(&object.uid) {
             self.by_key.remove(&object.key);
         }
         let pk = (object.destination.clone(), object.partition_key.clone());
-        if self.by_partition_key.get(&pk) == Some(&object.uid) {
+        if self.by_partition_key.get(&pk) == Some(&id) {
             self.by_partition_key.remove(&pk);
         }
-        self.forgotten.insert(object.uid.clone(), &object.sequence);
+        self.forgotten.insert(id, &object.sequence);
     }
 }
 

@@ -37,11 +37,21 @@ const EXAMPLE_TRACESTATE: &str = "congo=t61rcWkgMzE";
 /// The example event's span id: fixed, so the document is the same on every run.
 const EXAMPLE_SPAN_ID: [u8; 8] = [0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7];
 
-/// The message of one resource, as an AsyncAPI Message Object.
+/// The name of the cluster in the examples of clusters discovered from kubeconfig Secrets.
+pub(super) const EXAMPLE_DISCOVERED_CLUSTER: &str = "workload-1";
+/// The API server of that cluster, in examples (Knative's `source`).
+pub(super) const EXAMPLE_DISCOVERED_API_SERVER: &str = "https://workload-1.example.com:6443";
+/// A DNS label, as the names of the clusters of kubeconfig Secrets are (ECMA-262 regex).
+const DNS_LABEL_PATTERN: &str = "[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?";
+
+/// The message of one resource, as an AsyncAPI Message Object. `discovered`: `info` is of the
+/// clusters of kubeconfig Secrets (named [`EXAMPLE_DISCOVERED_CLUSTER`] in the example), whose
+/// `cluster` and `source` follow a pattern instead of having one value.
 pub(super) fn message(
     binding: &Binding,
     r: &ResolvedResource,
     info: ResourceInfo,
+    discovered: bool,
     descriptions: &Map<String, Value>,
     trait_ref: &str,
 ) -> Result<Value> {
@@ -49,17 +59,27 @@ pub(super) fn message(
     let example = example_event(&info, r, false)?;
     let truncated = example_event(&info, r, true)?;
     let structured = binding.structured();
+    let cluster = if discovered {
+        "a cluster discovered from a kubeconfig Secret".to_string()
+    } else {
+        format!("cluster {}", info.cluster)
+    };
     let mut message = json!({
         "name": message_name(r),
         "title": format!("{} {} change", r.api.api_version, r.api.kind),
         "summary": format!(
-            "An add, update or delete of a {} ({}) in cluster {}, as a CloudEvent 1.0 ({} mode).",
-            r.api.kind, r.label(), info.cluster, if structured { "structured" } else { "binary" }
+            "An add, update or delete of a {} ({}) in {cluster}, as a CloudEvent 1.0 ({} mode).",
+            r.api.kind, r.label(), if structured { "structured" } else { "binary" }
         ),
         "contentType": binding.content_type(),
         "traits": [{"$ref": trait_ref}],
     });
-    let attributes = attribute_schemas(&info, r, &example, &truncated, descriptions);
+    let mut attributes = attribute_schemas(&info, r, &example, &truncated, descriptions);
+    if discovered {
+        for (name, schema, _) in &mut attributes {
+            any_cluster(name, schema, &info);
+        }
+    }
     let data = data_schema(&info);
     let (payload, example_payload) = if structured || binding.stdout() {
         (
@@ -226,6 +246,43 @@ fn attribute_schemas(
         out.push((name.to_string(), schema, !SOMETIMES.contains(&name)));
     }
     out
+}
+
+/// The schema of `cluster` and `source` for any cluster of the kubeconfig Secrets: a DNS label,
+/// and the source with that label in place of the example's cluster (any API server's URL with
+/// `eventFormat: knative`).
+fn any_cluster(name: &str, schema: &mut Value, info: &ResourceInfo) {
+    let Some(map) = schema.as_object_mut() else {
+        return;
+    };
+    match name {
+        attribute::CLUSTER => {
+            map.remove("const");
+            map.insert("pattern".into(), json!(format!("^{DNS_LABEL_PATTERN}$")));
+        }
+        attribute::SOURCE => {
+            map.remove("const");
+            let prefix = format!("/k8s/{EXAMPLE_DISCOVERED_CLUSTER}/");
+            if let Some(rest) = info.source.strip_prefix(&prefix) {
+                map.insert(
+                    "pattern".into(),
+                    json!(format!("^/k8s/{DNS_LABEL_PATTERN}/{}$", regex_escape(rest))),
+                );
+            }
+        }
+        _ => {}
+    }
+}
+
+/// `text` with the characters an ECMA-262 regex gives a meaning escaped.
+fn regex_escape(text: &str) -> String {
+    text.chars().fold(String::new(), |mut out, c| {
+        if "\\^$.|?*+()[]{}".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+        out
+    })
 }
 
 /// The closed set of values of an attribute, when it has one.

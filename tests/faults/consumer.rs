@@ -48,7 +48,7 @@ pub async fn store_after_gone_repair(sink: SinkKind) {
     for name in ["added", "changed", "recreated"] {
         let object = live
             .store
-            .get(&ObjectKey::namespaced("configmaps", ns, name))
+            .get(&ObjectKey::namespaced(cluster, "configmaps", ns, name))
             .unwrap();
         assert_eq!(object.origin, Origin::Repaired, "{name}");
     }

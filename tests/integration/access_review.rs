@@ -26,7 +26,7 @@ const RBAC_SETTLE: Duration = Duration::from_secs(30);
 
 /// One access question and the answer the rendered RBAC must give.
 #[derive(Debug, Clone)]
-struct Access {
+pub(crate) struct Access {
     verb: &'static str,
     group: String,
     resource: String,
@@ -39,7 +39,12 @@ struct Access {
 }
 
 impl Access {
-    fn new(verb: &'static str, group: &str, resource: &str, namespace: Option<&str>) -> Self {
+    pub(crate) fn new(
+        verb: &'static str,
+        group: &str,
+        resource: &str,
+        namespace: Option<&str>,
+    ) -> Self {
         Access {
             verb,
             group: group.to_string(),
@@ -51,7 +56,7 @@ impl Access {
         }
     }
 
-    fn allowed(mut self) -> Self {
+    pub(crate) fn allowed(mut self) -> Self {
         self.allowed = true;
         self
     }
@@ -61,7 +66,7 @@ impl Access {
         self
     }
 
-    fn named(mut self, name: &'static str) -> Self {
+    pub(crate) fn named(mut self, name: &'static str) -> Self {
         self.name = Some(name);
         self
     }
@@ -118,7 +123,12 @@ async fn review(client: &kube::Client, namespace: &str, name: &str, access: &Acc
 
 /// Waits until every allowed question is allowed (RBAC reaches the authorizer through
 /// informers), then asserts every answer.
-async fn assert_reviews(client: &kube::Client, namespace: &str, name: &str, questions: &[Access]) {
+pub(crate) async fn assert_reviews(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    questions: &[Access],
+) {
     wait_until(
         "the ServiceAccount is granted what its RBAC grants",
         RBAC_SETTLE,

@@ -29,7 +29,7 @@ fn validator() -> String {
 
 /// Runs the validator (`--strict`: warnings fail too) on `document`, with received `messages`
 /// when given: (success, output).
-fn validate(document: &Path, messages: Option<&Path>) -> (bool, String) {
+pub(crate) fn validate(document: &Path, messages: Option<&Path>) -> (bool, String) {
     let mut command = Command::new(validator());
     command.arg("--strict").arg(document);
     if let Some(m) = messages {
@@ -47,7 +47,7 @@ fn validate(document: &Path, messages: Option<&Path>) -> (bool, String) {
 }
 
 /// `kube-event-bridge asyncapi` for `config` (JSON), written to `dir`; returns its path and value.
-fn generate(dir: &Path, name: &str, config: &str) -> (PathBuf, Value) {
+pub(crate) fn generate(dir: &Path, name: &str, config: &str) -> (PathBuf, Value) {
     let config_path = dir.join(format!("{name}.yaml"));
     std::fs::write(&config_path, config).expect("write config");
     let (status, stdout, stderr) = run_cli(&[
@@ -282,7 +282,7 @@ async fn documents_of_every_binding_pass_the_asyncapi_parser() {
 }
 
 /// Received events as the validator's JSONL: each checked against message `message`.
-fn write_received(
+pub(crate) fn write_received(
     dir: &Path,
     name: &str,
     message: &str,

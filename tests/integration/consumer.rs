@@ -1,11 +1,12 @@
 //! The consumer library against the real bridge, API server and brokers: after churn and
 //! bridge restarts (SIGTERM, SIGKILL), its store equals a LIST from the API server; a new store
 //! reading from the beginning rebuilds the same state (Kafka: from a compacted topic with
-//! tombstones); structured content mode and truncated events.
+//! tombstones); structured content mode and truncated events; a fleet's objects of one name in
+//! two clusters.
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube_event_bridge_consumer::{Body, MissingBody, ObjectKey};
 use serde_json::json;
@@ -14,7 +15,7 @@ use crate::harness::{Bridge, SinkKind, sink_yaml};
 use crate::store_check::{
     LiveStore, assert_new_store_rebuilds, churn, compacted_topic, wait_store_equals_list,
 };
-use crate::support::{kube_client, unique_name, unique_namespace, wait_until};
+use crate::support::{ExtraCluster, env, kube_client, unique_name, unique_namespace, wait_until};
 
 /// How long a store may take to reflect what the API server holds.
 const CONVERGE: Duration = Duration::from_secs(120);
@@ -160,7 +161,7 @@ async fn truncated_body(sink: SinkKind) {
     .unwrap();
     let created = cms.create(&PostParams::default(), &big).await.unwrap();
     let rv = created.metadata.resource_version.unwrap();
-    let key = ObjectKey::namespaced("configmaps", &ns, "big");
+    let key = ObjectKey::namespaced(&cluster, "configmaps", &ns, "big");
     let body = wait_until(
         "the store holds the truncated object at its resourceVersion",
         CONVERGE,
@@ -262,4 +263,70 @@ async fn kafka_caught_up_waits_for_records_behind_another_producers_open_transac
         }
     }
     assert_eq!(keys, ["ns/a", "ns/b"], "caught up only after both records");
+}
+
+/// A fleet's stream read by one store: the same namespace and name in two clusters are two
+/// objects, and a delete in one cluster leaves the other's.
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_store_of_a_fleet_keeps_two_clusters_objects_of_one_name_apart() {
+    let hub_client = kube_client().await;
+    let east = ExtraCluster::add("consumer-east").await;
+    let east_client = east.client().await;
+    let ns = unique_namespace(&hub_client, "consumer-fleet").await;
+    let namespace: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": ns}})).expect("a Namespace");
+    Api::<Namespace>::all(east_client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap_or_else(|e| panic!("cannot create namespace {ns} in {}: {e}", east.name));
+    let (hub, east_name) = (unique_name("hub"), unique_name("east"));
+    for (client, at) in [(&hub_client, &hub), (&east_client, &east_name)] {
+        let cm: ConfigMap =
+            serde_json::from_value(json!({"metadata": {"name": "same"}, "data": {"at": at}}))
+                .unwrap();
+        Api::<ConfigMap>::namespaced(client.clone(), &ns)
+            .create(&PostParams::default(), &cm)
+            .await
+            .unwrap_or_else(|e| panic!("cannot create configmap {ns}/same in {at}: {e}"));
+    }
+    let config = format!(
+        "cluster: {hub}\nkubernetes: {{kubeconfig: {}}}\nclusters:\n- {{name: {hub}}}\n- {{name: {east_name}, kubeconfig: {}}}\n\
+         resources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n{}",
+        env().kubeconfig,
+        east.kubeconfig.display(),
+        sink_yaml(SinkKind::Nats, &hub)
+    );
+    let mut bridge = Bridge::start(&config);
+    bridge.wait_synced(2).await;
+    let live = LiveStore::nats(&hub).await;
+    let at = |cluster: &str| {
+        live.store
+            .cluster(cluster)
+            .get("configmaps", Some(&ns), "same")
+            .and_then(|o| o.body.full()?["data"]["at"].as_str().map(String::from))
+    };
+    wait_until("the store holds both clusters' ConfigMap", CONVERGE, || {
+        let both = at(&hub).is_some() && at(&east_name).is_some();
+        async move { both.then_some(()) }
+    })
+    .await;
+    assert_eq!(at(&hub).as_deref(), Some(hub.as_str()));
+    assert_eq!(at(&east_name).as_deref(), Some(east_name.as_str()));
+    let mut clusters = vec![hub.clone(), east_name.clone()];
+    clusters.sort();
+    assert_eq!(live.store.clusters(), clusters);
+    let key = ObjectKey::namespaced(&east_name, "configmaps", &ns, "same");
+    assert_eq!(live.store.get(&key).unwrap().key.cluster, east_name);
+
+    Api::<ConfigMap>::namespaced(east_client.clone(), &ns)
+        .delete("same", &Default::default())
+        .await
+        .expect("delete east's ConfigMap");
+    wait_until("east's ConfigMap leaves the store", CONVERGE, || {
+        let gone = at(&east_name).is_none();
+        async move { gone.then_some(()) }
+    })
+    .await;
+    assert_eq!(at(&hub).as_deref(), Some(hub.as_str()), "the hub's stays");
+    live.assert_no_errors();
 }

@@ -10,6 +10,7 @@ mod behaviour;
 mod bridge;
 mod checkpoint;
 mod cli_consumers;
+mod cli_fleet;
 mod components;
 mod consumer;
 mod credentials;

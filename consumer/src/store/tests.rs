@@ -51,7 +51,7 @@ pub(crate) fn rec(e: Event) -> Record {
 }
 
 fn key(name: &str) -> ObjectKey {
-    ObjectKey::namespaced("configmaps", "ns", name)
+    ObjectKey::namespaced("c", "configmaps", "ns", name)
 }
 
 /// `data.v` of the stored object `name`, or why there is none.
@@ -163,7 +163,7 @@ fn a_recreated_object_replaces_its_predecessor_whatever_order_the_partitions_giv
     assert_eq!(object.uid, "new");
     assert_eq!(previous.unwrap().uid, "old");
     assert_eq!(w.store().len(), 1);
-    assert!(w.store().get_by_uid("old").is_none());
+    assert!(w.store().get_by_uid("c", "old").is_none());
     assert_eq!(
         w.apply(rec(event("a", "old", 15, Deleted, "old"))),
         Outcome::Duplicate
@@ -271,10 +271,14 @@ fn cluster_scoped_and_grouped_objects_are_keyed_by_resource_and_group() {
     deployment.resource = "deployments".into();
     w.apply(rec(deployment));
     let store = w.store();
-    assert!(store.get(&ObjectKey::cluster("nodes", "n1")).is_some());
     assert!(
         store
-            .get(&ObjectKey::namespaced("deployments.apps", "ns", "web"))
+            .get(&ObjectKey::cluster_scoped("c", "nodes", "n1"))
+            .is_some()
+    );
+    assert!(
+        store
+            .get(&ObjectKey::namespaced("c", "deployments.apps", "ns", "web"))
             .is_some()
     );
     assert!(store.get(&key("web")).is_none());
@@ -332,4 +336,178 @@ fn forgotten_uids_are_bounded() {
         w.apply(rec(event("u3", "u3", 9, Added, ""))),
         Outcome::Stale
     );
+}
+
+/// [`event`] of cluster `cluster`, read from `destination`.
+fn in_topic(cluster: &str, destination: &str, e: Event) -> Record {
+    Record::Event {
+        destination: destination.into(),
+        event: Box::new(Event {
+            cluster: cluster.into(),
+            source: format!("/k8s/{cluster}/api/v1/configmaps"),
+            ..e
+        }),
+    }
+}
+
+/// [`event`] of cluster `cluster`, read from its own topic.
+fn of_cluster(cluster: &str, e: Event) -> Record {
+    in_topic(cluster, &format!("k8s.{cluster}.core.configmaps"), e)
+}
+
+/// `data.v` of `name` in `cluster`, or why there is none.
+fn value_in(store: &Store, cluster: &str, name: &str) -> Option<String> {
+    let object = store.cluster(cluster).get("configmaps", Some("ns"), name)?;
+    Some(match &object.body {
+        Body::Full(v) => v["data"]["v"].as_str().unwrap_or_default().to_string(),
+        Body::Missing { reason, .. } => format!("{reason:?}"),
+    })
+}
+
+#[test]
+fn two_clusters_objects_of_one_name_are_two_objects_whatever_the_interleaving() {
+    let mut w = Writer::new();
+    let store = w.store();
+    // The same namespace, name, uid (clusters restored from one etcd backup share uids) and
+    // resourceVersions in two clusters, their events interleaved.
+    let applied = |o: Outcome| matches!(o, Outcome::Changed(Change::Applied { .. }));
+    assert!(applied(
+        w.apply(of_cluster("east", event("a", "u1", 10, Added, "e1")))
+    ));
+    assert!(applied(
+        w.apply(of_cluster("west", event("a", "u1", 10, Added, "w1")))
+    ));
+    assert_eq!(
+        w.apply(of_cluster("east", event("a", "u1", 10, Added, "e1"))),
+        Outcome::Duplicate
+    );
+    assert!(applied(w.apply(of_cluster(
+        "west",
+        event("a", "u1", 12, Modified, "w2")
+    ))));
+    // Older than west's version, newer than east's: a change of east.
+    assert!(applied(w.apply(of_cluster(
+        "east",
+        event("a", "u1", 11, Modified, "e2")
+    ))));
+    assert_eq!(
+        w.apply(of_cluster("west", event("a", "u1", 11, Modified, "w-late"))),
+        Outcome::Stale
+    );
+    assert_eq!(store.len(), 2);
+    assert_eq!(store.clusters(), ["east", "west"]);
+    assert_eq!(value_in(&store, "east", "a").as_deref(), Some("e2"));
+    assert_eq!(value_in(&store, "west", "a").as_deref(), Some("w2"));
+    assert_eq!(
+        store.get_by_uid("east", "u1").unwrap().resource_version,
+        "11"
+    );
+    assert_eq!(
+        store.get_by_uid("west", "u1").unwrap().resource_version,
+        "12"
+    );
+    let west = store.cluster("west");
+    assert_eq!((west.name(), west.len()), ("west", 1));
+    assert_eq!(west.list()[0].key.cluster, "west");
+    assert!(store.cluster("north").is_empty());
+    assert_eq!(
+        store
+            .get(&ObjectKey::namespaced("east", "configmaps", "ns", "a"))
+            .unwrap()
+            .key
+            .to_string(),
+        "configmaps ns/a in east"
+    );
+}
+
+#[test]
+fn a_delete_and_the_memory_of_deleted_uids_stay_within_their_cluster() {
+    let mut w = Writer::new();
+    let store = w.store();
+    w.apply(of_cluster("east", event("a", "u1", 10, Added, "e1")));
+    w.apply(of_cluster("west", event("a", "u1", 10, Added, "w1")));
+    let Outcome::Changed(Change::Deleted { object, .. }) =
+        w.apply(of_cluster("east", event("a", "u1", 12, Deleted, "e1")))
+    else {
+        panic!("east's delete applies");
+    };
+    assert_eq!(object.key.cluster, "east");
+    assert!(store.cluster("east").is_empty());
+    assert_eq!(value_in(&store, "west", "a").as_deref(), Some("w1"));
+    // East's uid stays deleted; the same uid in west keeps changing.
+    assert_eq!(
+        w.apply(of_cluster("east", event("a", "u1", 11, Modified, "e-late"))),
+        Outcome::Stale
+    );
+    assert!(matches!(
+        w.apply(of_cluster("west", event("a", "u1", 13, Modified, "w2"))),
+        Outcome::Changed(_)
+    ));
+    assert_eq!(value_in(&store, "west", "a").as_deref(), Some("w2"));
+    // A delete of west's object that east never had is unknown to east.
+    assert!(matches!(
+        w.apply(of_cluster("west", event("a", "u1", 14, Deleted, "w2"))),
+        Outcome::Changed(Change::Deleted { .. })
+    ));
+    assert!(store.is_empty());
+}
+
+#[test]
+fn a_recreated_name_replaces_its_predecessor_in_its_cluster_only() {
+    let mut w = Writer::new();
+    let store = w.store();
+    w.apply(of_cluster("east", event("a", "old", 10, Added, "e-old")));
+    w.apply(of_cluster("west", event("a", "other", 11, Added, "w")));
+    let Outcome::Changed(Change::Applied { previous, .. }) =
+        w.apply(of_cluster("east", event("a", "new", 20, Added, "e-new")))
+    else {
+        panic!("the new uid applies");
+    };
+    assert_eq!(previous.unwrap().uid, "old");
+    assert_eq!(value_in(&store, "east", "a").as_deref(), Some("e-new"));
+    assert_eq!(value_in(&store, "west", "a").as_deref(), Some("w"));
+}
+
+#[test]
+fn tombstones_of_per_cluster_topics_remove_that_cluster_s_object() {
+    let mut w = Writer::new();
+    let store = w.store();
+    for cluster in ["east", "west"] {
+        let mut e = event("a", &format!("{cluster}-u1"), 10, Added, cluster);
+        e.partition_key = "ns/a".into();
+        w.apply(of_cluster(cluster, e));
+    }
+    let tombstone = Record::Tombstone {
+        destination: "k8s.west.core.configmaps".into(),
+        key: "ns/a".into(),
+    };
+    let Outcome::Changed(Change::Deleted { object, cause }) = w.apply(tombstone) else {
+        panic!("the tombstone removes west's object");
+    };
+    assert_eq!(
+        (object.key.cluster.as_str(), cause),
+        ("west", DeleteCause::Tombstone)
+    );
+    assert_eq!(value_in(&store, "east", "a").as_deref(), Some("east"));
+    // In a topic the clusters share, uid keys (the default) tell their objects apart.
+    let shared = "k8s.all.core.configmaps";
+    w.apply(in_topic(
+        "east",
+        shared,
+        event("b", "ub-east", 20, Added, "e"),
+    ));
+    w.apply(in_topic(
+        "west",
+        shared,
+        event("b", "ub-west", 21, Added, "w"),
+    ));
+    assert!(matches!(
+        w.apply(Record::Tombstone {
+            destination: shared.into(),
+            key: "ub-east".into(),
+        }),
+        Outcome::Changed(Change::Deleted { .. })
+    ));
+    assert!(value_in(&store, "east", "b").is_none());
+    assert_eq!(value_in(&store, "west", "b").as_deref(), Some("w"));
 }

@@ -21,7 +21,7 @@ use crate::config::{
     parse_section,
 };
 use crate::discovery::ResolvedResource;
-use crate::sink::{AnySink, Messages, Result, Settings, no_subscription};
+use crate::sink::{AnySink, Messages, Result, Scope, Settings, no_subscription};
 use crate::template::Template;
 
 crate::sink::register!(
@@ -337,12 +337,7 @@ impl Settings for Http {
         }
     }
 
-    fn subscribe<'a>(
-        &'a self,
-        _: &'a str,
-        _: &'a [ResolvedResource],
-        _: bool,
-    ) -> BoxFuture<'a, Result<Messages>> {
+    fn subscribe<'a>(&'a self, _: &'a [Scope<'a>], _: bool) -> BoxFuture<'a, Result<Messages>> {
         no_subscription(
             "http",
             "the events are posted to its receiver (sink.http.url)",

@@ -45,7 +45,8 @@ impl Describe for Kafka {
     }
 
     fn channel_bindings(&self, address: &str) -> Option<Value> {
-        let templated = address.contains("{namespace}") || address.contains("{name}");
+        // A parameter (`{namespace}`, `{name}`, `{cluster}`): no one topic to bind.
+        let templated = address.contains('{');
         (!templated).then(|| {
             json!({"kafka": {
                 "topic": address,

@@ -20,7 +20,7 @@ use crate::config::{
 };
 use crate::discovery::ResolvedResource;
 use crate::sink::decode::NotCloudEvent;
-use crate::sink::{AnySink, Error, Messages, Result, Settings};
+use crate::sink::{AnySink, Error, Messages, Result, Scope, Settings};
 use crate::template::{self, Template, Values};
 
 crate::sink::register!(
@@ -308,8 +308,7 @@ impl Settings for Kafka {
 
     fn subscribe<'a>(
         &'a self,
-        cluster: &'a str,
-        resources: &'a [ResolvedResource],
+        scopes: &'a [Scope<'a>],
         from_beginning: bool,
     ) -> BoxFuture<'a, Result<Messages>> {
         Box::pin(async move {
@@ -328,8 +327,17 @@ impl Settings for Kafka {
                 "auto.offset.reset",
                 if from_beginning { "earliest" } else { "latest" },
             );
+            if scopes.iter().any(|s| s.cluster.is_none()) {
+                // The topics of a cluster whose Secret appears while tailing are matched by
+                // the pattern once librdkafka refreshes its metadata: soon, rather than after
+                // its default 5 minutes.
+                c.set(
+                    "topic.metadata.refresh.interval.ms",
+                    NEW_TOPICS_REFRESH_MS.to_string(),
+                );
+            }
             let consumer: StreamConsumer = c.create().map_err(failed)?;
-            let pattern = topic_pattern(&self.topic, cluster, resources);
+            let pattern = topic_pattern(&self.topic, scopes);
             consumer.subscribe(&[pattern.as_str()]).map_err(failed)?;
             let messages = futures::stream::unfold(consumer, |consumer| async move {
                 let decoded = match consumer.recv().await {
@@ -343,25 +351,39 @@ impl Settings for Kafka {
     }
 }
 
+/// How often `tail` refreshes the topic list when its pattern has a cluster wildcard.
+const NEW_TOPICS_REFRESH_MS: u32 = 10_000;
+
 /// A librdkafka subscription regex (`^...`) matching every topic the template yields for the
-/// resources.
-pub fn topic_pattern(topic: &Template, cluster: &str, resources: &[ResolvedResource]) -> String {
-    // A marker that survives topic rendering unchanged, then becomes the namespace pattern.
+/// resources of each scope; a scope of every cluster (`cluster: None`) matches any DNS label
+/// where the topic has `{cluster}`.
+pub fn topic_pattern(topic: &Template, scopes: &[Scope<'_>]) -> String {
+    // Markers that survive topic rendering unchanged, then become the namespace and cluster
+    // patterns.
     const NS: &str = "KEBNAMESPACEMARKER";
-    let alternatives: Vec<String> = resources
-        .iter()
-        .map(|r| {
+    const CLUSTER: &str = "KEBCLUSTERMARKER";
+    let mut alternatives: Vec<String> = Vec::new();
+    for scope in scopes {
+        for r in scope.resources {
             let rendered = r.destination(topic).render_topic(&Values {
                 namespace: Some(NS),
-                ..r.template_values(cluster)
+                ..r.template_values(scope.cluster.unwrap_or(CLUSTER))
             });
-            rendered
+            let alternative = rendered
                 .split(NS)
-                .map(regex_escape)
+                .map(|part| {
+                    part.split(CLUSTER)
+                        .map(regex_escape)
+                        .collect::<Vec<_>>()
+                        .join("[a-z0-9-]+")
+                })
                 .collect::<Vec<_>>()
-                .join("[A-Za-z0-9_-]+")
-        })
-        .collect();
+                .join("[A-Za-z0-9_-]+");
+            if !alternatives.contains(&alternative) {
+                alternatives.push(alternative);
+            }
+        }
+    }
     format!("^({})$", alternatives.join("|"))
 }
 
@@ -495,6 +517,59 @@ mod tests {
         .unwrap()
         .validate()
         .unwrap();
+    }
+
+    /// A config's resources resolved by hand as `(kind, plural)` of the core group, namespaced.
+    fn resolved(yaml: &str, api: &[(&str, &str)]) -> Vec<ResolvedResource> {
+        let cfg = ConfigFile::parse(yaml).unwrap().validate().unwrap();
+        cfg.resources
+            .into_iter()
+            .zip(api)
+            .map(|(r, (kind, plural))| ResolvedResource {
+                api: kube::core::ApiResource::from_gvk_with_plural(
+                    &kube::core::GroupVersionKind::gvk(&r.group, &r.version, kind),
+                    plural,
+                ),
+                config: r,
+                namespaced: true,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_pattern_covers_each_cluster_and_any_cluster_of_the_secrets_once() {
+        let yaml = "cluster: hub\n\
+            clusters: [{name: hub}, {name: east, kubeconfig: /k}]\n\
+            clusterSecrets: {namespace: fleet}\n\
+            resources:\n\
+            - {apiVersion: v1, resource: configmaps}\n\
+            - {apiVersion: v1, resource: secrets, topic: 'audit.{namespace}'}\n\
+            sink: {kafka: {bootstrapServers: 'x:1', topic: 'k8s.{cluster}.{resource}'}}\n";
+        let cfg = ConfigFile::parse(yaml).unwrap().validate().unwrap();
+        let Kafka { topic, .. } = cfg.sink.as_any().downcast_ref().expect("a kafka sink");
+        let rs = resolved(yaml, &[("ConfigMap", "configmaps"), ("Secret", "secrets")]);
+        let scopes = [
+            Scope {
+                cluster: Some("hub"),
+                resources: &rs,
+            },
+            Scope {
+                cluster: Some("east"),
+                resources: &rs,
+            },
+            Scope {
+                cluster: None,
+                resources: &rs,
+            },
+        ];
+        let pattern = topic_pattern(topic, &scopes);
+        assert_eq!(
+            pattern,
+            "^(k8s\\.hub\\.configmaps|audit\\.[A-Za-z0-9_-]+|k8s\\.east\\.configmaps|k8s\\.[a-z0-9-]+\\.configmaps)$",
+            "a topic without {{cluster}} is one alternative for every cluster"
+        );
+        let single = topic_pattern(topic, &scopes[..1]);
+        assert_eq!(single, "^(k8s\\.hub\\.configmaps|audit\\.[A-Za-z0-9_-]+)$");
     }
 
     #[test]

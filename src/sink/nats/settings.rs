@@ -18,7 +18,7 @@ use crate::config::{
 };
 use crate::discovery::ResolvedResource;
 use crate::sink::decode::NotCloudEvent;
-use crate::sink::{AnySink, Error, Messages, Result, Settings};
+use crate::sink::{AnySink, Error, Messages, Result, Scope, Settings};
 use crate::template::{self, Template};
 
 crate::sink::register!(
@@ -204,8 +204,7 @@ impl Settings for Nats {
 
     fn subscribe<'a>(
         &'a self,
-        cluster: &'a str,
-        resources: &'a [ResolvedResource],
+        scopes: &'a [Scope<'a>],
         _from_beginning: bool,
     ) -> BoxFuture<'a, Result<Messages>> {
         Box::pin(async move {
@@ -215,9 +214,7 @@ impl Settings for Nats {
             };
             let client = connect_client(&self.config.url, &self.config.credentials).await?;
             let mut subscriptions = futures::stream::SelectAll::new();
-            for r in resources {
-                let values = r.template_values(cluster);
-                let filter = r.destination(&self.subject).subject_filter(&values);
+            for filter in subject_filters(&self.subject, scopes) {
                 let subscription = client
                     .subscribe(filter)
                     .await
@@ -227,6 +224,50 @@ impl Settings for Nats {
             let messages = subscriptions.map(|m| decode(&m).map_err(|e| e.to_string()));
             Ok(messages.boxed())
         })
+    }
+}
+
+/// The subject filters covering the resources of every scope, each message matched by one
+/// only: a subscription receives its own copy of every message it matches, so a filter another
+/// one covers (the same, or narrower than a cluster wildcard) is left out.
+fn subject_filters(subject: &Template, scopes: &[Scope<'_>]) -> Vec<String> {
+    let mut all: Vec<String> = Vec::new();
+    for scope in scopes {
+        for r in scope.resources {
+            let template = r.destination(subject);
+            let filter = match scope.cluster {
+                Some(cluster) => template.subject_filter(&r.template_values(cluster)),
+                None => template.subject_filter_any_cluster(&r.template_values("")),
+            };
+            if !all.contains(&filter) {
+                all.push(filter);
+            }
+        }
+    }
+    let kept: Vec<String> = all
+        .iter()
+        .enumerate()
+        .filter(|(i, f)| {
+            !all.iter()
+                .enumerate()
+                .any(|(j, other)| j != *i && covers(other, f) && !covers(f, other))
+        })
+        .map(|(_, f)| f.clone())
+        .collect();
+    kept
+}
+
+/// Whether every subject `narrow` matches, `wide` matches too (`*` is one token, `>` the rest).
+fn covers(wide: &str, narrow: &str) -> bool {
+    let (mut w, mut n) = (wide.split('.'), narrow.split('.'));
+    loop {
+        match (w.next(), n.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some("*"), Some(t)) if t != ">" => {}
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
     }
 }
 
@@ -245,7 +286,64 @@ pub fn decode(m: &async_nats::Message) -> std::result::Result<cloudevents::Event
 
 #[cfg(test)]
 mod tests {
-    use crate::config::invalid;
+    use super::*;
+    use crate::config::{ConfigFile, invalid};
+
+    #[test]
+    fn a_filter_covers_what_its_wildcards_match() {
+        assert!(covers("k8s.*.core.pods.*.*", "k8s.east.core.pods.*.*"));
+        assert!(covers("k8s.>", "k8s.east.core.pods.a.b"));
+        assert!(covers("a.b", "a.b"));
+        assert!(!covers("k8s.east.core.pods.*.*", "k8s.*.core.pods.*.*"));
+        assert!(!covers("k8s.*.core.pods", "k8s.east.core.pods.a"));
+        assert!(!covers("k8s.*", "k8s.>"));
+    }
+
+    #[test]
+    fn each_message_is_matched_by_one_filter_only() {
+        let yaml = "cluster: hub\n\
+            clusters: [{name: hub}, {name: east, kubeconfig: /k}]\n\
+            clusterSecrets: {namespace: fleet}\n\
+            resources:\n\
+            - {apiVersion: v1, resource: configmaps}\n\
+            - {apiVersion: v1, resource: secrets, subject: 'audit.{namespace}.{name}'}\n\
+            sink: {nats: {url: 'nats://x', jetstream: {stream: s}}}\n";
+        let cfg = ConfigFile::parse(yaml).unwrap().validate().unwrap();
+        let Nats { subject, .. } = cfg.sink.as_any().downcast_ref().expect("a nats sink");
+        let rs: Vec<ResolvedResource> = cfg
+            .resources
+            .iter()
+            .zip([("ConfigMap", "configmaps"), ("Secret", "secrets")])
+            .map(|(r, (kind, plural))| ResolvedResource {
+                api: kube::core::ApiResource::from_gvk_with_plural(
+                    &kube::core::GroupVersionKind::gvk("", "v1", kind),
+                    plural,
+                ),
+                config: r.clone(),
+                namespaced: true,
+            })
+            .collect();
+        let named = |cluster| Scope {
+            cluster: Some(cluster),
+            resources: &rs,
+        };
+        assert_eq!(
+            subject_filters(subject, &[named("hub"), named("east")]),
+            [
+                "k8s.hub.core.configmaps.*.*",
+                "audit.*.*",
+                "k8s.east.core.configmaps.*.*"
+            ]
+        );
+        let any = Scope {
+            cluster: None,
+            resources: &rs,
+        };
+        assert_eq!(
+            subject_filters(subject, &[named("hub"), named("east"), any]),
+            ["audit.*.*", "k8s.*.core.configmaps.*.*"]
+        );
+    }
 
     #[test]
     fn subjects_the_sink_and_each_resource_name_are_checked() {

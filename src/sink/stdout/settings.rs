@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::StdoutSink;
 use crate::config::{CheckpointSupport, Context, Section, SinkKind, SinkSettings, parse_section};
 use crate::discovery::ResolvedResource;
-use crate::sink::{AnySink, Messages, Result, Settings, no_subscription};
+use crate::sink::{AnySink, Messages, Result, Scope, Settings, no_subscription};
 
 crate::sink::register!(
     Stdout,
@@ -69,12 +69,7 @@ impl Settings for Stdout {
         "stdout".into()
     }
 
-    fn subscribe<'a>(
-        &'a self,
-        _: &'a str,
-        _: &'a [ResolvedResource],
-        _: bool,
-    ) -> BoxFuture<'a, Result<Messages>> {
+    fn subscribe<'a>(&'a self, _: &'a [Scope<'a>], _: bool) -> BoxFuture<'a, Result<Messages>> {
         no_subscription("stdout", "the events are on the bridge's standard output")
     }
 }

@@ -8,7 +8,7 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use kube_event_bridge::config::{self, CheckpointSupport, Context, SinkKind, SinkSettings};
 use kube_event_bridge::discovery::ResolvedResource;
-use kube_event_bridge::sink::{AnySink, Messages, Result, Settings};
+use kube_event_bridge::sink::{AnySink, Messages, Result, Scope, Settings};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -87,8 +87,7 @@ impl Settings for Recorder {
     /// Every event of the channel from now on (or from the first), polled.
     fn subscribe<'a>(
         &'a self,
-        _: &'a str,
-        _: &'a [ResolvedResource],
+        _: &'a [Scope<'a>],
         from_beginning: bool,
     ) -> BoxFuture<'a, Result<Messages>> {
         let channel = self.config.channel.clone();

@@ -73,7 +73,13 @@ async fn the_bridge_publishes_every_change_to_a_sink_added_as_a_folder() {
     );
 
     let mut tail = settings
-        .subscribe(&config.cluster, &resolved, true)
+        .subscribe(
+            &[sink::Scope {
+                cluster: Some(&config.cluster),
+                resources: &resolved,
+            }],
+            true,
+        )
         .await
         .expect("a subscription");
     let stop = CancellationToken::new();
