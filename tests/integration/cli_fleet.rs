@@ -438,9 +438,8 @@ async fn check_config_plans_each_cluster_and_names_the_one_it_cannot_reach() {
     let hub_plan = section(&hub_name);
     assert_eq!(hub_plan.len(), 2, "{stdout}");
     assert!(
-        hub_plan[0].contains(&format!(
-            "v1/configmaps kind=ConfigMap scope=Namespaced namespaces=shop"
-        )) && hub_plan[0].ends_with(&format!("-> kafka topic k8s.{hub_name}.configmaps")),
+        hub_plan[0].contains("v1/configmaps kind=ConfigMap scope=Namespaced namespaces=shop")
+            && hub_plan[0].ends_with(&format!("-> kafka topic k8s.{hub_name}.configmaps")),
         "{stdout}"
     );
     assert!(
