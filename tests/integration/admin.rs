@@ -19,6 +19,7 @@ pub const METRICS: &[&str] = &[
     "kube_event_bridge_build_info",
     "kube_event_bridge_ready",
     "kube_event_bridge_leader",
+    "kube_event_bridge_cluster_publishing",
     "kube_event_bridge_api_requests_total",
     "kube_event_bridge_api_requests_throttled_total",
     "kube_event_bridge_api_throttle_wait_seconds_total",
@@ -48,6 +49,8 @@ pub const TRANSACTION_METRICS: &[&str] = &["kube_event_bridge_visible_latency_se
 /// (`sharded_dynamic::sharded_replicas_follow_crds_and_labelled_namespaces` reads the first), or
 /// while a watch is stalled (`stalls`).
 pub const CONDITIONAL_METRICS: &[&str] = &[
+    "kube_event_bridge_cluster_members",
+    "kube_event_bridge_cluster_secrets_refused_total",
     "kube_event_bridge_shard_watches_owned",
     "kube_event_bridge_shard_watch_unowned_before_seconds",
     "kube_event_bridge_watch_stalled",
