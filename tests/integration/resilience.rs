@@ -518,16 +518,20 @@ async fn run_until_ready(
     let run = tokio::spawn(kube_event_bridge::runtime::run(config, stop.clone()));
     // Ready as the leader: a follower waiting for the Lease is ready too, before the Lease
     // exists (seen once under load in CI: the Lease was not there yet to take over).
-    wait_until("the bridge is ready and leads", Duration::from_secs(60), || async {
-        let ready = matches!(
-            crate::admin::try_get(address, "/readyz").await,
-            Ok((200, _))
-        );
-        let leads = crate::admin::try_get(address, "/metrics")
-            .await
-            .is_ok_and(|(_, body)| body.lines().any(|l| l == "kube_event_bridge_leader 1"));
-        (ready && leads).then_some(())
-    })
+    wait_until(
+        "the bridge is ready and leads",
+        Duration::from_secs(60),
+        || async {
+            let ready = matches!(
+                crate::admin::try_get(address, "/readyz").await,
+                Ok((200, _))
+            );
+            let leads = crate::admin::try_get(address, "/metrics")
+                .await
+                .is_ok_and(|(_, body)| body.lines().any(|l| l == "kube_event_bridge_leader 1"));
+            (ready && leads).then_some(())
+        },
+    )
     .await;
     (stop, run)
 }
