@@ -41,6 +41,19 @@ pub enum Error {
         /// The name asked for.
         name: String,
     },
+    /// The kubeconfig of a `clusters[]` entry could not be read.
+    #[error("cluster {cluster}: clusters[{index}].kubeconfig: cannot read {path}")]
+    Kubeconfig {
+        /// The cluster.
+        cluster: String,
+        /// Its entry in `clusters`.
+        index: usize,
+        /// The file.
+        path: String,
+        /// The cause.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
     /// The cluster's client could not be built.
     #[error("cluster {cluster}")]
     Client {
@@ -241,7 +254,23 @@ async fn connect_unbounded(config: &Config, cluster: &Cluster) -> Result<(Client
     match cluster {
         Cluster::Configured(c) => kubernetes::client_and_url(c.access.kubernetes())
             .await
-            .map_err(client_error),
+            .map_err(|e| match (e, &c.access) {
+                // The file is the entry's, not the kubernetes section's.
+                (kubernetes::Error::Kubeconfig { path, source }, Access::File(_)) => {
+                    Error::Kubeconfig {
+                        cluster: name.clone(),
+                        index: config
+                            .fleet
+                            .clusters
+                            .iter()
+                            .position(|x| x.name == c.name)
+                            .unwrap_or_default(),
+                        path,
+                        source,
+                    }
+                }
+                (e, _) => client_error(e),
+            }),
         Cluster::Secret(_) => {
             let found = kubeconfig_secret(config, &name).await?;
             let k = &config.kubernetes;
@@ -464,6 +493,20 @@ mod tests {
             .map(|r| r.resource)
             .collect();
         assert_eq!(plurals, ["configmaps", "services"]);
+    }
+
+    #[tokio::test]
+    async fn an_entry_s_unreadable_kubeconfig_is_named_by_its_entry() {
+        let c = config(&FLEET.replace("/k/east", "/nonexistent/keb/east.kubeconfig"));
+        let east = named(&c, "east").unwrap();
+        let Err(e) = connect(&c, &east).await else {
+            panic!("a kubeconfig that does not exist was read");
+        };
+        let e = e.to_string();
+        assert_eq!(
+            e,
+            "cluster east: clusters[1].kubeconfig: cannot read /nonexistent/keb/east.kubeconfig"
+        );
     }
 
     #[test]

@@ -449,7 +449,7 @@ async fn asyncapi_fleet(config: &Config) -> anyhow::Result<serde_json::Value> {
     for (c, r) in targets.iter().zip(resolved) {
         let (api_server, resolution) = r?;
         for missing in &resolution.missing {
-            eprintln!("cluster {}: not served, left out: {missing}", c.name());
+            eprintln!("cluster {}: left out: {missing}", c.name());
         }
         parts.push((Some(c.name()), resolution.resources, api_server));
     }
@@ -461,7 +461,7 @@ async fn asyncapi_fleet(config: &Config) -> anyhow::Result<serde_json::Value> {
         let resolution = clusters::resolve(config, &config.cluster, &client, &discovered).await?;
         for missing in &resolution.missing {
             eprintln!(
-                "clusters of kubeconfig Secrets: not served by the bridge's own cluster {}, through which they are resolved, left out: {missing}",
+                "clusters of kubeconfig Secrets: left out: {missing} (resolved through the bridge's own cluster {})",
                 config.cluster
             );
         }
@@ -550,7 +550,7 @@ async fn check_fleet(
                     println!("{}", plan_line(config, c.name(), r));
                 }
                 for missing in &plan.missing {
-                    println!("  not served here, not watched: {missing}");
+                    println!("  not watched here: {missing}");
                 }
                 if plan.resources.is_empty() && plan.missing.is_empty() {
                     println!("  no resource is watched in this cluster");

@@ -199,7 +199,8 @@ pub struct Needs {
     pub cluster_secrets: Option<String>,
     /// Whether the bridge reads the cluster's identity (`get` on namespace `kube-system`).
     pub identity: bool,
-    /// Entries of `resources` this cluster does not serve: named in the header, not granted.
+    /// Entries of `resources` not watched in this cluster (not served there, or watching the
+    /// objects of an earlier entry): named in the header, not granted.
     pub not_served: Vec<String>,
 }
 
@@ -421,9 +422,7 @@ pub fn render_needs(
         ));
     }
     for missing in &needs.not_served {
-        out.push_str(&format!(
-            "# not served by this cluster, not granted: {missing}\n"
-        ));
+        out.push_str(&format!("# not watched here, not granted: {missing}\n"));
     }
     for doc in docs {
         out.push_str("---\n");
@@ -1133,7 +1132,9 @@ mod tests {
         };
         let text = render_needs(&[], "keb", "ops", &needs);
         assert!(
-            text.contains("# not served by this cluster, not granted: resources[1].apiVersion: apps/v9 is not served\n"),
+            text.contains(
+                "# not watched here, not granted: resources[1].apiVersion: apps/v9 is not served\n"
+            ),
             "{text}"
         );
         assert!(docs(&text).is_empty(), "{text}");

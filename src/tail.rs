@@ -183,7 +183,7 @@ async fn followed(config: &Config, only: Option<&str>) -> Result<Vec<Followed>, 
             Ok(r) => {
                 for missing in r.missing {
                     eprintln!(
-                        "not following in the clusters of kubeconfig Secrets: {missing} (not served by the bridge's own cluster {}, through which they are resolved)",
+                        "not following in the clusters of kubeconfig Secrets: {missing} (resolved through the bridge's own cluster {})",
                         config.cluster
                     );
                 }

@@ -459,7 +459,9 @@ async fn check_config_plans_each_cluster_and_names_the_one_it_cannot_reach() {
         "{stdout}"
     );
     assert!(
-        east_plan[2].starts_with("  not served here, not watched: resources[3].apiVersion: nowhere.example.com/v1 is not served"),
+        east_plan[2].starts_with(
+            "  not watched here: resources[3].apiVersion: nowhere.example.com/v1 is not served"
+        ),
         "{stdout}"
     );
     let west_plan = section(&west_name);
