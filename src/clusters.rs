@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
 use kube::api::{Api, ListParams};
 
-use crate::config::{Access, ClusterSpec, Config, KubernetesConfig, Resource};
+use crate::config::{Access, ClusterSpec, Config, KubernetesConfig, Resource, is_dns_label};
 use crate::discovery::{self, ResolvedResource};
 use crate::fleet::secret;
 use crate::kubernetes;
@@ -396,16 +396,6 @@ async fn within<T>(
         })
 }
 
-/// A DNS label (RFC 1123), as the names of a fleet's clusters are.
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -507,15 +497,5 @@ mod tests {
             e,
             "cluster east: clusters[1].kubeconfig: cannot read /nonexistent/keb/east.kubeconfig"
         );
-    }
-
-    #[test]
-    fn dns_labels() {
-        for ok in ["a", "east-1", "0"] {
-            assert!(is_dns_label(ok), "{ok}");
-        }
-        for bad in ["", "-a", "a-", "A", "a.b", &"a".repeat(64)] {
-            assert!(!is_dns_label(bad), "{bad}");
-        }
     }
 }

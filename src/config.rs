@@ -43,7 +43,7 @@ pub use limits::{
     QUEUE_CAPACITY, RETRY_PERIOD_SECS, SHARD_LEASE_DURATION_SECS, SHARD_RENEW_SECS,
     SHUTDOWN_DELAY_SECS, SHUTDOWN_GRACE_SECS, TRANSACTION_TIMEOUT_SECS,
 };
-pub use names::is_nats_name;
+pub use names::{is_dns_label, is_nats_name};
 pub use resource::{
     EventFormat, Exclude, ExcludeConfig, RecordKey, Resource, ResourceConfig, glob, same_objects,
 };

@@ -8,7 +8,9 @@ use std::collections::BTreeSet;
 use super::file::{ClusterEntry, ClusterSecrets, KubernetesConfig};
 use super::limits::{BURST, QPS};
 use super::names::is_dns_label;
-use super::resource::Resource;
+use super::resource::{RecordKey, Resource};
+use super::sink::SinkSettings;
+use crate::template::Token;
 
 /// How the bridge reaches one cluster.
 #[derive(Debug, Clone, PartialEq)]
@@ -197,6 +199,39 @@ pub(super) fn check_resource_clusters(
     }
 }
 
+/// In a fleet, `namespace/name` record keys repeat from cluster to cluster: a resource keyed so
+/// and published by several clusters must go to a destination that names the cluster, or a
+/// compacted topic would keep one cluster's object in place of another's.
+pub(super) fn check_shared_keys(
+    resources: &[Resource],
+    sink: &dyn SinkSettings,
+    fleet: &Fleet,
+    errors: &mut Vec<String>,
+) {
+    let several = fleet.secrets.is_some() || fleet.clusters.len() > 1;
+    if !fleet.is_fleet() || !several {
+        return;
+    }
+    for r in resources {
+        let narrowed_to_one = r.clusters.as_ref().is_some_and(|c| c.len() <= 1);
+        if r.key != RecordKey::NamespacedName || narrowed_to_one {
+            continue;
+        }
+        let Some(destination) = r.destination.as_ref().or(sink.destination()) else {
+            continue;
+        };
+        if !destination.uses(Token::Cluster) {
+            errors.push(format!(
+                "resources[{}].key: namespacedName keys repeat across the clusters of a fleet and \
+                 {:?} has no {{cluster}}: a compacted topic would keep one cluster's object for \
+                 another's; put {{cluster}} in the topic or use key: uid",
+                r.index,
+                destination.to_string()
+            ));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::config::{ConfigFile, invalid};
@@ -314,5 +349,36 @@ mod tests {
             "{clusters}resources:\n- {{apiVersion: v1, resource: pods, clusters: [east]}}\n- {{apiVersion: v1, resource: pods}}\n"
         ));
         assert!(e.contains("resources[1]"), "{e}");
+    }
+
+    #[test]
+    fn shared_topics_of_namespaced_name_keys_must_name_the_cluster() {
+        let clusters = "cluster: hub\nclusters: [{name: hub}, {name: east, kubeconfig: /k}]\n";
+        let kafka = "sink: {kafka: {bootstrapServers: 'k:9092', topic: 'k8s.{resource}'}}\n";
+        let e = invalid(&format!(
+            "{clusters}{kafka}resources:\n- {{apiVersion: v1, resource: pods, key: namespacedName}}\n- {{apiVersion: v1, resource: secrets, key: namespacedName, topic: 'all'}}\n"
+        ));
+        for needle in [
+            "resources[0].key: namespacedName keys repeat across the clusters of a fleet and \"k8s.{resource}\" has no {cluster}",
+            "resources[1].key: namespacedName keys repeat across the clusters of a fleet and \"all\" has no {cluster}",
+        ] {
+            assert!(e.contains(needle), "missing {needle:?} in {e}");
+        }
+        for fine in [
+            // The cluster in the topic, uid keys, one cluster only, or no fleet.
+            format!(
+                "{clusters}{kafka}resources: [{{apiVersion: v1, resource: pods, key: namespacedName, topic: '{{cluster}}.pods'}}]\n"
+            ),
+            format!("{clusters}{kafka}resources: [{{apiVersion: v1, resource: pods, key: uid}}]\n"),
+            format!(
+                "{clusters}{kafka}resources: [{{apiVersion: v1, resource: pods, key: namespacedName, clusters: [east]}}]\n"
+            ),
+            format!(
+                "cluster: hub\n{kafka}resources: [{{apiVersion: v1, resource: pods, key: namespacedName}}]\n"
+            ),
+        ] {
+            let checked = ConfigFile::parse(&fine).unwrap().validate();
+            assert!(checked.is_ok(), "{fine}: {:?}", checked.err());
+        }
     }
 }

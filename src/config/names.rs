@@ -10,7 +10,7 @@ pub fn is_nats_name(s: &str) -> bool {
 
 /// A DNS label (RFC 1123), as namespace names are: lowercase letters, digits and `-`, at most
 /// 63 characters, neither starting nor ending with `-`.
-pub(super) fn is_dns_label(s: &str) -> bool {
+pub fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
         && s.chars()
@@ -61,6 +61,16 @@ pub(super) fn is_version(v: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dns_labels() {
+        for ok in ["a", "east-1", "0", &"a".repeat(63)] {
+            assert!(is_dns_label(ok), "{ok}");
+        }
+        for bad in ["", "-a", "a-", "A", "a.b", "a_b", &"a".repeat(64)] {
+            assert!(!is_dns_label(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn versions() {

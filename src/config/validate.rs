@@ -58,6 +58,7 @@ impl ConfigFile {
         let sink = validate_sink(&self.sink, &context, env, &mut errors);
         if let Some(sink) = &sink {
             resource::check_sink_fields(&mut resources, sink.as_ref(), &self.cluster, &mut errors);
+            fleet::check_shared_keys(&resources, sink.as_ref(), &fleet, &mut errors);
         }
         self.check_numbers(&mut errors);
         if self.admin.address.parse::<std::net::SocketAddr>().is_err() {

@@ -14,7 +14,7 @@ use kube::runtime::watcher::{self, Event};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::config::ClusterSecrets;
+use crate::config::{ClusterSecrets, is_dns_label};
 
 /// The suffix of a kubeconfig Secret's name.
 pub const SUFFIX: &str = "-kubeconfig";
@@ -157,16 +157,6 @@ fn kubeconfig_error(e: &kube::config::KubeconfigError) -> String {
         kube::config::KubeconfigError::Parse(_) => "not a kubeconfig document".into(),
         other => other.to_string(),
     }
-}
-
-/// A DNS label (RFC 1123), as cluster names in a fleet are.
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
 }
 
 /// The clusters of the Secrets, by Secret name; and the refused Secrets, by name.
