@@ -7,13 +7,16 @@
 //! A running bridge follows the Secrets itself ([`crate::fleet`]); a command names such a cluster
 //! on its command line, or describes all of them at once ([`discovered_resources`]).
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
 use kube::api::{Api, ListParams};
 
-use crate::config::{Access, ClusterSpec, Config, KubernetesConfig, Resource, is_dns_label};
+use crate::config::{
+    Access, ClusterSecrets, ClusterSpec, Config, KubernetesConfig, Resource, is_dns_label,
+};
 use crate::discovery::{self, ResolvedResource};
 use crate::fleet::secret;
 use crate::kubernetes;
@@ -274,7 +277,7 @@ async fn connect_unbounded(config: &Config, cluster: &Cluster) -> Result<(Client
         Cluster::Secret(_) => {
             let found = kubeconfig_secret(config, &name).await?;
             let k = &config.kubernetes;
-            kubernetes::client_from_kubeconfig(found.kubeconfig, k.qps, k.burst)
+            kubernetes::client_from_kubeconfig(&found.secret, found.kubeconfig, k.qps, k.burst)
                 .await
                 .map_err(client_error)
         }
@@ -300,6 +303,52 @@ pub async fn connect_with(
 /// The kubeconfig Secret naming `cluster`, as the bridge would take it: of those `clusterSecrets`
 /// selects, in name order, the first whose cluster is `cluster`.
 async fn kubeconfig_secret(config: &Config, cluster: &str) -> Result<secret::Discovered> {
+    let (listed, secrets) = list_secrets(config, cluster).await?;
+    let mut refused = None;
+    for s in &listed {
+        match secret::parse(s) {
+            Ok(d) if d.name == cluster => return Ok(d),
+            Ok(_) => {}
+            Err(r)
+                if s.metadata.name.as_deref() == Some(&format!("{cluster}{}", secret::SUFFIX)) =>
+            {
+                refused = Some(r.message);
+            }
+            Err(_) => {}
+        }
+    }
+    Err(Error::NoSecret {
+        cluster: cluster.into(),
+        namespace: secrets.namespace.clone(),
+        selector: secrets.label_selector.clone(),
+        refused,
+    })
+}
+
+/// The clusters the kubeconfig Secrets of `clusterSecrets` name now, as the bridge would take
+/// them (refused Secrets and names of `clusters[]` entries left out), in name order; none
+/// without `clusterSecrets`.
+pub async fn from_secrets(config: &Config) -> Result<Vec<Cluster>> {
+    if config.fleet.secrets.is_none() {
+        return Ok(Vec::new());
+    }
+    let (listed, _) = list_secrets(config, &config.cluster).await?;
+    let configured = known(config);
+    let names: BTreeSet<String> = listed
+        .iter()
+        .filter_map(|s| secret::parse(s).ok())
+        .map(|d| d.name)
+        .filter(|n| !configured.contains(n))
+        .collect();
+    Ok(names.into_iter().map(Cluster::Secret).collect())
+}
+
+/// The Secrets `clusterSecrets` selects in the bridge's own cluster, in name order (an error
+/// names `cluster`, the cluster looked for).
+async fn list_secrets<'a>(
+    config: &'a Config,
+    cluster: &str,
+) -> Result<(Vec<Secret>, &'a ClusterSecrets)> {
     let Some(secrets) = &config.fleet.secrets else {
         return Err(Error::Unknown {
             name: cluster.into(),
@@ -326,25 +375,7 @@ async fn kubeconfig_secret(config: &Config, cluster: &str) -> Result<secret::Dis
         })?
         .items;
     listed.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    let mut refused = None;
-    for s in &listed {
-        match secret::parse(s) {
-            Ok(d) if d.name == cluster => return Ok(d),
-            Ok(_) => {}
-            Err(r)
-                if s.metadata.name.as_deref() == Some(&format!("{cluster}{}", secret::SUFFIX)) =>
-            {
-                refused = Some(r.message);
-            }
-            Err(_) => {}
-        }
-    }
-    Err(Error::NoSecret {
-        cluster: cluster.into(),
-        namespace: secrets.namespace.clone(),
-        selector: secrets.label_selector.clone(),
-        refused,
-    })
+    Ok((listed, secrets))
 }
 
 /// What discovery makes of some resources in one cluster.

@@ -23,6 +23,15 @@ pub enum Error {
     /// No usable client configuration (in-cluster or kubeconfig).
     #[error("kubernetes: no usable client configuration")]
     ClientConfig(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The kubeconfig of a cluster's Secret (`clusterSecrets`) is not usable.
+    #[error("kubeconfig Secret {secret}: key value: not a usable kubeconfig")]
+    SecretKubeconfig {
+        /// The Secret, `namespace/name`.
+        secret: String,
+        /// The cause.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
     /// The client could not be built.
     #[error("kubernetes: cannot build the client")]
     Client(#[source] kube::Error),
@@ -72,15 +81,20 @@ pub async fn client_and_url(k: &KubernetesConfig) -> Result<(Client, String)> {
 }
 
 /// A client for the cluster `kubeconfig` reaches (its current context), throttled to `qps` and
-/// `burst`, and the API server's URL: a fleet's cluster discovered from a Secret.
+/// `burst`, and the API server's URL: a fleet's cluster discovered from the Secret `secret`
+/// (`namespace/name`, named by the error).
 pub async fn client_from_kubeconfig(
+    secret: &str,
     kubeconfig: Kubeconfig,
     qps: f64,
     burst: u32,
 ) -> Result<(Client, String)> {
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
-        .map_err(|e| Error::ClientConfig(Box::new(e)))?;
+        .map_err(|source| Error::SecretKubeconfig {
+            secret: secret.to_string(),
+            source,
+        })?;
     throttled(config, qps, burst)
 }
 

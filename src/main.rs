@@ -1,6 +1,7 @@
 //! The `kube-event-bridge` command: `run`, `check-config`, `tail`, `snapshot`, `status`, `rbac`,
 //! `asyncapi`, `schema`.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -11,7 +12,9 @@ use kube_event_bridge::clusters::{self, Cluster};
 use kube_event_bridge::config::{Config, ConfigFile, KubernetesConfig};
 use kube_event_bridge::discovery::{self, ResolvedResource};
 use kube_event_bridge::trace::export::{ExportLayer, Exporter};
-use kube_event_bridge::{allocator, kubernetes, rbac, runtime, schema, shutdown, snapshot, tail};
+use kube_event_bridge::{
+    allocator, kubernetes, rbac, runtime, schema, shard, shutdown, snapshot, tail,
+};
 use tracing_subscriber::Layer as _;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
@@ -105,6 +108,9 @@ enum Command {
         /// Only the watch of this namespace.
         #[arg(long)]
         namespace: Option<String>,
+        /// The cluster whose checkpoints to reset (a fleet's checkpoints are per cluster).
+        #[arg(long)]
+        cluster: Option<String>,
     },
     /// With sharding: list the configuration's watches, the replica each is assigned to and who
     /// holds its Lease, then the live replicas and how many watches each holds.
@@ -307,9 +313,11 @@ async fn command(command: Command) -> anyhow::Result<()> {
             config,
             resource,
             namespace,
+            cluster,
         } => {
             let config = load(&config)?;
-            for w in snapshot::reset_checkpoints(&config, &resource, namespace.as_deref()).await? {
+            let (namespace, cluster) = (namespace.as_deref(), cluster.as_deref());
+            for w in snapshot::reset_checkpoints(&config, &resource, namespace, cluster).await? {
                 println!("checkpoint reset: {w}");
             }
             Ok(())
@@ -411,12 +419,45 @@ async fn status(config: &Config) -> anyhow::Result<()> {
         "sharding.enabled: status lists the owners of sharded watches; this configuration does not shard"
     );
     let client = kubernetes::client(&config.kubernetes).await?;
-    let resolved = discovery::resolve(&client, &config.resources).await?;
+    let (watches, notes) = if config.fleet.is_fleet() {
+        fleet_watches(config).await?
+    } else {
+        let resolved = discovery::resolve(&client, &config.resources).await?;
+        let watches = shard::desired(&config.cluster, &client, &resolved).await?;
+        (watches, Vec::new())
+    };
     print!(
         "{}",
-        kube_event_bridge::shard::report(config, &client, &resolved).await?
+        shard::report(config, &client, &watches, &notes).await?
     );
     Ok(())
+}
+
+/// The watches of every cluster of a fleet (its `clusters[]` entries and the clusters its
+/// kubeconfig Secrets name now), each resolved through its own API server; a cluster that cannot
+/// be reached is a note naming it, as its watches are not shared while it is down.
+async fn fleet_watches(config: &Config) -> anyhow::Result<(BTreeMap<String, String>, Vec<String>)> {
+    let mut targets = clusters::configured(config);
+    targets.extend(clusters::from_secrets(config).await?);
+    let found = futures::future::join_all(targets.iter().map(|c| async move {
+        let (client, _) = clusters::connect(config, c).await?;
+        let watched = config.for_cluster(c.name(), config.kubernetes.clone());
+        let resolution = clusters::resolve(config, c.name(), &client, &watched.resources).await?;
+        let watches = shard::desired(c.name(), &client, &resolution.resources).await?;
+        Ok::<_, anyhow::Error>(watches)
+    }))
+    .await;
+    let (mut watches, mut notes) = (BTreeMap::new(), Vec::new());
+    for (c, found) in targets.iter().zip(found) {
+        match found {
+            Ok(w) => watches.extend(w),
+            Err(e) => notes.push(format!(
+                "cluster {}: its watches are not listed: {e:#}",
+                c.name()
+            )),
+        }
+    }
+    Ok((watches, notes))
 }
 
 async fn asyncapi(config: &Config, format: DocumentFormat) -> anyhow::Result<()> {

@@ -49,7 +49,7 @@ mod names;
 mod stale;
 mod status;
 
-pub use status::{LeaseRow, report};
+pub use status::{LeaseRow, desired, report};
 
 use crate::lease::holder;
 use coordinator::Coordinator;

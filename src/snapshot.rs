@@ -3,7 +3,10 @@
 
 use std::collections::HashMap;
 
+use kube::Client;
+
 use crate::checkpoint::{self, WatchKey};
+use crate::clusters::{self, Cluster};
 use crate::config::Config;
 use crate::discovery;
 use crate::discovery::list_namespaces;
@@ -22,6 +25,15 @@ pub enum Error {
         /// The resource asked for.
         resource: String,
     },
+    /// A fleet's checkpoints are per cluster: the command must name one.
+    #[error("--cluster: this configuration is a fleet; name the cluster whose checkpoints to reset ({})", .known.join(", "))]
+    NoCluster {
+        /// The configured clusters.
+        known: Vec<String>,
+    },
+    /// The cluster could not be named or reached.
+    #[error(transparent)]
+    Cluster(#[from] clusters::Error),
     /// The Kubernetes client could not be built.
     #[error(transparent)]
     Kubernetes(#[from] kubernetes::Error),
@@ -52,23 +64,27 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Deletes the checkpoints of the watches of `resource` (`v1/configmaps`, `apps/v1/deployments`),
-/// optionally only the one of `namespace`, so that the next start publishes a fresh snapshot.
-/// Returns the watches reset; none is an error ([`Error::NoWatch`]).
+/// optionally only the one of `namespace`, in `cluster` (required for a fleet, whose checkpoints
+/// are per cluster), so that the next start publishes a fresh snapshot. Returns the watches
+/// reset; none is an error ([`Error::NoWatch`]).
 pub async fn reset_checkpoints(
     config: &Config,
     resource: &str,
     namespace: Option<&str>,
+    cluster: Option<&str>,
 ) -> Result<Vec<String>> {
-    let client = kubernetes::client(&config.kubernetes).await?;
-    let resources = discovery::resolve(&client, &config.resources).await?;
+    let (config, client) = &reach(config, cluster).await?;
+    let resources = clusters::resolve(config, &config.cluster, client, &config.resources)
+        .await?
+        .resources;
     let shared = sink::connect(&config.sink).await?;
-    let stores = Stores::prepare(config, &shared, &client).await?;
+    let stores = Stores::prepare(config, &shared, client).await?;
     let mut selected = HashMap::new();
     for r in resources.iter().filter(|r| r.label() == resource) {
         if let Some(selector) = &r.config.namespace_selector
             && !selected.contains_key(selector)
         {
-            let found = list_namespaces(&client, selector).await.map_err(|error| {
+            let found = list_namespaces(client, selector).await.map_err(|error| {
                 Error::NamespaceSelector {
                     selector: selector.clone(),
                     error,
@@ -96,4 +112,27 @@ pub async fn reset_checkpoints(
         });
     }
     Ok(reset)
+}
+
+/// The configuration as the cluster's watches see it (a fleet member's, or the single cluster's)
+/// and a client for that cluster.
+async fn reach(config: &Config, cluster: Option<&str>) -> Result<(Config, Client)> {
+    let Some(name) = cluster else {
+        if config.fleet.is_fleet() {
+            return Err(Error::NoCluster {
+                known: clusters::known(config),
+            });
+        }
+        return Ok((
+            config.clone(),
+            kubernetes::client(&config.kubernetes).await?,
+        ));
+    };
+    let target = clusters::named(config, name)?;
+    let (client, _) = clusters::connect(config, &target).await?;
+    let kubernetes = match &target {
+        Cluster::Configured(spec) => spec.access.kubernetes().clone(),
+        Cluster::Secret(_) => config.kubernetes.clone(),
+    };
+    Ok((config.for_cluster(name, kubernetes), client))
 }

@@ -106,7 +106,8 @@ async fn connect(
         Reach::Secret(d) => {
             let k = shared.config.kubernetes.clone();
             let (client, url) =
-                kubernetes::client_from_kubeconfig(d.kubeconfig.clone(), k.qps, k.burst).await?;
+                kubernetes::client_from_kubeconfig(&d.secret, d.kubeconfig.clone(), k.qps, k.burst)
+                    .await?;
             (k, client, url)
         }
     };

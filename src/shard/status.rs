@@ -38,17 +38,19 @@ pub struct LeaseRow {
     pub transitions: i32,
 }
 
-/// The report of `config`'s sharding: one line per watch, then one per member. `resources` are
-/// the configuration's resources as discovery resolved them.
+/// The report of `config`'s sharding: one line per watch of `watches` (id → description, as
+/// [`desired`] gives them for each cluster), then one per member; `notes` (clusters whose watches
+/// could not be listed) come first. `client` reaches the bridge's own cluster, where the Leases
+/// are.
 pub async fn report(
     config: &Config,
     client: &Client,
-    resources: &[ResolvedResource],
+    watches: &BTreeMap<String, String>,
+    notes: &[String],
 ) -> Result<String> {
     let settings = Settings::new(&config.sharding, &config.cluster, |name| {
         std::env::var(name).ok()
     });
-    let watches = desired(config, client, resources).await?;
     let names = Names::new(&settings.prefix);
     let api: Api<Lease> = Api::namespaced(client.clone(), &settings.namespace);
     let leases = api
@@ -61,8 +63,11 @@ pub async fn report(
         .filter_map(|l| Some((l.metadata.name.clone()?, l)))
         .collect();
     let members = live_members(&by_name, &names);
-    let (rows, held) = rows(&watches, &by_name, &names, &members);
+    let (rows, held) = rows(watches, &by_name, &names, &members);
     let mut out = String::new();
+    for note in notes {
+        let _ = writeln!(out, "{note}");
+    }
     let _ = writeln!(
         out,
         "leases in namespace {} (prefix {}): {} watches, {} live replicas",
@@ -96,9 +101,10 @@ pub async fn report(
     Ok(out)
 }
 
-/// Every watch of the configuration now: id and description.
-async fn desired(
-    config: &Config,
+/// Every watch of `resources` (resolved in `cluster`, which `client` reaches) now: id and
+/// description.
+pub async fn desired(
+    cluster: &str,
     client: &Client,
     resources: &[ResolvedResource],
 ) -> Result<BTreeMap<String, String>> {
@@ -120,7 +126,7 @@ async fn desired(
     let mut watches = BTreeMap::new();
     for r in resources {
         for scope in r.scopes(&selected) {
-            let key = WatchKey::for_scope(&config.cluster, r, scope.as_deref());
+            let key = WatchKey::for_scope(cluster, r, scope.as_deref());
             watches.insert(key.id, key.description);
         }
     }

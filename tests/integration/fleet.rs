@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use crate::harness::{Bridge, Reader, Received, SinkKind, get, sink_yaml, summary};
+use crate::harness::{Bridge, Reader, Received, SinkKind, get, run_cli, sink_yaml, summary};
 use crate::sharding::{group_leases, valid_holder};
 use crate::support::{self, ExtraCluster, unique_name, wait_until};
 
@@ -330,6 +330,7 @@ async fn replicas_share_the_watches_of_a_fleet_and_take_over_a_killed_one_s() {
         (held.len() == 4 && by("one") == 2 && by("two") == 2).then_some(())
     })
     .await;
+    status_lists_both_clusters(&one, [&a.name, &b.name]);
     let mut reader = Reader::nats(&hub).await;
     two.signal("KILL");
     two.wait_exit(Duration::from_secs(10)).await;
@@ -363,6 +364,82 @@ async fn replicas_share_the_watches_of_a_fleet_and_take_over_a_killed_one_s() {
         assert_eq!(n, 1, "{}/{ns}: {n} events:\n{}", c.name, summary(&got));
     }
     drop(one);
+    snapshot_resets_one_cluster_only(&config, (&a, &b), &b_client, &mut reader).await;
+}
+
+/// `status` on a fleet: its four watches (two per cluster), each held, and both replicas.
+fn status_lists_both_clusters(bridge: &Bridge, clusters: [&str; 2]) {
+    let path = bridge.dir().join("bridge.yaml");
+    let (status, out, err) = run_cli(&["status", "--config", path.to_str().unwrap()]);
+    assert!(status.success(), "status failed: {err}");
+    assert!(out.contains("4 watches, 2 live replicas"), "{out}");
+    for c in clusters {
+        let held = out
+            .lines()
+            .filter(|l| l.starts_with(&format!("{c}/")) && !l.contains("(none)"))
+            .count();
+        assert_eq!(held, 2, "two held watches of {c}:\n{out}");
+    }
+}
+
+/// `snapshot` on a fleet needs `--cluster`; with it, only that cluster's watch starts over: the
+/// next start lists its objects again, while the other watches resume from their checkpoints.
+async fn snapshot_resets_one_cluster_only(
+    config: &str,
+    (a, b): (&ExtraCluster, &ExtraCluster),
+    b_client: &kube::Client,
+    reader: &mut Reader,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bridge.yaml");
+    std::fs::write(&path, config).unwrap();
+    let path = path.to_str().unwrap();
+    let args = ["snapshot", "--config", path, "--resource", "v1/configmaps"];
+    let (status, _, err) = run_cli(&[&args[..], &["--namespace", "other"]].concat());
+    assert!(!status.success());
+    assert!(
+        err.contains("--cluster: this configuration is a fleet"),
+        "{err}"
+    );
+    let only_a = [&args[..], &["--namespace", "other", "--cluster", &a.name]].concat();
+    let (status, out, err) = run_cli(&only_a);
+    assert!(status.success(), "snapshot failed: {err}");
+    assert_eq!(out.lines().count(), 1, "{out}");
+    assert!(out.contains(&a.name) && out.contains("other"), "{out}");
+    let again = Bridge::start_with_env(config, &[("POD_NAME", "one")]);
+    // Four watches start: a's of `other` from nothing (a list of its one object), the others
+    // from their checkpoints. (The list's event repeats the version published before, with the
+    // same id: JetStream's duplicate window keeps one copy in the stream.)
+    let started = |message: &str, cluster: &str, ns: &str| {
+        again
+            .log_text()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|l| l["message"] == message && l["span"]["namespace"] == ns)
+            .filter(|l| l["spans"][0]["cluster"] == cluster)
+            .count()
+    };
+    wait_until("four watches started", WAIT, || async {
+        let resumed = [(&a.name, WORK), (&b.name, WORK), (&b.name, "other")]
+            .iter()
+            .all(|(c, ns)| started("resuming from checkpoint", c, ns) == 1);
+        (resumed && started("listed", &a.name, "other") == 1).then_some(())
+    })
+    .await;
+    assert_eq!(started("resuming from checkpoint", &a.name, "other"), 0);
+    let listed = again.log_text();
+    let listed = listed
+        .lines()
+        .find(|l| l.contains("\"message\":\"listed\"") && l.contains(&a.name))
+        .unwrap();
+    assert!(listed.contains("\"objects\":1"), "{listed}");
+    create_cm_in(b_client, "other", "later-other").await;
+    reader
+        .read_until(WAIT, |got| {
+            got.iter().any(|e| is(e, &b.name, "later-other"))
+        })
+        .await;
+    drop(again);
 }
 
 #[tokio::test(flavor = "multi_thread")]
