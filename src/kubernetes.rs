@@ -98,7 +98,17 @@ pub async fn client_from_kubeconfig(
     throttled(config, qps, burst)
 }
 
-fn throttled(config: kube::Config, qps: f64, burst: u32) -> Result<(Client, String)> {
+/// How long a connection to the API server may stay silent, a request unanswered or a watch
+/// without an event or a bookmark (sent about once a minute), before it counts as dead: a hung
+/// API server, or a connection a network drops without a reset, would otherwise hold a watch
+/// for ever while the cluster changes. The watch then resumes on a new connection, or fails and
+/// stalls, naming the cause. kube-client sets no read timeout of its own.
+pub const READ_IDLE: std::time::Duration = std::time::Duration::from_secs(120);
+
+fn throttled(mut config: kube::Config, qps: f64, burst: u32) -> Result<(Client, String)> {
+    config.read_timeout = Some(READ_IDLE);
+    // Counted from the request, not from when a pooled connection went idle.
+    config.reset_reader_on_write = true;
     let url = config.cluster_url.to_string();
     let throttle = ThrottleLayer::new(qps, burst, throttle::Counters::process());
     let client = ClientBuilder::try_from(config)

@@ -152,6 +152,57 @@ async fn a_fleet_publishes_every_cluster_and_one_cluster_down_stalls_only_itself
     drop(bridge);
 }
 
+/// A cluster whose API server hangs (SIGSTOP: connections stay open and nothing is answered) is
+/// not taken for a quiet one: its silent watch counts as dead after the client's read timeout,
+/// the cluster is named by `/readyz` and its metric while the others publish, and it resumes
+/// by itself once the API server answers again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hung_cluster_is_named_and_resumes() {
+    let (a, a_client) = cluster("ha").await;
+    let (b, b_client) = cluster("hb").await;
+    let hub = unique_name("hub");
+    let config = format!(
+        "cluster: {hub}\nclusters:\n- {{name: {}, kubeconfig: {}}}\n- {{name: {}, kubeconfig: {}}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{WORK}]}}\n{}",
+        a.name,
+        a.kubeconfig.display(),
+        b.name,
+        b.kubeconfig.display(),
+        sink_yaml(SinkKind::Nats, &hub)
+    );
+    let mut bridge = Bridge::start(&config);
+    bridge.wait_synced(2).await;
+    let mut reader = Reader::nats(&hub).await;
+    b.signal("pause").await;
+    // The read timeout, a failed reconnection, then the stall delay.
+    let hung = Duration::from_secs(360);
+    let address = bridge.admin_address().await;
+    let body = wait_until("/readyz names the hung cluster", hung, || {
+        let address = address.clone();
+        let named = format!("cluster {}: watch v1/configmaps", b.name);
+        async move {
+            let (status, body) = get(&address, "/readyz").await;
+            (status == 200 && body.contains(&named)).then_some(body)
+        }
+    })
+    .await;
+    assert!(body.starts_with("ok; not publishing:\n"), "{body}");
+    let publishing = format!(
+        "kube_event_bridge_cluster_publishing{{cluster=\"{}\"}}",
+        b.name
+    );
+    assert_eq!(metric(&bridge, &publishing).await, Some(0.0));
+    create_cm(&a_client, "while-b-hung").await;
+    expect_event(&mut reader, &a.name, "while-b-hung").await;
+    b.signal("resume").await;
+    create_cm(&b_client, "b-answers").await;
+    expect_event(&mut reader, &b.name, "b-answers").await;
+    readyz_until(&bridge, "/readyz is ok again", |s, body| {
+        s == 200 && body == "ok\n"
+    })
+    .await;
+    drop(bridge);
+}
+
 fn kubeconfig_secret(name: &str, kubeconfig: &str) -> Secret {
     serde_json::from_value(json!({
         "metadata": {"name": name},
