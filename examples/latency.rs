@@ -9,7 +9,7 @@
 //!
 //! The ConfigMaps `cm-000000` … must exist (`loadgen create`). Prints one JSON line: patches
 //! sent, events received, the achieved patch rate, and p50 / p99 / max of patch → receipt in
-//! milliseconds.
+//! milliseconds; with `LATENCY_SAMPLES` set, every sample too (`samples_ms`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -242,16 +242,18 @@ async fn main() -> anyhow::Result<()> {
     }
     let mut samples = probe.samples.lock().await.clone();
     samples.sort_unstable();
-    println!(
-        "{}",
-        serde_json::json!({
-            "patches": applied,
-            "received": samples.len(),
-            "rate": applied as f64 / took,
-            "p50_ms": percentile(&samples, 0.50),
-            "p99_ms": percentile(&samples, 0.99),
-            "max_ms": percentile(&samples, 1.0),
-        })
-    );
+    let mut figures = serde_json::json!({
+        "patches": applied,
+        "received": samples.len(),
+        "rate": applied as f64 / took,
+        "p50_ms": percentile(&samples, 0.50),
+        "p99_ms": percentile(&samples, 0.99),
+        "max_ms": percentile(&samples, 1.0),
+    });
+    // Every sample, for a caller pooling several probes' (`scripts/bench fleet`).
+    if std::env::var_os("LATENCY_SAMPLES").is_some() {
+        figures["samples_ms"] = samples.iter().map(|n| *n as f64 / 1e6).collect();
+    }
+    println!("{figures}");
     Ok(())
 }
