@@ -99,11 +99,14 @@ pub async fn client_from_kubeconfig(
 }
 
 /// How long a connection to the API server may stay silent, a request unanswered or a watch
-/// without an event or a bookmark (sent about once a minute), before it counts as dead: a hung
-/// API server, or a connection a network drops without a reset, would otherwise hold a watch
-/// for ever while the cluster changes. The watch then resumes on a new connection, or fails and
-/// stalls, naming the cause. kube-client sets no read timeout of its own.
-pub const READ_IDLE: std::time::Duration = std::time::Duration::from_secs(120);
+/// without any line, before it counts as dead: a hung API server, or a connection a network
+/// drops without a reset, would otherwise hold a watch for ever while the cluster changes. The
+/// watch then resumes on a new connection, or fails and stalls, naming the cause. kube-client
+/// sets no read timeout of its own. A quiet watch may get no bookmark at all (the API server
+/// sends one only when its resourceVersion moved), so the limit is the watches' own timeout (290
+/// s, after which a live API server ends them) plus a margin: kube-runtime's watcher idles out
+/// after the same 295 s.
+pub const READ_IDLE: std::time::Duration = std::time::Duration::from_secs(295);
 
 fn throttled(mut config: kube::Config, qps: f64, burst: u32) -> Result<(Client, String)> {
     config.read_timeout = Some(READ_IDLE);

@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::config::{ClusterSecrets, is_dns_label};
+use crate::status::STALL_AFTER;
 
 /// The suffix of a kubeconfig Secret's name.
 pub const SUFFIX: &str = "-kubeconfig";
@@ -199,8 +200,8 @@ impl Found {
 
 /// Keeps `found` equal to the kubeconfig Secrets `secrets` selects, through `api` (the bridge's
 /// own cluster); `refusals` counts each refusal; `trouble` is told why the Secrets cannot be
-/// read (RBAC, the API server), and `None` once they can. Errors are logged and retried by the
-/// watcher's backoff; this never returns.
+/// read (RBAC, the API server) once that has lasted [`STALL_AFTER`], and `None` once they can.
+/// Errors are logged and retried by the watcher's backoff; this never returns.
 pub async fn follow(
     api: Api<Secret>,
     secrets: ClusterSecrets,
@@ -214,8 +215,10 @@ pub async fn follow(
     }
     let mut stream = watcher::watcher(api, config).default_backoff().boxed();
     let mut listing = Found::default();
+    let mut failing = Failing::default();
     while let Some(event) = stream.next().await {
         if event.is_ok() {
+            failing = Failing::default();
             trouble(None);
         }
         match event {
@@ -240,12 +243,30 @@ pub async fn follow(
             }),
             Err(e) => {
                 warn!(namespace = %secrets.namespace, error = %e, "cannot watch the cluster Secrets; retrying");
-                trouble(Some(format!(
-                    "clusterSecrets: cannot watch the Secrets of namespace {}: {e}",
-                    secrets.namespace
-                )));
+                if failing.persists(std::time::Instant::now()) {
+                    trouble(Some(format!(
+                        "clusterSecrets: cannot watch the Secrets of namespace {}: {e}",
+                        secrets.namespace
+                    )));
+                }
             }
         }
+    }
+}
+
+/// Whether the Secrets' watch keeps failing. One error followed by a silent, successful re-watch
+/// (a dropped connection in a quiet namespace yields no event) must not fail readiness until the
+/// next change; errors that go on for [`STALL_AFTER`] with nothing read in between do.
+#[derive(Debug, Default)]
+struct Failing {
+    since: Option<std::time::Instant>,
+}
+
+impl Failing {
+    /// Records an error at `now`; whether the failure has lasted long enough to report.
+    fn persists(&mut self, now: std::time::Instant) -> bool {
+        let since = *self.since.get_or_insert(now);
+        now.duration_since(since) >= STALL_AFTER
     }
 }
 
@@ -350,5 +371,17 @@ mod tests {
         found.apply(&secret("east-kubeconfig", None, Some(KUBECONFIG)), &count);
         assert!(found.refused.is_empty());
         assert_eq!(found.clusters["east-kubeconfig"].name, "east");
+    }
+
+    #[test]
+    fn a_single_error_is_not_reported_errors_that_last_are() {
+        let t0 = std::time::Instant::now();
+        let mut failing = Failing::default();
+        assert!(!failing.persists(t0));
+        assert!(!failing.persists(t0 + STALL_AFTER / 2));
+        assert!(failing.persists(t0 + STALL_AFTER));
+        // Something read in between starts over.
+        let mut failing = Failing::default();
+        assert!(!failing.persists(t0 + STALL_AFTER));
     }
 }

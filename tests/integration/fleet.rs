@@ -174,7 +174,7 @@ async fn a_hung_cluster_is_named_and_resumes() {
     let mut reader = Reader::nats(&hub).await;
     b.signal("pause").await;
     // The read timeout, a failed reconnection, then the stall delay.
-    let hung = Duration::from_secs(360);
+    let hung = Duration::from_secs(600);
     let address = bridge.admin_address().await;
     let body = wait_until("/readyz names the hung cluster", hung, || {
         let address = address.clone();
