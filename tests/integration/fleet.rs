@@ -60,6 +60,25 @@ fn is(e: &Received, cluster: &str, name: &str) -> bool {
     e.ext("cluster") == cluster && e.ext("name") == name
 }
 
+/// The configuration of the fleet `hub` over the clusters `a` and `b`: `extra` top-level
+/// settings, ConfigMaps of `namespaces` (a YAML flow list's items) watched, `sink`.
+fn two_clusters(
+    hub: &str,
+    (a, b): (&ExtraCluster, &ExtraCluster),
+    extra: &str,
+    namespaces: &str,
+    sink: SinkKind,
+) -> String {
+    format!(
+        "cluster: {hub}\nclusters:\n- {{name: {}, kubeconfig: {}}}\n- {{name: {}, kubeconfig: {}}}\n{extra}resources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{namespaces}]}}\n{}",
+        a.name,
+        a.kubeconfig.display(),
+        b.name,
+        b.kubeconfig.display(),
+        sink_yaml(sink, hub)
+    )
+}
+
 /// The `/readyz` answer once `pred` holds for it.
 async fn readyz_until(bridge: &Bridge, what: &str, pred: impl Fn(u16, &str) -> bool) -> String {
     let address = bridge.admin_address().await;
@@ -86,14 +105,7 @@ async fn a_fleet_publishes_every_cluster_and_one_cluster_down_stalls_only_itself
     let (a, a_client) = cluster("fa").await;
     let (b, b_client) = cluster("fb").await;
     let hub = unique_name("hub");
-    let config = format!(
-        "cluster: {hub}\nclusters:\n- {{name: {}, kubeconfig: {}}}\n- {{name: {}, kubeconfig: {}}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{WORK}]}}\n{}",
-        a.name,
-        a.kubeconfig.display(),
-        b.name,
-        b.kubeconfig.display(),
-        sink_yaml(SinkKind::Nats, &hub)
-    );
+    let config = two_clusters(&hub, (&a, &b), "", WORK, SinkKind::Nats);
     create_cm(&a_client, "before").await;
     let mut bridge = Bridge::start(&config);
     bridge.wait_synced(2).await;
@@ -161,14 +173,7 @@ async fn a_hung_cluster_is_named_and_resumes() {
     let (a, a_client) = cluster("ha").await;
     let (b, b_client) = cluster("hb").await;
     let hub = unique_name("hub");
-    let config = format!(
-        "cluster: {hub}\nclusters:\n- {{name: {}, kubeconfig: {}}}\n- {{name: {}, kubeconfig: {}}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{WORK}]}}\n{}",
-        a.name,
-        a.kubeconfig.display(),
-        b.name,
-        b.kubeconfig.display(),
-        sink_yaml(SinkKind::Nats, &hub)
-    );
+    let config = two_clusters(&hub, (&a, &b), "", WORK, SinkKind::Nats);
     let mut bridge = Bridge::start(&config);
     bridge.wait_synced(2).await;
     let mut reader = Reader::nats(&hub).await;
@@ -364,14 +369,11 @@ async fn replicas_share_the_watches_of_a_fleet_and_take_over_a_killed_one_s() {
     }
     let hub = unique_name("hub");
     let prefix = unique_name("keb");
-    let config = format!(
-        "cluster: {hub}\nclusters:\n- {{name: {}, kubeconfig: {}}}\n- {{name: {}, kubeconfig: {}}}\ncheckpoint: {{intervalMs: 200}}\nsharding: {{enabled: true, namespace: {lease_ns}, leasePrefix: {prefix}, leaseDurationSecs: 4, renewSecs: 1}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{WORK}, other]}}\n{}",
-        a.name,
-        a.kubeconfig.display(),
-        b.name,
-        b.kubeconfig.display(),
-        sink_yaml(SinkKind::Nats, &hub)
+    let sharding = format!(
+        "checkpoint: {{intervalMs: 200}}\nsharding: {{enabled: true, namespace: {lease_ns}, leasePrefix: {prefix}, leaseDurationSecs: 4, renewSecs: 1}}\n"
     );
+    let watched = format!("{WORK}, other");
+    let config = two_clusters(&hub, (&a, &b), &sharding, &watched, SinkKind::Nats);
     let one = Bridge::start_with_env(&config, &[("POD_NAME", "one")]);
     let mut two = Bridge::start_with_env(&config, &[("POD_NAME", "two")]);
     // Four watches (two clusters, two namespaces each), two each.
@@ -498,14 +500,7 @@ async fn a_kafka_fleet_gives_each_cluster_its_own_transactions_and_topics() {
     let (a, a_client) = cluster("ka").await;
     let (b, b_client) = cluster("kb").await;
     let hub = unique_name("hub");
-    let config = format!(
-        "cluster: {hub}\nclusters:\n- {{name: {}, kubeconfig: {}}}\n- {{name: {}, kubeconfig: {}}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{WORK}]}}\n{}",
-        a.name,
-        a.kubeconfig.display(),
-        b.name,
-        b.kubeconfig.display(),
-        sink_yaml(SinkKind::Kafka, &hub)
-    );
+    let config = two_clusters(&hub, (&a, &b), "", WORK, SinkKind::Kafka);
     let topics: Vec<String> = [&a.name, &b.name]
         .iter()
         .map(|c| format!("k8s.{c}.core.configmaps"))
