@@ -284,6 +284,18 @@ async fn connect_unbounded(config: &Config, cluster: &Cluster) -> Result<(Client
     }
 }
 
+/// Reaches `cluster` ([`connect`]) and resolves the resources watched there ([`resolve`]): its
+/// client, its API server's URL and what discovery made of them.
+pub async fn connect_and_resolve(
+    config: &Config,
+    cluster: &Cluster,
+) -> Result<(Client, String, Resolution)> {
+    let (client, api_server) = connect(config, cluster).await?;
+    let watched = config.for_cluster(cluster.name(), config.kubernetes.clone());
+    let resolution = resolve(config, cluster.name(), &client, &watched.resources).await?;
+    Ok((client, api_server, resolution))
+}
+
 /// A client through `kubernetes` (a kubeconfig given on the command line), for `cluster`.
 pub async fn connect_with(
     cluster: &str,

@@ -440,9 +440,7 @@ async fn fleet_watches(config: &Config) -> anyhow::Result<(BTreeMap<String, Stri
     let mut targets = clusters::configured(config);
     targets.extend(clusters::from_secrets(config).await?);
     let found = futures::future::join_all(targets.iter().map(|c| async move {
-        let (client, _) = clusters::connect(config, c).await?;
-        let watched = config.for_cluster(c.name(), config.kubernetes.clone());
-        let resolution = clusters::resolve(config, c.name(), &client, &watched.resources).await?;
+        let (client, _, resolution) = clusters::connect_and_resolve(config, c).await?;
         let watches = shard::desired(c.name(), &client, &resolution.resources).await?;
         Ok::<_, anyhow::Error>(watches)
     }))
@@ -480,9 +478,7 @@ async fn asyncapi(config: &Config, format: DocumentFormat) -> anyhow::Result<()>
 async fn asyncapi_fleet(config: &Config) -> anyhow::Result<serde_json::Value> {
     let targets = clusters::configured(config);
     let resolved = futures::future::join_all(targets.iter().map(|c| async move {
-        let (client, api_server) = clusters::connect(config, c).await?;
-        let watched = config.for_cluster(c.name(), config.kubernetes.clone());
-        let resolution = clusters::resolve(config, c.name(), &client, &watched.resources).await?;
+        let (_, api_server, resolution) = clusters::connect_and_resolve(config, c).await?;
         Ok::<_, clusters::Error>((api_server, resolution))
     }))
     .await;
@@ -577,9 +573,8 @@ async fn check_fleet(
         names.join(", ")
     );
     let plans = futures::future::join_all(targets.iter().map(|c| async move {
-        let (client, _) = clusters::connect(config, c).await?;
-        let watched = config.for_cluster(c.name(), config.kubernetes.clone());
-        clusters::resolve(config, c.name(), &client, &watched.resources).await
+        let (_, _, resolution) = clusters::connect_and_resolve(config, c).await?;
+        Ok::<_, clusters::Error>(resolution)
     }))
     .await;
     let mut unreachable = Vec::new();

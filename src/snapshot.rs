@@ -8,7 +8,6 @@ use kube::Client;
 use crate::checkpoint::{self, WatchKey};
 use crate::clusters::{self, Cluster};
 use crate::config::Config;
-use crate::discovery;
 use crate::discovery::list_namespaces;
 use crate::kubernetes;
 use crate::sink;
@@ -37,9 +36,6 @@ pub enum Error {
     /// The Kubernetes client could not be built.
     #[error(transparent)]
     Kubernetes(#[from] kubernetes::Error),
-    /// A resource could not be resolved.
-    #[error(transparent)]
-    Discovery(#[from] discovery::Error),
     /// The sink could not be connected.
     #[error(transparent)]
     Sink(#[from] sink::Error),

@@ -152,9 +152,8 @@ async fn followed(config: &Config, only: Option<&str>) -> Result<Vec<Followed>, 
         None => clusters::configured(config),
     };
     let resolved = futures::future::join_all(targets.iter().map(|c| async move {
-        let (client, _) = clusters::connect(config, c).await?;
-        let watched = config.for_cluster(c.name(), config.kubernetes.clone());
-        clusters::resolve(config, c.name(), &client, &watched.resources).await
+        let (_, _, resolution) = clusters::connect_and_resolve(config, c).await?;
+        Ok::<_, clusters::Error>(resolution)
     }))
     .await;
     let mut followed = Vec::new();
