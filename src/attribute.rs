@@ -81,6 +81,8 @@ attributes! {
         PARTITIONKEY = "partitionkey",
         /// Why the event was emitted: `snapshot`, `live` or `repaired`.
         ORIGIN = "origin",
+        /// The snapshot on demand an event belongs to: its request's uid (absent otherwise).
+        SNAPSHOTID = "snapshotid",
         /// What `data` carries: `full`, `reference` or `diff`.
         PAYLOAD = "payload",
         /// `true` when the payload was cut down to a reference (absent otherwise).

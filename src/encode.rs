@@ -178,6 +178,8 @@ pub struct Event {
     pub kind: ChangeKind,
     /// Why it was emitted.
     pub origin: Origin,
+    /// The snapshot on demand it belongs to (see [`Event::for_snapshot`]).
+    pub snapshot: Option<Arc<str>>,
     /// Resource-wide attributes.
     pub info: Arc<ResourceInfo>,
     /// `namespace/name` or `name` (Knative: `/apis/{apiVersion}/namespaces/{ns}/{plural}/{name}`).
@@ -223,6 +225,16 @@ pub fn header_value(value: &str) -> Cow<'_, str> {
 }
 
 impl Event {
+    /// Makes this event part of the snapshot on demand `id`: `origin=snapshot`, the
+    /// `snapshotid` extension, and an id of its own, `{uid}:{resourceVersion}:{snapshotid}`, so
+    /// that a broker deduplicating by id (JetStream's `Nats-Msg-Id`) never takes it for the live
+    /// event of the same version, while a snapshot resumed after a restart repeats its ids.
+    pub fn for_snapshot(&mut self, id: Arc<str>) {
+        self.origin = Origin::Snapshot;
+        self.id = format!("{}:{}:{id}", self.uid, self.resource_version);
+        self.snapshot = Some(id);
+    }
+
     /// Template values for this event's topic or subject.
     pub fn template_values(&self) -> crate::template::Values<'_> {
         crate::template::Values {
@@ -277,6 +289,9 @@ impl Event {
             Some((attribute::SEQUENCE, self.sequence.as_str())),
             Some((attribute::PARTITIONKEY, self.key())),
             Some((attribute::ORIGIN, self.origin.as_str())),
+            self.snapshot
+                .as_deref()
+                .map(|id| (attribute::SNAPSHOTID, id)),
             Some((attribute::PAYLOAD, self.payload.as_str())),
             self.truncated.then_some((attribute::TRUNCATED, "true")),
             self.author
@@ -475,6 +490,7 @@ pub fn encode(
             id: event_id(&uid, &resource_version, kind),
             kind,
             origin,
+            snapshot: None,
             info: info.clone(),
             subject,
             time: rfc3339(observed),

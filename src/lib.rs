@@ -17,6 +17,7 @@ pub mod checkpoint;
 pub mod clusters;
 pub mod config;
 pub mod crd;
+pub mod demand;
 pub mod discovery;
 pub mod encode;
 pub mod fleet;

@@ -24,6 +24,7 @@ use crate::budget::{self, Reservation};
 use crate::change::{Change, ChangeKind, Origin};
 use crate::checkpoint::{self, Checkpoint, Store};
 use crate::config::SnapshotPolicy;
+use crate::demand::Demand;
 use crate::encode::{self, ResourceInfo};
 use crate::lease::Validity;
 use crate::payload::Mode;
@@ -34,6 +35,7 @@ use crate::watch::Item;
 mod announce;
 mod classify;
 mod delivery;
+mod demand;
 mod save;
 mod spans;
 #[cfg(test)]
@@ -94,6 +96,17 @@ pub struct Pipeline {
     pub leadership: Option<Validity>,
     /// Periodic heartbeats, if enabled.
     pub heartbeat: Option<Heartbeat>,
+    /// The watch this pipeline publishes for.
+    pub watch: WatchIdentity,
+}
+
+/// The watch a pipeline publishes for, as a snapshot's markers name it.
+#[derive(Debug, Clone)]
+pub struct WatchIdentity {
+    /// Its key (the markers' record key and id).
+    pub key: crate::checkpoint::WatchKey,
+    /// Its namespace, when it watches one.
+    pub namespace: Option<String>,
 }
 
 /// Heartbeat settings of one watch.
@@ -119,6 +132,8 @@ struct State {
     previous: HashMap<Box<str>, Box<[u8]>>,
     /// Events sent and not yet settled (or, in a transaction, not yet committed).
     flight: Flight,
+    /// The items of snapshots on demand that wait for the stream.
+    demands: demand::Demands,
     /// Publishing keeps failing: since when, and the backoff between attempts.
     failing: Option<Failing>,
     /// A commit was found due and is waiting for what is in flight to be acknowledged.
@@ -272,6 +287,7 @@ impl Pipeline {
             next_heartbeat: Instant::now(),
             previous: HashMap::new(),
             flight: Flight::default(),
+            demands: demand::Demands::default(),
             failing: None,
             commit_due: false,
             requested: false,
@@ -370,6 +386,17 @@ impl Pipeline {
         budget: Option<Reservation>,
         st: &mut State,
     ) -> Result<()> {
+        self.publish_as(change, budget, None, st).await
+    }
+
+    /// [`Pipeline::publish`], as part of the snapshot on demand `snapshot` if any.
+    async fn publish_as(
+        &self,
+        change: Change,
+        budget: Option<Reservation>,
+        snapshot: Option<Arc<str>>,
+        st: &mut State,
+    ) -> Result<()> {
         self.status.observed[kind_index(change.kind)].fetch_add(1, Ordering::Relaxed);
         if change.origin == Origin::Repaired {
             self.status.repaired.fetch_add(1, Ordering::Relaxed);
@@ -404,6 +431,9 @@ impl Pipeline {
             }
         };
         event.budget = budget;
+        if let Some(id) = snapshot {
+            event.for_snapshot(id);
+        }
         spans::adopt(&read, &mut event);
         if !self.sink.ordered_in_flight() {
             // Never two publishes of one object awaiting acknowledgement at once.
@@ -472,7 +502,9 @@ impl Pipeline {
 /// The bytes an item weighs in the watch's budget: its object's JSON size.
 pub fn item_bytes(item: &Item) -> usize {
     match item {
-        Item::Event(_, object, _) | Item::Listed(object, _) => budget::object_size(object),
+        Item::Event(_, object, _)
+        | Item::Listed(object, _)
+        | Item::Demand(Demand::Listed(_, object, _)) => budget::object_size(object),
         _ => 0,
     }
 }

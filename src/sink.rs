@@ -34,7 +34,8 @@ use futures::stream::BoxStream;
 
 use crate::config::{self, SinkSettings};
 use crate::discovery::ResolvedResource;
-use crate::encode::Event;
+use crate::encode::{Event, ResourceInfo};
+use crate::template::Values;
 
 /// Errors of connecting to or preparing a sink.
 #[derive(Debug, thiserror::Error)]
@@ -172,6 +173,14 @@ pub trait Sink: std::fmt::Debug + Send + Sync {
         key: &'a str,
         payload: Vec<u8>,
     ) -> BoxFuture<'a, Result<()>>;
+
+    /// Where a message about a whole watch goes, beside its events (a snapshot's markers): the
+    /// resource's destination rendered for `values` (no object name); `None` when it depends
+    /// on the object (`{name}`, or `{namespace}` without one in `values`).
+    fn watch_destination(&self, info: &ResourceInfo, values: &Values<'_>) -> Option<String> {
+        let _ = (info, values);
+        None
+    }
 
     /// Waits until everything handed over is acknowledged, or `timeout`.
     fn flush(&self, timeout: Duration) -> BoxFuture<'_, ()>;

@@ -31,7 +31,7 @@ use crate::crd;
 use crate::discovery::{self, ResolvedResource};
 use crate::encode::ResourceInfo;
 use crate::lease::Validity;
-use crate::pipeline::{Heartbeat, Pipeline};
+use crate::pipeline::{Heartbeat, Pipeline, WatchIdentity};
 use crate::shard::{Ownership, Shard};
 use crate::sink::{self, AnySink};
 use crate::status::Status;
@@ -128,6 +128,23 @@ pub struct WatchHandle {
     pub namespace: Option<String>,
     /// Counters and acknowledged position.
     pub status: Arc<Status>,
+    /// Where a snapshot on demand of this watch is queued.
+    pub demand: Option<DemandPort>,
+}
+
+/// What a snapshot on demand needs of a running watch: its key, what it lists, and its queue
+/// to the pipeline, beside the watch's own items.
+#[derive(Debug, Clone)]
+pub struct DemandPort {
+    /// The watch's key.
+    pub key: WatchKey,
+    /// What the watch lists and watches (API, selectors).
+    pub target: watch::Target,
+    /// The watch's queue to its pipeline: weak, so that the pipeline still ends once the watch
+    /// does.
+    pub queue: mpsc::WeakSender<watch::Item>,
+    /// Cancelled when the watch stops here (a hand-off, a shutdown).
+    pub stopped: CancellationToken,
 }
 
 /// A desired watch: its key, resource and namespace scope (`None`: all or cluster scope).
@@ -504,6 +521,7 @@ impl Supervisor {
                     resource: r.label(),
                     namespace: ns.clone(),
                     status: Arc::new(Status::default()),
+                    demand: None,
                 };
                 let unprepared = unprepared.clone();
                 let open = self.open(key, r, ns, ownership);
@@ -715,6 +733,12 @@ impl Supervisor {
         );
         let resource_deleted = target.resource_deleted.clone();
         let cancel = self.stop.child_token();
+        let demand = DemandPort {
+            key: key.clone(),
+            target: target.clone(),
+            queue: tx.downgrade(),
+            stopped: cancel.clone(),
+        };
         self.generation += 1;
         let generation = self.generation;
         let (stop, watch_status, id) = (cancel.clone(), status.clone(), key.id.clone());
@@ -740,6 +764,10 @@ impl Supervisor {
             checkpoint_interval: Duration::from_millis(config.checkpoint.interval_ms),
             leadership: validity(ownership.as_ref(), self.leadership.as_ref()),
             heartbeat: heartbeat(&config, &key),
+            watch: WatchIdentity {
+                key: key.clone(),
+                namespace: namespace.clone(),
+            },
         };
         let epoch = self.spawn_pipeline(&key.id, generation, pipeline, rx, ownership, span);
         self.running.insert(
@@ -750,6 +778,7 @@ impl Supervisor {
                     resource: r.label(),
                     namespace,
                     status,
+                    demand: Some(demand),
                 },
                 cancel,
                 generation,

@@ -232,6 +232,12 @@ impl Template {
         self.uses(Token::Namespace) || self.uses(Token::Name)
     }
 
+    /// Whether the rendering for `v` is one destination for a whole watch: it names no object,
+    /// and names a namespace only when `v` has one.
+    pub fn per_watch(&self, v: &Values<'_>) -> bool {
+        !self.uses(Token::Name) && (v.namespace.is_some() || !self.uses(Token::Namespace))
+    }
+
     /// Checks that the template renders legal Kafka topic names in cluster `cluster`: its
     /// literal text has only topic characters, and its shortest rendering (every token but
     /// `{cluster}` one character long) is neither too long nor `.` or `..`. Values are made safe

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use crate::backoff::Backoff;
 use crate::budget;
 use crate::change::ChangeKind;
+use crate::demand::Demand;
 use crate::status::{STALL_AFTER, Status, count};
 
 /// Every reason a watch restart is counted under (`kube_event_bridge_watch_restarts_total`).
@@ -170,6 +171,8 @@ pub enum Item {
     /// The resource itself was deleted (its CRD is gone), so every object still known was
     /// deleted; sent last, as the watch stops, with the last resourceVersion reached.
     Vanished(Option<String>),
+    /// An item of a snapshot on demand, queued by its walk behind what the watch sent.
+    Demand(Demand),
 }
 
 /// What one watch looks at.

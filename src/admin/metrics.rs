@@ -683,12 +683,14 @@ mod tests {
                 resource: "apps/v1/deployments".into(),
                 namespace: Some("prod".into()),
                 status: busy,
+                demand: None,
             },
             WatchHandle {
                 cluster: "dev".into(),
                 resource: "v1/configmaps".into(),
                 namespace: None,
                 status: Arc::new(Status::default()),
+                demand: None,
             },
         ]
     }
@@ -942,6 +944,7 @@ mod tests {
                 resource: "example.com/v1/\"quoted\"".into(),
                 namespace: Some("a\\b".into()),
                 status: Arc::new(Status::default()),
+                demand: None,
             }],
         );
         let document = state.metrics();

@@ -102,6 +102,11 @@ impl Classifier {
         &mut self.known
     }
 
+    /// The resourceVersion the index holds for `uid`.
+    pub fn version_of(&self, uid: &str) -> Option<Box<str>> {
+        self.known.get(uid).map(|e| e.resource_version)
+    }
+
     /// Whether a list is in progress.
     pub fn listing(&self) -> bool {
         self.listing.is_some()
@@ -148,6 +153,8 @@ impl Classifier {
                 position: Some(rv),
                 ..Step::default()
             },
+            // A snapshot's items are decided by the pipeline, never classified.
+            Item::Demand(_) => Step::default(),
             Item::Vanished(rv) => {
                 // Every object still known is gone, also one a list in progress had found.
                 self.listing = None;

@@ -95,6 +95,10 @@ impl Run {
             checkpoint_interval,
             leadership,
             heartbeat: None,
+            watch: super::WatchIdentity {
+                key: crate::checkpoint::WatchKey::new("dev", "v1", "configmaps", None, None, None),
+                namespace: None,
+            },
         };
         let (tx, rx) = mpsc::channel(items.len().max(1));
         for item in items {

@@ -20,9 +20,11 @@ use super::HttpConfig;
 use super::config::{Credentials, client};
 use super::error::Error as SetupError;
 use crate::config::ContentMode;
-use crate::encode::{self, DATA_CONTENT_TYPE, Event, STRUCTURED_CONTENT_TYPE, ce_header};
+use crate::encode::{
+    self, DATA_CONTENT_TYPE, Event, ResourceInfo, STRUCTURED_CONTENT_TYPE, ce_header,
+};
 use crate::sink::{Delivered, Error, Outcome, Pending, Result, Sink, ready};
-use crate::template::Template;
+use crate::template::{Template, Values};
 
 /// How much of a refusing receiver's response body goes into the error.
 const ERROR_BODY_BYTES: usize = 512;
@@ -430,6 +432,13 @@ impl Sink for HttpSink {
         payload: Vec<u8>,
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(self.post_raw(destination, payload))
+    }
+
+    fn watch_destination(&self, info: &ResourceInfo, values: &Values<'_>) -> Option<String> {
+        let template = info.destination.as_ref().unwrap_or(&self.url);
+        template
+            .per_watch(values)
+            .then(|| template.render_url(values))
     }
 
     fn flush(&self, timeout: Duration) -> BoxFuture<'_, ()> {

@@ -22,12 +22,12 @@ use super::producer::{DeliveryFuture, Producer};
 use super::reads::SharedReads;
 use crate::change::ChangeKind;
 use crate::config::ContentMode;
-use crate::encode::{DATA_CONTENT_TYPE, Event, STRUCTURED_CONTENT_TYPE, ce_header};
+use crate::encode::{DATA_CONTENT_TYPE, Event, ResourceInfo, STRUCTURED_CONTENT_TYPE, ce_header};
 use crate::lease::Validity;
 use crate::sink::{
     Checkpoints, Delivered, Error, Outcome, Pending, Result, Sink, Transactions, ready,
 };
-use crate::template::Template;
+use crate::template::{Template, Values};
 
 /// How watches share transactional producers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -420,6 +420,13 @@ impl Sink for KafkaSink {
         payload: Vec<u8>,
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move { self.publish_raw(destination, key, &payload).await })
+    }
+
+    fn watch_destination(&self, info: &ResourceInfo, values: &Values<'_>) -> Option<String> {
+        let template = info.destination.as_ref().unwrap_or(&self.topic);
+        template
+            .per_watch(values)
+            .then(|| template.render_topic(values))
     }
 
     fn flush(&self, timeout: Duration) -> BoxFuture<'_, ()> {

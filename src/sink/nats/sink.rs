@@ -17,9 +17,11 @@ use super::config::connect_client;
 use super::error::Error as SetupError;
 use crate::config::ContentMode;
 use crate::discovery::ResolvedResource;
-use crate::encode::{DATA_CONTENT_TYPE, Event, STRUCTURED_CONTENT_TYPE, ce_header, header_value};
+use crate::encode::{
+    DATA_CONTENT_TYPE, Event, ResourceInfo, STRUCTURED_CONTENT_TYPE, ce_header, header_value,
+};
 use crate::sink::{Checkpoints, Delivered, Error, Outcome, Pending, Result, Sink, ready};
-use crate::template::Template;
+use crate::template::{Template, Values};
 
 /// The NATS sink.
 #[derive(Debug)]
@@ -188,6 +190,13 @@ impl Sink for NatsSink {
         payload: Vec<u8>,
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(self.publish_raw(destination, payload))
+    }
+
+    fn watch_destination(&self, info: &ResourceInfo, values: &Values<'_>) -> Option<String> {
+        let template = info.destination.as_ref().unwrap_or(&self.subject);
+        template
+            .per_watch(values)
+            .then(|| template.render_subject(values))
     }
 
     fn flush(&self, timeout: Duration) -> BoxFuture<'_, ()> {

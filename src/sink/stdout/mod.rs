@@ -10,7 +10,8 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 
 use super::{Error, Outcome, Pending, Result, Sink, ready};
-use crate::encode::Event;
+use crate::encode::{Event, ResourceInfo};
+use crate::template::Values;
 pub use settings::{Stdout, StdoutConfig};
 
 /// The stdout sink.
@@ -62,6 +63,11 @@ impl Sink for StdoutSink {
             source: Box::new(e),
         });
         Box::pin(std::future::ready(written))
+    }
+
+    /// Everything goes to standard output.
+    fn watch_destination(&self, _info: &ResourceInfo, _values: &Values<'_>) -> Option<String> {
+        Some("stdout".to_string())
     }
 
     /// Nothing is buffered.

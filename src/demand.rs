@@ -1,0 +1,79 @@
+//! A snapshot on demand as a watch's pipeline sees it: the items a snapshot's walk
+//! ([`crate::snapshot`]) sends down the watch's queue beside the watch's own, the decision each
+//! listed object gets against the stream's position ([`watermark`]), and the control events that
+//! frame the snapshot ([`marker`]).
+//!
+//! The walk reads the resource in chunks while the watch goes on publishing. Each listed object
+//! is decided against the pipeline's position and its known-object index: *held* while the
+//! watch has not yet delivered the change the object was listed at (publishing it first would
+//! let an older live event overtake it), *skipped* when a newer state or a delete of it was
+//! published since, and otherwise *emitted*. Per key the stream never goes backwards, and live
+//! events never wait for the snapshot.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use kube::api::DynamicObject;
+use tokio::sync::oneshot;
+
+pub mod marker;
+pub mod watermark;
+
+/// What one snapshot covers, as its begin marker states it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scope {
+    /// The snapshot's id: the request's uid.
+    pub id: Arc<str>,
+    /// The request, `namespace/name` of its ConfigMap.
+    pub request: String,
+    /// `apiVersion/plural`, as configured (`v1/configmaps`).
+    pub resource: String,
+    /// The namespace the snapshot is limited to, if any.
+    pub namespace: Option<String>,
+    /// The label selector the snapshot is limited to, if any (beside the watch's own).
+    pub label_selector: Option<String>,
+    /// Objects the API server reported when the snapshot began.
+    pub expected: u64,
+}
+
+/// What the pipeline did with a snapshot's objects since the last [`Demand::Mark`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Published with `origin=snapshot`.
+    pub emitted: u64,
+    /// Not published: a newer state, or the object's delete, was published since it was read.
+    pub skipped: u64,
+}
+
+impl Tally {
+    /// Both counts added.
+    pub fn add(&mut self, other: Tally) {
+        self.emitted += other.emitted;
+        self.skipped += other.skipped;
+    }
+}
+
+/// How a snapshot ended, as its end marker states it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every object was read and decided.
+    Complete,
+    /// The snapshot stopped; the objects published so far are not a complete state.
+    Failed(String),
+}
+
+/// One item of a snapshot's walk, queued behind the watch's items.
+#[derive(Debug)]
+pub enum Demand {
+    /// The snapshot begins: the begin marker is published.
+    Begin(Arc<Scope>),
+    /// One object read by the walk, and when.
+    Listed(Arc<Scope>, DynamicObject, SystemTime),
+    /// Answered with the tally since the last mark once everything before it was decided and
+    /// acknowledged by the broker (committed, in a Kafka transaction): the walk saves its
+    /// progress and reads the next chunk only then. A marker that could not be published is
+    /// the answer's error.
+    Mark(Arc<str>, oneshot::Sender<Result<Tally, String>>),
+    /// The snapshot ends: the end marker is published with the total.
+    End(Arc<Scope>, Tally, Outcome),
+}
