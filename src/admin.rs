@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -52,6 +52,22 @@ pub enum Error {
     },
 }
 
+/// The counters of snapshots on demand served by this replica.
+#[derive(Debug, Default)]
+pub struct SnapshotCounters {
+    /// Snapshots ended, by [`SNAPSHOT_RESULTS`].
+    pub ended: [AtomicU64; 2],
+    /// Objects decided, by [`SNAPSHOT_OUTCOMES`].
+    pub objects: [AtomicU64; 2],
+    /// Walks going on now.
+    pub running: AtomicU64,
+}
+
+/// The `result` label of `snapshots_total`.
+pub const SNAPSHOT_RESULTS: [&str; 2] = ["complete", "failed"];
+/// The `outcome` label of `snapshot_objects_total`.
+pub const SNAPSHOT_OUTCOMES: [&str; 2] = ["emitted", "skipped"];
+
 /// Validity as the admin server reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -84,6 +100,10 @@ pub struct State {
     /// Why the fleet's members cannot be followed (their Secrets unreadable), and since when.
     fleet_problem: Mutex<Option<(String, std::time::Instant)>>,
     api: Arc<throttle::Counters>,
+    /// Snapshots on demand served here.
+    pub snapshots: SnapshotCounters,
+    /// Bumped whenever the running watches change (snapshot requests are routed by them).
+    watches_changed: tokio::sync::watch::Sender<u64>,
     /// Holds the collector that reads this state at scrape time.
     registry: Registry,
     /// The standard `process_*` metrics.
@@ -104,6 +124,8 @@ impl State {
             fleet_metrics: Mutex::new(None),
             fleet_problem: Mutex::new(None),
             api: throttle::Counters::process(),
+            snapshots: SnapshotCounters::default(),
+            watches_changed: tokio::sync::watch::Sender::new(0),
             registry: metrics::registry(state.clone()),
             process: process::registry(),
         })
@@ -118,6 +140,18 @@ impl State {
     pub fn set_watches(&self, cluster: &str, watches: Vec<WatchHandle>) {
         self.cluster(cluster, |c| c.watches = watches);
         self.started.store(true, Ordering::Relaxed);
+        self.watches_changed.send_modify(|n| *n += 1);
+    }
+
+    /// Every cluster's running watches.
+    pub fn watch_handles(&self) -> Vec<WatchHandle> {
+        let clusters = self.lock_clusters();
+        clusters.values().flat_map(|c| c.watches.clone()).collect()
+    }
+
+    /// Told whenever the running watches change.
+    pub fn subscribe_watches(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.watches_changed.subscribe()
     }
 
     /// Marks the bridge as watching a fleet: ready while at least one cluster publishes, with

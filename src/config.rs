@@ -33,6 +33,7 @@ pub use environment::Environment;
 pub use file::{
     AdminConfig, CheckpointConfig, CheckpointNats, ConfigFile, DeliveryConfig, DiscoveryConfig,
     HeartbeatConfig, KubernetesConfig, LeaderElectionConfig, ShardingConfig, SnapshotPolicy,
+    SnapshotRequestsConfig,
 };
 pub use file::{ClusterEntry, ClusterSecrets, NatsCredentials};
 pub use fleet::{Access, ClusterSpec, Fleet};
@@ -109,6 +110,8 @@ pub struct Config {
     pub heartbeat: HeartbeatConfig,
     /// Discovery refresh.
     pub discovery: DiscoveryConfig,
+    /// Snapshot requests.
+    pub snapshot_requests: SnapshotRequestsConfig,
     /// The `manager`, `operation` and `clusterid` extensions.
     pub audit_extensions: bool,
 }

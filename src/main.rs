@@ -96,8 +96,11 @@ enum Command {
         #[arg(long)]
         cluster: Option<String>,
     },
-    /// Force a fresh snapshot of one resource: delete its watches' checkpoints. A running bridge
-    /// owning them is fenced and exits; its next start lists and publishes every object again.
+    /// Ask the running bridge for a snapshot of one resource: its current objects are published
+    /// again (origin=snapshot) between a begin and an end marker, while live events go on. Writes
+    /// one request ConfigMap per watch (in snapshotRequests.namespace) and prints their names.
+    /// With --reset, the older way instead: delete the watches' checkpoints, so that a running
+    /// bridge owning them is fenced and exits and its next start publishes every object again.
     Snapshot {
         /// The configuration file.
         #[arg(long, short)]
@@ -105,12 +108,24 @@ enum Command {
         /// The resource as `apiVersion/plural`: `v1/configmaps`, `apps/v1/deployments`.
         #[arg(long)]
         resource: String,
-        /// Only the watch of this namespace.
+        /// Only the objects of this namespace.
         #[arg(long)]
         namespace: Option<String>,
-        /// The cluster whose checkpoints to reset (a fleet's checkpoints are per cluster).
+        /// Only the objects matching this label selector.
+        #[arg(long, conflicts_with = "reset")]
+        selector: Option<String>,
+        /// The fleet member (required on a fleet).
         #[arg(long)]
         cluster: Option<String>,
+        /// Wait until the snapshot is complete, printing its progress; fail if it fails.
+        #[arg(long, conflicts_with = "reset")]
+        wait: bool,
+        /// With --wait: give up after this many seconds.
+        #[arg(long, default_value_t = 600)]
+        timeout_secs: u64,
+        /// Delete the watches' checkpoints instead of asking the running bridge.
+        #[arg(long)]
+        reset: bool,
     },
     /// With sharding: list the configuration's watches, the replica each is assigned to and who
     /// holds its Lease, then the live replicas and how many watches each holds.
@@ -313,12 +328,33 @@ async fn command(command: Command) -> anyhow::Result<()> {
             config,
             resource,
             namespace,
+            selector,
             cluster,
+            wait,
+            timeout_secs,
+            reset,
         } => {
             let config = load(&config)?;
-            let (namespace, cluster) = (namespace.as_deref(), cluster.as_deref());
-            for w in snapshot::reset_checkpoints(&config, &resource, namespace, cluster).await? {
-                println!("checkpoint reset: {w}");
+            if reset {
+                let (namespace, cluster) = (namespace.as_deref(), cluster.as_deref());
+                for w in snapshot::reset_checkpoints(&config, &resource, namespace, cluster).await?
+                {
+                    println!("checkpoint reset: {w}");
+                }
+                return Ok(());
+            }
+            let ask = snapshot::ask::Ask {
+                resource,
+                namespace,
+                selector,
+                cluster,
+            };
+            let written = snapshot::ask::ask(&config, &ask).await?;
+            for name in &written.names {
+                println!("snapshot requested: {}/{name}", written.namespace);
+            }
+            if wait {
+                snapshot::ask::wait(&written, Duration::from_secs(timeout_secs)).await?;
             }
             Ok(())
         }

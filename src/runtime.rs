@@ -14,7 +14,7 @@ use tracing::{info, warn};
 
 use crate::admin;
 use crate::allocator;
-use crate::config::Config;
+use crate::config::{Config, SnapshotRequestsConfig};
 use crate::discovery;
 use crate::fleet::{
     self,
@@ -25,6 +25,7 @@ use crate::leader::{self, Leader};
 use crate::lease::Validity;
 use crate::shard::{self, Shard};
 use crate::sink::{self, AnySink};
+use crate::snapshot::requests::Requests;
 use crate::stores::{self, Stores};
 use crate::supervisor::{self, OnChange, Parts, Supervisor};
 use crate::tasks::Tasks;
@@ -87,6 +88,24 @@ pub struct Bridge {
     sink: Arc<AnySink>,
 }
 
+/// Follows snapshot requests ([`crate::snapshot::requests`]) until `stop`, when they are on.
+fn serve_snapshot_requests(
+    settings: &SnapshotRequestsConfig,
+    home: kube::Client,
+    admin: Arc<admin::State>,
+    fleet: bool,
+    stop: &CancellationToken,
+    tasks: &Tasks,
+) {
+    if !settings.enabled {
+        return;
+    }
+    let namespace = settings.namespace(|k| std::env::var(k).ok());
+    info!(namespace = %namespace, "following snapshot requests");
+    let requests = Requests::new(Api::namespaced(home, &namespace), admin, fleet);
+    tasks.spawn("snapshot requests", requests.serve(stop.clone()));
+}
+
 impl Bridge {
     /// Resolves every resource, connects the sink, loads each watch's checkpoint and starts one
     /// watch and one pipeline per resource and namespace scope; from then on the supervisor
@@ -114,6 +133,8 @@ impl Bridge {
         let stores = Stores::prepare(&config, &shared, &client).await?;
         let stop = CancellationToken::new();
         let cluster = config.cluster.clone();
+        let (config_requests, client_home) = (config.snapshot_requests.clone(), client.clone());
+        let admin_requests = admin.clone();
         let on_change: OnChange = Box::new(move |w| admin.set_watches(&cluster, w));
         let mut supervisor = Supervisor::new(Parts {
             config: Arc::new(config),
@@ -129,6 +150,14 @@ impl Bridge {
         });
         supervisor.start(resources).await?;
         info!(watches = supervisor.handles().len(), "bridge started");
+        serve_snapshot_requests(
+            &config_requests,
+            client_home,
+            admin_requests,
+            false,
+            &stop,
+            tasks,
+        );
         Ok(Self {
             stop,
             supervisor: tasks.spawn("supervisor", supervisor.run()),
@@ -177,6 +206,19 @@ impl Bridge {
             secrets = config.fleet.secrets.is_some(),
             "sink connected; starting the fleet"
         );
+        if config.snapshot_requests.enabled {
+            // The requests live in the bridge's own cluster, which a fleet may not be able to
+            // reach (its members named by kubeconfig files only): it then serves none.
+            match kubernetes::client(&config.kubernetes).await {
+                Ok(home) => {
+                    let requests = &config.snapshot_requests;
+                    serve_snapshot_requests(requests, home, admin.clone(), true, &stop, tasks);
+                }
+                Err(e) => {
+                    warn!(error = %e, "snapshot requests not followed: the bridge's own cluster cannot be reached")
+                }
+            }
+        }
         let members = Arc::new(fleet::Shared::new(
             Arc::new(config),
             shared.clone(),

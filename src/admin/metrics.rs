@@ -90,6 +90,7 @@ impl Collector for Exposition {
         publishing(&mut families)?;
         watching(&mut families)?;
         checkpoints(&mut families)?;
+        snapshots(families.encoder, &state.snapshots)?;
         if let Some(fleet) = state.fleet_metrics() {
             fleet_families(families.encoder, &fleet)?;
         }
@@ -382,6 +383,37 @@ fn fleet_families(encoder: &mut DescriptorEncoder, fleet: &crate::fleet::Metrics
             .encode(family.encode_family(&[("reason", reason.label())])?)?;
     }
     Ok(())
+}
+
+/// Snapshots on demand: ended by result, objects by outcome, walks going on.
+fn snapshots(encoder: &mut DescriptorEncoder, c: &crate::admin::SnapshotCounters) -> fmt::Result {
+    let mut family = encoder.encode_descriptor(
+        "snapshots",
+        "Snapshots on demand this replica ended, by result: complete or failed.",
+        None,
+        MetricType::Counter,
+    )?;
+    for (result, n) in crate::admin::SNAPSHOT_RESULTS.iter().zip(&c.ended) {
+        ConstCounter::new(n.load(Ordering::Relaxed))
+            .encode(family.encode_family(&[("result", *result)])?)?;
+    }
+    let mut family = encoder.encode_descriptor(
+        "snapshot_objects",
+        "Objects read by snapshots on demand, by outcome: emitted (published with origin=snapshot, acknowledged) or skipped (a newer state or the delete was published since).",
+        None,
+        MetricType::Counter,
+    )?;
+    for (outcome, n) in crate::admin::SNAPSHOT_OUTCOMES.iter().zip(&c.objects) {
+        ConstCounter::new(n.load(Ordering::Relaxed))
+            .encode(family.encode_family(&[("outcome", *outcome)])?)?;
+    }
+    single(
+        encoder,
+        "snapshots_running",
+        "Snapshots on demand being walked on this replica.",
+        None,
+        ConstGauge::new(c.running.load(Ordering::Relaxed) as i64),
+    )
 }
 
 /// With sharding: the watches held, hand-offs by reason, and how long watches had no owner

@@ -75,6 +75,42 @@ pub struct ConfigFile {
     /// CRDs and namespaces the watches of CRDs and namespaces missed.
     #[serde(default)]
     pub discovery: DiscoveryConfig,
+    /// Snapshots on demand: ConfigMaps labelled `kube-event-bridge.dev/snapshot-request=true`
+    /// in this namespace ask a running bridge for the current state of one watch's objects.
+    #[serde(default)]
+    pub snapshot_requests: SnapshotRequestsConfig,
+}
+
+/// Where snapshot requests are read.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SnapshotRequestsConfig {
+    /// Follow snapshot requests; default true (RBAC: list, watch and patch ConfigMaps in
+    /// `namespace`).
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// The requests' namespace; default `$POD_NAMESPACE`, else `default`. Set it when
+    /// `kube-event-bridge snapshot` runs outside the bridge's pod.
+    pub namespace: Option<String>,
+}
+
+impl Default for SnapshotRequestsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            namespace: None,
+        }
+    }
+}
+
+impl SnapshotRequestsConfig {
+    /// The requests' namespace, with the pod's environment read through `env`.
+    pub fn namespace(&self, env: impl Fn(&str) -> Option<String>) -> String {
+        self.namespace
+            .clone()
+            .or_else(|| env("POD_NAMESPACE"))
+            .unwrap_or_else(|| "default".into())
+    }
 }
 
 impl ConfigFile {

@@ -69,6 +69,13 @@ impl ConfigFile {
         }
         self.check_leader_election(&mut errors);
         self.check_sharding(&mut errors);
+        if let Some(ns) = &self.snapshot_requests.namespace
+            && !is_dns_label(ns)
+        {
+            errors.push(format!(
+                "snapshotRequests.namespace: {ns:?} is not a valid namespace name"
+            ));
+        }
         self.check_checkpoint(sink.as_ref(), &mut errors);
         match sink {
             Some(sink) if errors.is_empty() => Ok(self.build(resources, sink, fleet)),
@@ -260,6 +267,7 @@ impl ConfigFile {
             heartbeat: self.heartbeat,
             discovery: self.discovery,
             audit_extensions: self.audit_extensions,
+            snapshot_requests: self.snapshot_requests,
         }
     }
 }

@@ -1,0 +1,353 @@
+//! Serves snapshot requests: follows the request ConfigMaps of the bridge's namespace and starts
+//! the walk of each on the replica running the watch it names. Every replica follows them; only
+//! the one running the watch walks (with sharding, the watch's owner; after a hand-off, the new
+//! owner resumes from the recorded progress). A request that cannot be served is marked failed,
+//! naming why.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{Config as WatcherConfig, Event, watcher};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::record::{self, Phase, Progress};
+use super::request::{self, LABEL, Request};
+use super::walk::Walk;
+use crate::admin;
+use crate::supervisor::WatchHandle;
+
+/// Where a request goes.
+#[derive(Debug)]
+enum Route<'a> {
+    /// To this replica's watch.
+    Here(&'a WatchHandle),
+    /// Not here: another replica runs the watch, or it has not started yet.
+    Elsewhere,
+    /// Nowhere: the request cannot be served, for this reason.
+    Refused(String),
+}
+
+/// The request follower of one bridge.
+pub struct Requests {
+    /// The requests' namespace.
+    api: Api<ConfigMap>,
+    /// The running watches and the snapshot counters.
+    admin: Arc<admin::State>,
+    /// Whether the bridge watches a fleet (a request must then name its cluster).
+    fleet: bool,
+    /// The requests, by uid.
+    known: BTreeMap<String, ConfigMap>,
+    /// The walks going on here, by request uid.
+    walks: HashMap<String, JoinHandle<()>>,
+    /// Walks that ended, by request uid.
+    ended: (
+        mpsc::UnboundedSender<String>,
+        mpsc::UnboundedReceiver<String>,
+    ),
+}
+
+impl Requests {
+    /// A follower of the requests in `api`'s namespace.
+    pub fn new(api: Api<ConfigMap>, admin: Arc<admin::State>, fleet: bool) -> Self {
+        Self {
+            api,
+            admin,
+            fleet,
+            known: BTreeMap::new(),
+            walks: HashMap::new(),
+            ended: mpsc::unbounded_channel(),
+        }
+    }
+
+    /// Follows the requests until `stop`.
+    pub async fn serve(mut self, stop: CancellationToken) {
+        let config = WatcherConfig::default().labels(&format!("{LABEL}=true"));
+        let mut events = watcher(self.api.clone(), config).default_backoff().boxed();
+        let mut changed = self.admin.subscribe_watches();
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => break,
+                event = events.next() => match event {
+                    Some(Ok(event)) => {
+                        failing = false;
+                        self.apply(event);
+                    }
+                    Some(Err(e)) => {
+                        if !failing {
+                            warn!(error = %e, "snapshot requests cannot be read (RBAC: list and watch ConfigMaps in this namespace); retrying");
+                        }
+                        failing = true;
+                        continue;
+                    }
+                    None => break,
+                },
+                Ok(()) = changed.changed() => {}
+                Some(uid) = self.ended.1.recv() => {
+                    self.walks.remove(&uid);
+                }
+            }
+            self.reconcile().await;
+        }
+        for (_, walk) in self.walks.drain() {
+            walk.abort();
+        }
+    }
+
+    /// Takes one event of the requests' watch.
+    fn apply(&mut self, event: Event<ConfigMap>) {
+        match event {
+            Event::Apply(cm) | Event::InitApply(cm) => {
+                if let Some(uid) = cm.metadata.uid.clone() {
+                    self.known.insert(uid, cm);
+                }
+            }
+            Event::Delete(cm) => {
+                if let Some(uid) = &cm.metadata.uid {
+                    self.known.remove(uid);
+                    if let Some(walk) = self.walks.remove(uid) {
+                        info!(
+                            request = cm.metadata.name.as_deref().unwrap_or_default(),
+                            "snapshot request deleted: its walk stops"
+                        );
+                        walk.abort();
+                    }
+                }
+            }
+            Event::Init => self.known.clear(),
+            Event::InitDone => {}
+        }
+    }
+
+    /// Starts the walk of every request this replica should serve, and refuses those that
+    /// cannot be served.
+    async fn reconcile(&mut self) {
+        let handles = self.admin.watch_handles();
+        let mut refusals = Vec::new();
+        for (uid, cm) in &self.known {
+            let progress = record::read(cm.metadata.annotations.as_ref());
+            if self.walks.contains_key(uid) || progress.phase.is_final() {
+                continue;
+            }
+            let request = match request::parse(cm) {
+                Ok(request) => request,
+                Err(e) => {
+                    refusals.push((cm.metadata.name.clone().unwrap_or_default(), e.to_string()));
+                    continue;
+                }
+            };
+            match route(&request, &handles, self.fleet) {
+                Route::Here(handle) => {
+                    let walk = self.walk(handle, request, progress);
+                    self.walks.insert(uid.clone(), walk);
+                }
+                Route::Elsewhere => {}
+                Route::Refused(why) => refusals.push((request.name, why)),
+            }
+        }
+        for (name, why) in refusals {
+            warn!(request = %name, error = %why, "snapshot request refused");
+            self.admin.snapshots.ended[1].fetch_add(1, Ordering::Relaxed);
+            let progress = Progress {
+                phase: Phase::Failed,
+                message: Some(why),
+                ..Progress::default()
+            };
+            let patch = Patch::Merge(record::patch(&progress));
+            if let Err(e) = self.api.patch(&name, &PatchParams::default(), &patch).await {
+                warn!(request = %name, error = %e, "snapshot refusal not recorded");
+            }
+        }
+    }
+
+    /// Starts the walk of `request` on the watch of `handle`.
+    fn walk(&self, handle: &WatchHandle, request: Request, progress: Progress) -> JoinHandle<()> {
+        let port = handle
+            .demand
+            .clone()
+            .expect("a running watch has a demand port");
+        info!(request = %request.name, watch = %port.key.description, resumed = progress.begun, "snapshot starts");
+        let walk = Walk {
+            port,
+            cluster_wide: handle.namespace.is_none(),
+            request,
+            requests: self.api.clone(),
+            progress,
+            admin: self.admin.clone(),
+        };
+        let uid = walk.request.id.to_string();
+        let ended = self.ended.0.clone();
+        let admin = self.admin.clone();
+        tokio::spawn(async move {
+            admin.snapshots.running.fetch_add(1, Ordering::Relaxed);
+            let phase = walk.run().await;
+            admin.snapshots.running.fetch_sub(1, Ordering::Relaxed);
+            match phase {
+                Phase::Complete => admin.snapshots.ended[0].fetch_add(1, Ordering::Relaxed),
+                Phase::Failed => admin.snapshots.ended[1].fetch_add(1, Ordering::Relaxed),
+                _ => 0,
+            };
+            let _ = ended.send(uid);
+        })
+    }
+}
+
+/// Where `request` goes, given this replica's running watches.
+fn route<'a>(request: &Request, handles: &'a [WatchHandle], fleet: bool) -> Route<'a> {
+    if fleet && request.cluster.is_none() {
+        return Route::Refused("data.cluster: required, the bridge watches a fleet".into());
+    }
+    let of_resource: Vec<&WatchHandle> = handles
+        .iter()
+        .filter(|h| h.resource == request.resource && h.demand.is_some())
+        .filter(|h| request.cluster.as_deref().is_none_or(|c| *h.cluster == *c))
+        .collect();
+    if request.namespace.is_none() && of_resource.iter().any(|h| h.namespace.is_some()) {
+        return Route::Refused(format!(
+            "data.namespace: required, {} is watched per namespace (kube-event-bridge snapshot writes one request per namespace)",
+            request.resource
+        ));
+    }
+    let exact = of_resource
+        .iter()
+        .find(|h| h.namespace.is_some() && h.namespace == request.namespace);
+    let wide = of_resource.iter().find(|h| h.namespace.is_none());
+    match exact.or(wide) {
+        Some(handle) => Route::Here(handle),
+        None => Route::Elsewhere,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::Status;
+
+    fn handle(cluster: &str, resource: &str, namespace: Option<&str>) -> WatchHandle {
+        WatchHandle {
+            cluster: cluster.into(),
+            resource: resource.into(),
+            namespace: namespace.map(Into::into),
+            status: Arc::new(Status::default()),
+            demand: None,
+        }
+    }
+
+    fn request(resource: &str, namespace: Option<&str>, cluster: Option<&str>) -> Request {
+        Request {
+            id: "u".into(),
+            name: "snapshot-x".into(),
+            resource: resource.into(),
+            namespace: namespace.map(Into::into),
+            label_selector: None,
+            cluster: cluster.map(Into::into),
+            chunk: 10,
+        }
+    }
+
+    /// Handles as running watches have them: with a port (a test double is enough to route).
+    fn routable(handles: Vec<WatchHandle>) -> Vec<WatchHandle> {
+        handles.into_iter().map(with_port).collect()
+    }
+
+    fn with_port(mut h: WatchHandle) -> WatchHandle {
+        let (tx, _rx) = mpsc::channel(1);
+        let client =
+            kube::Client::try_from(kube::Config::new("http://127.0.0.1:1".parse().unwrap()))
+                .unwrap();
+        let target = crate::watch::Target {
+            api: kube::Api::all_with(
+                client,
+                &kube::discovery::ApiResource::erase::<ConfigMap>(&()),
+            ),
+            types: kube::api::TypeMeta::default(),
+            label_selector: None,
+            field_selector: None,
+            page_size: 1,
+            page_bytes: 1,
+            watch_timeout_secs: 1,
+            not_found: Arc::default(),
+            resource_deleted: Arc::default(),
+        };
+        h.demand = Some(crate::supervisor::DemandPort {
+            key: crate::checkpoint::WatchKey::new(&h.cluster, "v1", "configmaps", None, None, None),
+            target,
+            queue: tx.downgrade(),
+            stopped: CancellationToken::new(),
+        });
+        h
+    }
+
+    fn routed_to(route: Route<'_>) -> Option<(String, Option<String>)> {
+        match route {
+            Route::Here(h) => Some((h.cluster.to_string(), h.namespace.clone())),
+            Route::Elsewhere => None,
+            Route::Refused(why) => panic!("refused: {why}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cluster_wide_watch_serves_any_namespace() {
+        let handles = routable(vec![handle("dev", "v1/configmaps", None)]);
+        let r = route(
+            &request("v1/configmaps", Some("shop"), None),
+            &handles,
+            false,
+        );
+        assert_eq!(routed_to(r), Some(("dev".into(), None)));
+        let r = route(&request("v1/secrets", None, None), &handles, false);
+        assert_eq!(routed_to(r), None);
+    }
+
+    #[tokio::test]
+    async fn a_per_namespace_watch_serves_its_own_namespace_only() {
+        let handles = routable(vec![
+            handle("dev", "v1/configmaps", Some("a")),
+            handle("dev", "v1/configmaps", Some("b")),
+        ]);
+        let r = route(&request("v1/configmaps", Some("b"), None), &handles, false);
+        assert_eq!(routed_to(r), Some(("dev".into(), Some("b".into()))));
+        let r = route(&request("v1/configmaps", Some("c"), None), &handles, false);
+        assert_eq!(routed_to(r), None, "another replica may run it");
+        let Route::Refused(why) = route(&request("v1/configmaps", None, None), &handles, false)
+        else {
+            panic!("a request without a namespace cannot name one watch");
+        };
+        assert!(why.starts_with("data.namespace: required"), "{why}");
+    }
+
+    #[tokio::test]
+    async fn a_fleet_routes_by_cluster_and_requires_one() {
+        let handles = routable(vec![
+            handle("east", "v1/configmaps", None),
+            handle("west", "v1/configmaps", None),
+        ]);
+        let r = route(
+            &request("v1/configmaps", None, Some("west")),
+            &handles,
+            true,
+        );
+        assert_eq!(routed_to(r), Some(("west".into(), None)));
+        let Route::Refused(why) = route(&request("v1/configmaps", None, None), &handles, true)
+        else {
+            panic!("a fleet's request must name its cluster");
+        };
+        assert!(why.starts_with("data.cluster: required"), "{why}");
+    }
+
+    #[test]
+    fn a_watch_not_started_yet_is_not_routed_to() {
+        let handles = vec![handle("dev", "v1/configmaps", None)];
+        let r = route(&request("v1/configmaps", None, None), &handles, false);
+        assert_eq!(routed_to(r), None);
+    }
+}
