@@ -578,6 +578,7 @@ mod tests {
             resource: "v1/configmaps".into(),
             namespace: None,
             status,
+            demand: None,
         }
     }
 

@@ -1244,6 +1244,7 @@ pub(crate) mod tests {
         );
         let mut ev = encode(&audited, change(ChangeKind::Modified, managed_object())).unwrap();
         ev.truncate();
+        ev.for_snapshot("5f0c".into());
         let carried: Vec<&str> = ev.attributes().map(|(name, _)| name).collect();
         assert_eq!(carried, attribute::CARRIED);
         // Its structured document has every reserved name as a member but `data_base64`,

@@ -174,6 +174,18 @@ pub trait Sink: std::fmt::Debug + Send + Sync {
         payload: Vec<u8>,
     ) -> BoxFuture<'a, Result<()>>;
 
+    /// Publishes one out-of-band message that belongs to the watch's stream (a snapshot's
+    /// marker) to `destination` under `key`, and waits until the broker acknowledged it as it
+    /// does events (JetStream: stored); [`Sink::send_raw`] by default.
+    fn send_in_stream<'a>(
+        &'a self,
+        destination: &'a str,
+        key: &'a str,
+        payload: Vec<u8>,
+    ) -> BoxFuture<'a, Result<()>> {
+        self.send_raw(destination, key, payload)
+    }
+
     /// Where a message about a whole watch goes, beside its events (a snapshot's markers): the
     /// resource's destination rendered for `values` (no object name); `None` when it depends
     /// on the object (`{name}`, or `{namespace}` without one in `values`).

@@ -154,7 +154,7 @@ impl Pipeline {
         let payload = build(info, watch, time::OffsetDateTime::now_utc());
         let sent = self
             .sink
-            .send_raw(&destination, &self.watch.key.id, payload)
+            .send_in_stream(&destination, &self.watch.key.id, payload)
             .await;
         sent.map_err(|e| {
             // The broker client's own message says why.

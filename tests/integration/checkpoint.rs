@@ -224,7 +224,7 @@ async fn kafka_heartbeats_report_the_checkpoint() {
     }
 }
 
-/// `kube-event-bridge snapshot` deletes a watch's checkpoint: the running instance is fenced and
+/// `kube-event-bridge snapshot --reset` deletes a watch's checkpoint: the running instance is fenced and
 /// exits, and the next start lists and publishes every object again as a snapshot.
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_forced_snapshot_fences_and_republishes() {
@@ -244,6 +244,7 @@ async fn kafka_forced_snapshot_fences_and_republishes() {
     let path = first.dir().join("bridge.yaml");
     let (status, stdout, stderr) = crate::harness::run_cli(&[
         "snapshot",
+        "--reset",
         "--config",
         path.to_str().unwrap(),
         "--resource",

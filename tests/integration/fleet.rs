@@ -447,7 +447,14 @@ async fn snapshot_resets_one_cluster_only(
     let path = dir.path().join("bridge.yaml");
     std::fs::write(&path, config).unwrap();
     let path = path.to_str().unwrap();
-    let args = ["snapshot", "--config", path, "--resource", "v1/configmaps"];
+    let args = [
+        "snapshot",
+        "--reset",
+        "--config",
+        path,
+        "--resource",
+        "v1/configmaps",
+    ];
     let (status, _, err) = run_cli(&[&args[..], &["--namespace", "other"]].concat());
     assert!(!status.success());
     assert!(

@@ -30,6 +30,7 @@ mod resilience;
 mod shaping;
 mod sharded_dynamic;
 mod sharding;
+mod snapshots;
 mod stalls;
 mod store_check;
 mod support;

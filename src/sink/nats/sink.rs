@@ -23,6 +23,12 @@ use crate::encode::{
 use crate::sink::{Checkpoints, Delivered, Error, Outcome, Pending, Result, Sink, ready};
 use crate::template::{Template, Values};
 
+/// The name token of a subject that carries a watch's own messages (a snapshot's markers):
+/// Kubernetes names start with a letter or digit, so no object's subject has it.
+pub const WATCH_NAME: &str = "_watch";
+/// The namespace token of such a subject when the watch covers every namespace.
+pub const ALL_NAMESPACES: &str = "_all";
+
 /// The NATS sink.
 #[derive(Debug)]
 pub struct NatsSink {
@@ -163,6 +169,25 @@ impl NatsSink {
         self.client.flush().await.map_err(|e| failed(Box::new(e)))
     }
 
+    /// Publishes `payload` (a structured CloudEvent) to `subject`: with JetStream, stored and
+    /// acknowledged like an event.
+    async fn publish_in_stream(&self, subject: &str, payload: Vec<u8>) -> Result<()> {
+        let Some(js) = &self.jetstream else {
+            return self.publish_raw(subject, payload).await;
+        };
+        let failed = |source: Box<dyn std::error::Error + Send + Sync>| Error::Publish {
+            destination: subject.to_string(),
+            source,
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert("Content-Type", STRUCTURED_CONTENT_TYPE);
+        let ack = js
+            .publish_with_headers(subject.to_string(), headers, payload.into())
+            .await
+            .map_err(|e| failed(Box::new(e)))?;
+        ack.await.map(|_| ()).map_err(|e| failed(Box::new(e)))
+    }
+
     /// Flushes the client's buffer.
     async fn flush_buffer(&self, timeout: Duration) {
         if tokio::time::timeout(timeout, self.client.flush())
@@ -192,11 +217,26 @@ impl Sink for NatsSink {
         Box::pin(self.publish_raw(destination, payload))
     }
 
+    /// A subject names one token per object at most, which the stream captures as a
+    /// wildcard: a watch's messages take the token [`WATCH_NAME`] for the name (and
+    /// [`ALL_NAMESPACES`] for a namespace the watch does not have), which no object can take.
     fn watch_destination(&self, info: &ResourceInfo, values: &Values<'_>) -> Option<String> {
         let template = info.destination.as_ref().unwrap_or(&self.subject);
-        template
-            .per_watch(values)
-            .then(|| template.render_subject(values))
+        let values = Values {
+            name: WATCH_NAME,
+            namespace: values.namespace.or(Some(ALL_NAMESPACES)),
+            ..*values
+        };
+        Some(template.render_subject(&values))
+    }
+
+    fn send_in_stream<'a>(
+        &'a self,
+        destination: &'a str,
+        _key: &'a str,
+        payload: Vec<u8>,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.publish_in_stream(destination, payload))
     }
 
     fn flush(&self, timeout: Duration) -> BoxFuture<'_, ()> {

@@ -1,0 +1,346 @@
+//! Snapshots on demand end to end: a request ConfigMap makes the running bridge publish the
+//! current objects of one watch between a begin and an end marker while live changes go on; per
+//! object the stream never goes backwards, and every object is covered between the markers; a
+//! bridge killed in the middle resumes the snapshot; a request that cannot be served fails with
+//! its reason; `snapshot --wait` follows a request to its end.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use cloudevents::AttributesReader;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::harness::{Bridge, Reader, Received, SinkKind, run_cli, sink_yaml, summary};
+use crate::support::{kube_client, unique_name, unique_namespace, wait_until};
+
+const BEGIN: &str = "io.kubeeventbridge.snapshot.begin";
+const END: &str = "io.kubeeventbridge.snapshot.end";
+const PHASE: &str = "kube-event-bridge.dev/snapshot-phase";
+const STATUS: &str = "kube-event-bridge.dev/snapshot-status";
+
+/// A namespace of `count` ConfigMaps, and a namespace for the requests.
+async fn objects(prefix: &str, count: usize) -> (kube::Client, String, String) {
+    let client = kube_client().await;
+    let ns = unique_namespace(&client, prefix).await;
+    let requests = unique_namespace(&client, &format!("{prefix}-req")).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    for i in 0..count {
+        let cm = json!({"metadata": {"name": format!("cm-{i:04}")}, "data": {"v": "0"}});
+        let cm: ConfigMap = serde_json::from_value(cm).unwrap();
+        cms.create(&PostParams::default(), &cm).await.unwrap();
+    }
+    (client, ns, requests)
+}
+
+/// A bridge configuration watching `ns`'s ConfigMaps, reading requests in `requests`.
+fn config(cluster: &str, ns: &str, requests: &str, sink: SinkKind) -> String {
+    format!(
+        "cluster: {cluster}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\nsnapshotRequests: {{namespace: {requests}}}\n{}",
+        sink_yaml(sink, cluster)
+    )
+}
+
+/// Writes a request for `ns`'s ConfigMaps in chunks of `chunk`; returns its name and uid.
+async fn request(client: &kube::Client, requests: &str, ns: &str, chunk: u32) -> (String, String) {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), requests);
+    let cm = json!({
+        "metadata": {"generateName": "snapshot-", "labels": {"kube-event-bridge.dev/snapshot-request": "true"}},
+        "data": {"resource": "v1/configmaps", "namespace": ns, "chunkSize": chunk.to_string()},
+    });
+    let created = api
+        .create(&PostParams::default(), &serde_json::from_value(cm).unwrap())
+        .await
+        .unwrap();
+    (
+        created.metadata.name.unwrap(),
+        created.metadata.uid.unwrap(),
+    )
+}
+
+/// Waits until the request `name` reaches a final phase; returns it and the status document.
+async fn ended(client: &kube::Client, requests: &str, name: &str) -> (String, serde_json::Value) {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), requests);
+    wait_until(
+        "the snapshot request ends",
+        Duration::from_secs(180),
+        || {
+            let api = api.clone();
+            async move {
+                let cm = api.get(name).await.ok()?;
+                let a = cm.metadata.annotations.unwrap_or_default();
+                let phase = a.get(PHASE)?.clone();
+                let status = serde_json::from_str(a.get(STATUS)?).ok()?;
+                matches!(phase.as_str(), "Complete" | "Failed").then_some((phase, status))
+            }
+        },
+    )
+    .await
+}
+
+/// Patches `ns`'s ConfigMaps one after the other until `stop`, as fast as the API server takes.
+fn churn(
+    client: kube::Client,
+    ns: String,
+    count: usize,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<u64> {
+    tokio::spawn(async move {
+        let cms: Api<ConfigMap> = Api::namespaced(client, &ns);
+        let mut writes = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let name = format!("cm-{:04}", writes as usize % count);
+            let patch = Patch::Merge(json!({"data": {"v": writes.to_string()}}));
+            if cms
+                .patch(&name, &PatchParams::default(), &patch)
+                .await
+                .is_ok()
+            {
+                writes += 1;
+            }
+        }
+        writes
+    })
+}
+
+/// Per object, the resourceVersions of its events in stream order never go down.
+fn never_backwards(events: &[Received]) {
+    let mut last: BTreeMap<String, u64> = BTreeMap::new();
+    for e in events
+        .iter()
+        .filter(|e| e.event.ty().starts_with("io.kubeeventbridge.object."))
+    {
+        let rv = e.rv();
+        let before = last.insert(e.ext("name"), rv).unwrap_or(0);
+        assert!(
+            rv >= before,
+            "{} went back from {before} to {rv}:\n{}",
+            e.ext("name"),
+            summary(events)
+        );
+    }
+}
+
+/// On NATS (one order for the whole stream), with changes going on, a snapshot in chunks:
+/// framed by its markers, every object covered between them, never backwards, and the counts on
+/// the request and in the end marker agree with what was published.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_snapshot_during_changes_covers_every_object_and_never_goes_backwards() {
+    let count = 240;
+    let (client, ns, requests) = objects("snapdemand", count).await;
+    let cluster = unique_name("c");
+    let mut bridge = Bridge::start(&config(&cluster, &ns, &requests, SinkKind::Nats));
+    bridge.wait_synced(1).await;
+    let mut reader = Reader::nats(&cluster).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = churn(client.clone(), ns.clone(), count, stop.clone());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (name, uid) = request(&client, &requests, &ns, 25).await;
+    let (phase, status) = ended(&client, &requests, &name).await;
+    stop.store(true, Ordering::Relaxed);
+    let writes = writer.await.unwrap();
+    assert_eq!(phase, "Complete", "{status}");
+    let events = reader
+        .read_until(Duration::from_secs(60), |got| {
+            got.iter().any(|e| e.event.ty() == END)
+        })
+        .await;
+    let mut events = events;
+    events.extend(reader.drain(Duration::from_secs(2)).await);
+    never_backwards(&events);
+    let at = |ty: &str| events.iter().position(|e| e.event.ty() == ty).unwrap();
+    let (begin, end) = (at(BEGIN), at(END));
+    assert!(begin < end);
+    assert_eq!(events[begin].ext("snapshotid"), uid);
+    assert_eq!(events[begin].data()["expected"], count);
+    let covered: BTreeSet<String> = events[begin..end]
+        .iter()
+        .filter(|e| e.event.ty().starts_with("io.kubeeventbridge.object."))
+        .map(|e| e.ext("name"))
+        .collect();
+    let missing: Vec<String> = (0..count)
+        .map(|i| format!("cm-{i:04}"))
+        .filter(|n| !covered.contains(n))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "not covered between the markers: {missing:?}"
+    );
+    let snapshot: Vec<&Received> = events
+        .iter()
+        .filter(|e| e.ext("snapshotid") == uid && e.ext("origin") == "snapshot")
+        .collect();
+    let end_data = events[end].data();
+    assert_eq!(end_data["result"], "complete");
+    assert_eq!(end_data["sent"], snapshot.len(), "{}", summary(&events));
+    assert_eq!(
+        snapshot.len() as u64 + end_data["skipped"].as_u64().unwrap(),
+        count as u64,
+        "every listed object is sent or skipped"
+    );
+    assert_eq!(status["sent"], end_data["sent"]);
+    assert!(writes > 0, "changes went on during the snapshot");
+    assert!(
+        snapshot
+            .iter()
+            .all(|e| e.event.id().ends_with(&format!(":{uid}"))),
+        "snapshot events have ids of their own"
+    );
+}
+
+/// On Kafka through the command: `snapshot --wait` writes the request and returns once it is
+/// complete; the markers are on the watch's topic, keyed by the watch, and every object has a
+/// snapshot event.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_snapshot_command_waits_for_a_complete_snapshot() {
+    let count = 30;
+    let (_client, ns, requests) = objects("snapcli", count).await;
+    let cluster = unique_name("c");
+    let mut bridge = Bridge::start(&config(&cluster, &ns, &requests, SinkKind::Kafka));
+    bridge.wait_synced(1).await;
+    let topic = format!("k8s.{cluster}.core.configmaps");
+    let mut reader = Reader::kafka(&[topic]).await;
+    let path = bridge.dir().join("bridge.yaml");
+    let args = [
+        "snapshot",
+        "--config",
+        path.to_str().unwrap(),
+        "--resource",
+        "v1/configmaps",
+        "--wait",
+    ];
+    let (status, out, err) = run_cli(&args);
+    assert!(status.success(), "{out}\n{err}");
+    assert!(out.contains("snapshot requested:"), "{out}");
+    assert!(out.contains("Complete sent 30"), "{out}");
+    let events = reader
+        .read_until(Duration::from_secs(60), |got| {
+            got.iter().any(|e| e.event.ty() == END)
+                && got
+                    .iter()
+                    .filter(|e| e.ext("snapshotid") != "" && e.ext("origin") == "snapshot")
+                    .count()
+                    >= count
+        })
+        .await;
+    let begin = events
+        .iter()
+        .find(|e| e.event.ty() == BEGIN)
+        .expect("a begin marker");
+    assert!(
+        begin
+            .key
+            .as_deref()
+            .is_some_and(|k| k.starts_with(&cluster)),
+        "keyed by the watch: {:?}",
+        begin.key
+    );
+    never_backwards(&events);
+}
+
+/// A bridge killed in the middle of a snapshot: the next start resumes it from the recorded
+/// progress (no second begin marker once the first was recorded) and completes it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_snapshot_resumes_after_the_bridge_is_killed() {
+    let count = 400;
+    let (client, ns, requests) = objects("snapresume", count).await;
+    let cluster = unique_name("c");
+    let config = config(&cluster, &ns, &requests, SinkKind::Nats);
+    let mut first = Bridge::start(&config);
+    first.wait_synced(1).await;
+    let (name, uid) = request(&client, &requests, &ns, 10).await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &requests);
+    wait_until(
+        "the snapshot is under way",
+        Duration::from_secs(120),
+        || {
+            let api = api.clone();
+            let name = name.clone();
+            async move {
+                let cm = api.get(&name).await.ok()?;
+                let status: serde_json::Value =
+                    serde_json::from_str(cm.metadata.annotations?.get(STATUS)?).ok()?;
+                (status["sent"].as_u64()? >= 20).then_some(())
+            }
+        },
+    )
+    .await;
+    first.signal("KILL");
+    first
+        .wait_exit(Duration::from_secs(30))
+        .await
+        .expect("killed");
+    // It resumes from its checkpoint, and the walk from the request's progress.
+    let second = Bridge::start(&config);
+    let (phase, status) = ended(&client, &requests, &name).await;
+    assert_eq!(phase, "Complete", "{status}");
+    assert_eq!(status["expected"], count);
+    assert!(
+        second.log_text().contains("\"resumed\":true"),
+        "the second bridge resumed the walk"
+    );
+    let mut reader = Reader::nats(&cluster).await;
+    let events = reader
+        .read_until(Duration::from_secs(60), |got| {
+            got.iter().any(|e| e.event.ty() == END)
+        })
+        .await;
+    let begins = events.iter().filter(|e| e.event.ty() == BEGIN).count();
+    assert_eq!(begins, 1, "one begin marker");
+    let sent: BTreeSet<String> = events
+        .iter()
+        .filter(|e| e.ext("snapshotid") == uid && e.ext("origin") == "snapshot")
+        .map(|e| e.ext("name"))
+        .collect();
+    assert_eq!(sent.len(), count, "every object, none lost across the kill");
+    never_backwards(&events);
+}
+
+/// A request that cannot be served fails with a reason naming the data key, and `--wait`
+/// reports it with a non-zero exit.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_that_cannot_be_served_fails_naming_why() {
+    let (client, ns, requests) = objects("snapbad", 1).await;
+    let cluster = unique_name("c");
+    let mut bridge = Bridge::start(&config(&cluster, &ns, &requests, SinkKind::Stdout));
+    bridge.wait_synced(1).await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &requests);
+    let bad = json!({
+        "metadata": {"generateName": "snapshot-", "labels": {"kube-event-bridge.dev/snapshot-request": "true"}},
+        "data": {"resource": "v1/configmaps", "chunkSize": "lots"},
+    });
+    let created = api
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(bad).unwrap(),
+        )
+        .await
+        .unwrap();
+    let (phase, status) = ended(&client, &requests, &created.metadata.name.unwrap()).await;
+    assert_eq!(phase, "Failed");
+    assert!(
+        status["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("data.chunkSize: \"lots\""),
+        "{status}"
+    );
+    let path = bridge.dir().join("bridge.yaml");
+    let args = [
+        "snapshot",
+        "--config",
+        path.to_str().unwrap(),
+        "--resource",
+        "v1/secrets",
+        "--wait",
+    ];
+    let (status, _, err) = run_cli(&args);
+    assert!(!status.success());
+    assert!(
+        err.contains("--resource v1/secrets: no configured watch matches"),
+        "{err}"
+    );
+}
