@@ -32,8 +32,8 @@ pub use destination::parse_template;
 pub use environment::Environment;
 pub use file::{
     AdminConfig, CheckpointConfig, CheckpointNats, ConfigFile, DeliveryConfig, DiscoveryConfig,
-    HeartbeatConfig, KubernetesConfig, LeaderElectionConfig, ShardingConfig, SnapshotPolicy,
-    SnapshotRequestsConfig,
+    HeartbeatConfig, InitialList, KubernetesConfig, LeaderElectionConfig, ShardingConfig,
+    SnapshotPolicy, SnapshotRequestsConfig,
 };
 pub use file::{ClusterEntry, ClusterSecrets, NatsCredentials};
 pub use fleet::{Access, ClusterSpec, Fleet};
@@ -234,5 +234,42 @@ mod tests {
             "cluster: dev\nresources: [{apiVersion: v1, resource: pods, includePrevious: yes}]\n",
         );
         assert!(e.starts_with("resources[0].includePrevious"), "{e}");
+    }
+
+    #[test]
+    fn the_initial_list_defaults_to_auto_and_a_wrong_value_names_the_field() {
+        let base = "cluster: dev\nresources: [{apiVersion: v1, resource: pods}]\n";
+        let parsed = |extra: &str| {
+            ConfigFile::parse(&format!("{base}{extra}"))
+                .and_then(ConfigFile::validate)
+                .unwrap()
+                .kubernetes
+                .initial_list
+        };
+        assert_eq!(parsed(""), InitialList::Auto);
+        assert_eq!(
+            parsed("kubernetes: {initialList: stream}\n"),
+            InitialList::Stream
+        );
+        assert_eq!(
+            parsed("kubernetes: {initialList: list}\n"),
+            InitialList::List
+        );
+        let e = invalid(&format!("{base}kubernetes: {{initialList: watch}}\n"));
+        assert!(
+            e.starts_with("kubernetes.initialList: unknown variant `watch`"),
+            "{e}"
+        );
+        assert!(e.contains("expected one of auto, stream, list"), "{e}");
+        // A fleet member reached through its own kubeconfig lists the same way.
+        let fleet = ConfigFile::parse(&format!(
+            "{base}kubernetes: {{initialList: list}}\nclusters: [{{name: dev}}, {{name: east, kubeconfig: /k}}]\n"
+        ))
+        .and_then(ConfigFile::validate)
+        .unwrap();
+        assert_eq!(
+            fleet.fleet.clusters[1].access.kubernetes().initial_list,
+            InitialList::List
+        );
     }
 }

@@ -2,7 +2,8 @@
 //! restarts, relists, checkpoints), its publish latency histogram, its position and last
 //! checkpoint, whether it has synced, and why it is stalled, if it is.
 //!
-//! The watch task ([`crate::watch`]) writes restarts, relists and its own stall; the pipeline
+//! The watch task ([`crate::watch`]) writes restarts, lists by method, fallbacks from streaming
+//! lists and its own stall; the pipeline
 //! ([`crate::pipeline`]) writes everything about classifying, publishing and checkpointing. The
 //! admin server ([`crate::admin`]) reads it for `/readyz` and `/metrics`. Counters are atomics;
 //! the counters by closed-set reason, the last checkpoint and the stalls sit behind mutexes.
@@ -54,6 +55,10 @@ pub struct Status {
     pub restarts: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
     /// Lists by reason (`initial`, `gone`).
     pub relists: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
+    /// Lists completed, by method (`stream`, `list`: [`crate::watch::LIST_METHODS`]).
+    pub lists: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
+    /// Streaming lists the API server refused, listed in pages instead.
+    pub list_fallbacks: AtomicU64,
     /// Checkpoints saved.
     pub checkpoints: AtomicU64,
     /// Stored checkpoints that could not be decoded (the watch relisted to repair).

@@ -37,7 +37,7 @@ use crate::sink::{self, AnySink};
 use crate::status::Status;
 use crate::stores::{self, Stores};
 use crate::tasks::Tasks;
-use crate::watch::{self, Target};
+use crate::watch::{self, Listing, Target};
 
 /// Errors of starting watches, and the failures that stop the bridge while it runs.
 #[derive(Debug, thiserror::Error)]
@@ -209,6 +209,9 @@ pub(crate) struct Supervisor {
     on_change: OnChange,
     /// The followers of namespaces and CRDs, and each watch's queue forwarder.
     background: Tasks,
+    /// How each resource is listed (by its label): shared by its watches, so that a streaming
+    /// list the API server refused is logged once per resource.
+    listings: BTreeMap<String, Arc<Listing>>,
 }
 
 /// What the supervisor needs to start.
@@ -261,6 +264,7 @@ impl Supervisor {
             crds: Arc::default(),
             on_change: parts.on_change,
             background: parts.tasks,
+            listings: BTreeMap::new(),
         }
     }
 
@@ -724,11 +728,17 @@ impl Supervisor {
         );
         let start_rv = resume.as_ref().and_then(|c| c.resource_version.clone());
         // A LIST page is held whole while decoded: a quarter of the watch's budget.
+        let listing = self
+            .listings
+            .entry(r.label())
+            .or_insert_with(|| Arc::new(Listing::new(r.label(), config.kubernetes.initial_list)))
+            .clone();
         let target = target(
             &self.client,
             r,
             namespace.as_deref(),
             self.refresh.clone(),
+            listing,
             config.delivery.max_queue_bytes / 4,
         );
         let resource_deleted = target.resource_deleted.clone();
@@ -898,13 +908,14 @@ fn lost(error: &crate::pipeline::Error) -> bool {
 }
 
 /// What the watch of `r` in `namespace` (`None`: all namespaces, or cluster scope) lists and
-/// watches. `not_found` is told when the resource is no longer served; a LIST page is held whole
-/// while decoded, up to `page_bytes`.
+/// watches. `not_found` is told when the resource is no longer served; `listing` is shared by
+/// the resource's watches; a LIST page is held whole while decoded, up to `page_bytes`.
 fn target(
     client: &Client,
     r: &ResolvedResource,
     namespace: Option<&str>,
     not_found: Arc<Notify>,
+    listing: Arc<Listing>,
     page_bytes: usize,
 ) -> Target {
     let api: Api<DynamicObject> = match namespace {
@@ -924,6 +935,7 @@ fn target(
         watch_timeout_secs: WATCH_TIMEOUT_SECS,
         not_found,
         resource_deleted: Arc::default(),
+        listing,
     }
 }
 

@@ -6,31 +6,45 @@
 //! this is a small loop over `Api::list` and `Api::watch`. Its output is a stream of [`Item`]s
 //! on a bounded channel: a full channel pauses the watch (backpressure, never loss).
 //!
+//! A list is a streaming list where the API server serves one ([`streaming_list`], whose
+//! connection then goes on as the live watch), else a paged LIST ([`list`]), as
+//! `kubernetes.initialList` and [`Listing`] decide; the live watch is [`stream`].
+//!
 //! A watch that fails the same way again and again never spins: an event that cannot be
 //! decoded, or a watch that ends at once without delivering anything, resumes with
 //! [`Backoff`], counted in the watch's restarts and logged. A resourceVersion the API server
 //! has not reached (its etcd was restored from a backup) is treated like 410 Gone: the API
 //! server would otherwise hold the watch open, silently, until its history catches up.
 
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::Arc;
+use std::time::SystemTime;
 
-use futures::{Stream, StreamExt, TryStreamExt};
-use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, TypeMeta, WatchEvent, WatchParams};
+use kube::api::{Api, DynamicObject, ListParams, TypeMeta};
 use kube::core::Status as ApiStatus;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, warn};
-
-use std::sync::Arc;
+use tracing::{error, info, warn};
 
 use crate::backoff::Backoff;
-use crate::budget;
 use crate::change::ChangeKind;
 use crate::demand::Demand;
 use crate::status::{STALL_AFTER, Status, count};
 
+#[cfg(test)]
+mod fake_api;
+#[cfg(test)]
+mod fuzz;
+mod list;
+mod stream;
+mod streaming_list;
+
+use list::list;
+use stream::watch;
+pub use streaming_list::Listing;
+use streaming_list::{Method, stream_list};
+
 /// Every reason a watch restart is counted under (`kube_event_bridge_watch_restarts_total`).
-pub const RESTART_REASONS: [&str; 8] = [
+pub const RESTART_REASONS: [&str; 9] = [
     "gone",
     "too_large",
     "forbidden",
@@ -39,11 +53,12 @@ pub const RESTART_REASONS: [&str; 8] = [
     "status",
     "decode",
     "dropped",
+    "stream_refused",
 ];
 
-/// A watch that stayed open this long, or delivered anything, was healthy: if it then drops, it
-/// resumes at once. One that ends sooner with nothing delivered resumes with backoff.
-const HEALTHY_WATCH: Duration = Duration::from_secs(10);
+/// How a list completed, as `kube_event_bridge_lists_completed_total` counts it: a streaming
+/// list or a paged LIST.
+pub const LIST_METHODS: [&str; 2] = ["stream", "list"];
 
 /// Why a watch could not go on; each is logged and retried (with backoff, or by relisting),
 /// never fatal.
@@ -92,6 +107,13 @@ pub enum Error {
     /// The watch ended soon after it was opened without delivering anything.
     #[error("the watch ended at once without delivering anything")]
     Unproductive(#[source] Option<kube::Error>),
+    /// The API server does not serve streaming lists (`kubernetes.initialList: stream`; with
+    /// `auto` the watch lists in pages instead).
+    #[error("the API server refuses streaming lists")]
+    StreamRefused(#[source] kube::Error),
+    /// A streaming list's connection ended before its last object.
+    #[error("the streaming list ended before its last object")]
+    ListCut(#[source] Option<kube::Error>),
     /// The pipeline behind the watch has stopped.
     #[error("the pipeline stopped")]
     Closed,
@@ -115,7 +137,8 @@ impl Error {
             Error::Status { code: 404, .. } => "not_found",
             Error::Status { .. } => "status",
             Error::Decode { .. } => "decode",
-            Error::Unproductive(_) => "dropped",
+            Error::Unproductive(_) | Error::ListCut(_) => "dropped",
+            Error::StreamRefused(_) => "stream_refused",
             Error::Closed => "closed",
         }
     }
@@ -200,6 +223,8 @@ pub struct Target {
     /// the watch then sends [`Item::Vanished`]. The API server sends its objects' deletes, but
     /// can lose the last ones when it closes the watches on removing the CRD's storage.
     pub resource_deleted: Arc<std::sync::atomic::AtomicBool>,
+    /// How the resource is listed: shared by its watches.
+    pub listing: Arc<Listing>,
 }
 
 /// Runs the watch until `shutdown` or until the pipeline closes, starting from
@@ -218,10 +243,7 @@ pub async fn run(
     loop {
         let attempt = async {
             match resume.action() {
-                Action::List => list(&target, &tx).await.map(|rv| {
-                    resume.position = Some(rv);
-                    false
-                }),
+                Action::List => read_state(&target, &tx, &status, &mut resume.position).await,
                 Action::Verify(rv) => {
                     probe(&target, &rv).await?;
                     watch(&target, &tx, &rv, &mut resume.position).await
@@ -289,6 +311,38 @@ pub async fn run(
         info!("the resource was deleted: publishing the deletion of every object still known");
         // The pipeline only closes by failing, when nothing more can be published anyway.
         let _ = send(&tx, Item::Vanished(resume.position)).await;
+    }
+}
+
+/// Lists the resource, keeping `position` at the list's resourceVersion: by a streaming list
+/// that goes on as the live watch (it returns what a watch returns), or a paged LIST (the watch
+/// follows in the next attempt). A refused streaming list falls back to the paged LIST with
+/// `kubernetes.initialList: auto`.
+async fn read_state(
+    target: &Target,
+    tx: &mpsc::Sender<Item>,
+    status: &Status,
+    position: &mut Option<String>,
+) -> Result<bool, Error> {
+    if target.listing.method() == Method::Stream {
+        match stream_list(target, tx, status, position).await {
+            Err(Error::StreamRefused(refusal)) if target.listing.falls_back() => {
+                target.listing.fall_back(&api_message(&refusal), status);
+            }
+            other => return other,
+        }
+    }
+    let rv = list(target, tx).await?;
+    count(&status.lists, Method::List.label());
+    *position = Some(rv);
+    Ok(false)
+}
+
+/// The API server's message in `error`, or the error itself.
+fn api_message(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(s) => s.message.clone(),
+        other => other.to_string(),
     }
 }
 
@@ -423,324 +477,18 @@ async fn probe(target: &Target, rv: &str) -> Result<(), Error> {
     }
 }
 
-/// Lists every object (paginated, consistent read) and sends them between `ListBegin` and
-/// `ListEnd`; returns the list's resourceVersion.
-async fn list(target: &Target, tx: &mpsc::Sender<Item>) -> Result<String, Error> {
-    // Object sizes are unknown until the first page: it is kept small.
-    let mut params = ListParams::default().limit(target.page_size.min(FIRST_PAGE));
-    if let Some(l) = &target.label_selector {
-        params = params.labels(l);
-    }
-    if let Some(f) = &target.field_selector {
-        params = params.fields(f);
-    }
-    send(tx, Item::ListBegin).await?;
-    let mut progress = ListProgress::new(Instant::now());
-    let list_rv = loop {
-        let page = match target.api.list(&params).await {
-            Ok(page) => page,
-            Err(source) => {
-                send(tx, Item::ListAbort).await?;
-                return Err(match source {
-                    kube::Error::SerdeError(_) => Error::Decode {
-                        what: "a LIST response",
-                        source,
-                    },
-                    source => Error::Request {
-                        reason: "list",
-                        source,
-                    },
-                });
-            }
-        };
-        let observed = SystemTime::now();
-        let average = average_size(&page.items);
-        let listed = page.items.len();
-        for mut object in page.items {
-            object.types.get_or_insert_with(|| target.types.clone());
-            send(tx, Item::Listed(object, observed)).await?;
-        }
-        if let Some(p) = progress.page(listed, listed * average, Instant::now()) {
-            info!(
-                objects = p.objects,
-                bytes = p.bytes,
-                objects_per_sec = p.per_sec,
-                "listing"
-            );
-        }
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => {
-                params = params.continue_token(&token);
-                params.limit = Some(page_limit(target, average));
-            }
-            None => break page.metadata.resource_version.unwrap_or_default(),
-        }
-    };
-    let total = progress.total(Instant::now());
-    info!(
-        rv = %list_rv,
-        objects = total.objects,
-        bytes = total.bytes,
-        objects_per_sec = total.per_sec,
-        secs = total.secs,
-        "listed"
-    );
-    send(tx, Item::ListEnd(list_rv.clone())).await?;
-    Ok(list_rv)
-}
-
-/// How often a long LIST logs how far it has come.
-const LIST_PROGRESS_EVERY: Duration = Duration::from_secs(10);
-
-/// How far a LIST has come: objects and (estimated) bytes so far.
-#[derive(Debug, Clone, Copy)]
-struct ListProgress {
-    started: Instant,
-    reported: Instant,
-    objects: usize,
-    bytes: usize,
-}
-
-/// A progress line: totals so far, the time since the LIST began and the rate over it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct ProgressLine {
-    objects: usize,
-    bytes: usize,
-    per_sec: u64,
-    secs: f64,
-}
-
-impl ListProgress {
-    fn new(now: Instant) -> Self {
-        Self {
-            started: now,
-            reported: now,
-            objects: 0,
-            bytes: 0,
-        }
-    }
-
-    /// Counts a page of `objects` (about `bytes`) taken at `now`; a line to log when
-    /// [`LIST_PROGRESS_EVERY`] has passed since the LIST began or the last line.
-    fn page(&mut self, objects: usize, bytes: usize, now: Instant) -> Option<ProgressLine> {
-        self.objects += objects;
-        self.bytes += bytes;
-        if now.duration_since(self.reported) < LIST_PROGRESS_EVERY {
-            return None;
-        }
-        self.reported = now;
-        Some(self.total(now))
-    }
-
-    /// The totals at `now`, for a progress line or the line of the LIST's end.
-    fn total(&self, now: Instant) -> ProgressLine {
-        let secs = now.duration_since(self.started).as_secs_f64();
-        ProgressLine {
-            objects: self.objects,
-            bytes: self.bytes,
-            per_sec: (self.objects as f64 / secs.max(f64::EPSILON)) as u64,
-            secs,
-        }
-    }
-}
-
 async fn send(tx: &mpsc::Sender<Item>, item: Item) -> Result<(), Error> {
     tx.send(item).await.map_err(|_| Error::Closed)
 }
 
-/// Watches from `rv` until the stream ends (server timeout, dropped connection) or fails,
-/// keeping `position` at the last resourceVersion sent. Returns whether the API server's
-/// position is suspect (the connection dropped, or nothing arrived) and must be verified before
-/// the next watch; a watch that ended at once with nothing delivered is an
-/// [`Error::Unproductive`].
-async fn watch(
-    target: &Target,
-    tx: &mpsc::Sender<Item>,
-    rv: &str,
-    position: &mut Option<String>,
-) -> Result<bool, Error> {
-    let mut params = WatchParams::default().timeout(target.watch_timeout_secs);
-    if let Some(l) = &target.label_selector {
-        params = params.labels(l);
-    }
-    if let Some(f) = &target.field_selector {
-        params = params.fields(f);
-    }
-    let opened = Instant::now();
-    let stream = target
-        .api
-        .watch(&params, rv)
-        .await
-        .map_err(|source| match source {
-            kube::Error::Api(s) if s.code == 410 || is_too_large(&s) => Error::from_status(*s, rv),
-            source => Error::Request {
-                reason: "watch",
-                source,
-            },
-        })?;
-    debug!(rv, "watching");
-    let ended = follow(stream.into_stream(), &target.types, tx, position).await?;
-    let healthy = ended.delivered > 0 || opened.elapsed() >= HEALTHY_WATCH;
-    match ended.dropped {
-        _ if !healthy => Err(Error::Unproductive(ended.dropped)),
-        Some(error) => {
-            debug!(error = %error, "watch connection dropped, resuming");
-            Ok(true)
-        }
-        None => Ok(ended.delivered == 0),
-    }
-}
-
-/// How a watch stream ended without failing.
-#[derive(Debug)]
-struct Ended {
-    /// Items sent down the pipeline.
-    delivered: usize,
-    /// The connection error that ended it, `None` if the server ended it.
-    dropped: Option<kube::Error>,
-}
-
-/// Sends the events of one watch stream down the pipeline until it ends.
-async fn follow(
-    stream: impl Stream<Item = Result<WatchEvent<DynamicObject>, kube::Error>>,
-    types: &TypeMeta,
-    tx: &mpsc::Sender<Item>,
-    position: &mut Option<String>,
-) -> Result<Ended, Error> {
-    let mut stream = std::pin::pin!(stream);
-    let mut delivered = 0;
-    while let Some(event) = stream.next().await {
-        let item = match step(event, position.as_deref().unwrap_or_default())? {
-            Step::Event(kind, mut object, rv) => {
-                *position = Some(rv);
-                object.types.get_or_insert_with(|| types.clone());
-                Item::Event(kind, object, SystemTime::now())
-            }
-            Step::Progress(rv) => {
-                *position = Some(rv.clone());
-                Item::Progress(rv)
-            }
-            Step::Skip => continue,
-            Step::Dropped(error) => {
-                return Ok(Ended {
-                    delivered,
-                    dropped: Some(error),
-                });
-            }
-        };
-        send(tx, item).await?;
-        delivered += 1;
-    }
-    Ok(Ended {
-        delivered,
-        dropped: None,
-    })
-}
-
-/// What one item of a watch stream asks for.
-#[derive(Debug)]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "one value at a time, its object moved on at once"
-)]
-enum Step {
-    /// Send this change; the watch is then at this resourceVersion.
-    Event(ChangeKind, DynamicObject, String),
-    /// Nothing changed up to this resourceVersion (a bookmark).
-    Progress(String),
-    /// Nothing to do (an object without identity, logged).
-    Skip,
-    /// The connection dropped: resume from the last resourceVersion.
-    Dropped(kube::Error),
-}
-
-/// Classifies one item of a watch stream, the watch being at `position`: kube-client yields a
-/// line it cannot decode as `SerdeError`, an error status sent instead of an event as `Api`,
-/// and a broken connection as `ReadEvents` (or another transport error).
-fn step(
-    event: Result<WatchEvent<DynamicObject>, kube::Error>,
-    position: &str,
-) -> Result<Step, Error> {
-    let (kind, object) = match event {
-        Ok(WatchEvent::Added(o)) => (ChangeKind::Added, o),
-        Ok(WatchEvent::Modified(o)) => (ChangeKind::Modified, o),
-        Ok(WatchEvent::Deleted(o)) => (ChangeKind::Deleted, o),
-        Ok(WatchEvent::Bookmark(b)) => return Ok(Step::Progress(b.metadata.resource_version)),
-        Ok(WatchEvent::Error(s)) => return Err(Error::from_status(*s, position)),
-        // kube-client decodes a line that is no watch event as a status, if it is a JSON object:
-        // one without a code is no status either.
-        Err(kube::Error::Api(s)) if s.code == 0 => {
-            return Err(undecodable(kube::Error::SerdeError(
-                serde::de::Error::custom(
-                    "a JSON object that is neither a watch event of this resource nor a status",
-                ),
-            )));
-        }
-        Err(kube::Error::Api(s)) => return Err(Error::from_status(*s, position)),
-        Err(e @ (kube::Error::SerdeError(_) | kube::Error::LinesCodecMaxLineLengthExceeded)) => {
-            return Err(undecodable(e));
-        }
-        Err(e) => return Ok(Step::Dropped(e)),
-    };
-    let Some((_, rv)) = ids(&object.metadata) else {
-        return Ok(Step::Skip);
-    };
-    let rv = rv.to_string();
-    Ok(Step::Event(kind, object, rv))
-}
-
-fn undecodable(source: kube::Error) -> Error {
-    Error::Decode {
-        what: "a watch event",
-        source,
-    }
-}
-
-/// Objects on the first LIST page, before their sizes are known.
-const FIRST_PAGE: u32 = 100;
-
-/// Objects on the next LIST page: as many as fit `target.page_bytes` at the last page's average
-/// object size, between 1 and `target.page_size`.
-fn page_limit(target: &Target, average: usize) -> u32 {
-    if average == 0 {
-        return target.page_size;
-    }
-    u32::try_from(target.page_bytes / average)
-        .unwrap_or(u32::MAX)
-        .clamp(1, target.page_size)
-}
-
-/// The average JSON size of `items`, from at most 16 of them spread over the page: sizing a page
-/// needs an average, and each object is measured again for the watch's budget anyway.
-fn average_size(items: &[DynamicObject]) -> usize {
-    let step = items.len().div_ceil(16).max(1);
-    let sample: Vec<usize> = items
-        .iter()
-        .step_by(step)
-        .map(budget::object_size)
-        .collect();
-    match sample.len() {
-        0 => 0,
-        n => sample.iter().sum::<usize>().div_ceil(n),
-    }
-}
-
-fn ids(meta: &ObjectMeta) -> Option<(&str, &str)> {
-    match (meta.uid.as_deref(), meta.resource_version.as_deref()) {
-        (Some(uid), Some(rv)) => Some((uid, rv)),
-        _ => {
-            warn!(
-                name = meta.name.as_deref().unwrap_or_default(),
-                "object without uid or resourceVersion skipped"
-            );
-            None
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::{Duration, Instant};
+
     use super::*;
+    use crate::config::InitialList;
+    use crate::watch::fake_api::{fake_api, restarts, target, too_large_status};
+    use crate::watch::list::FIRST_PAGE;
 
     #[test]
     fn a_checkpoint_is_verified_before_it_is_watched_and_a_list_is_watched_at_once() {
@@ -786,302 +534,6 @@ mod tests {
         }
         let mut resume = Resume::from_checkpoint(Some("5".into()));
         assert!(matches!(resume.after(Err(Error::Closed)), Effect::Stop));
-    }
-
-    #[test]
-    fn a_long_list_reports_its_progress_every_ten_seconds_with_its_totals_and_rate() {
-        let t0 = Instant::now();
-        let mut p = ListProgress::new(t0);
-        let at = |secs| t0 + Duration::from_secs(secs);
-        assert_eq!(p.page(500, 500_000, at(4)), None, "too soon");
-        assert_eq!(
-            p.page(500, 500_000, at(10)),
-            Some(ProgressLine {
-                objects: 1_000,
-                bytes: 1_000_000,
-                per_sec: 100,
-                secs: 10.0,
-            })
-        );
-        assert_eq!(
-            p.page(1_000, 1_000_000, at(19)),
-            None,
-            "ten seconds after the last line"
-        );
-        let line = p.page(1_000, 1_000_000, at(20)).expect("a line");
-        assert_eq!(
-            (line.objects, line.bytes, line.per_sec),
-            (3_000, 3_000_000, 150)
-        );
-        // The end's line has the totals whenever the last progress line was.
-        assert_eq!(p.page(500, 500_000, at(21)), None);
-        let end = p.total(at(25));
-        assert_eq!(
-            (end.objects, end.bytes, end.per_sec, end.secs),
-            (3_500, 3_500_000, 140, 25.0)
-        );
-    }
-
-    #[test]
-    fn a_short_list_logs_no_progress_only_its_totals() {
-        let t0 = Instant::now();
-        let mut p = ListProgress::new(t0);
-        assert_eq!(p.page(100, 10_000, t0 + Duration::from_millis(200)), None);
-        assert_eq!(p.page(0, 0, t0 + Duration::from_millis(300)), None);
-        let end = p.total(t0 + Duration::from_millis(500));
-        assert_eq!((end.objects, end.bytes, end.per_sec), (100, 10_000, 200));
-        // A LIST ending the instant it began has no rate to divide by zero.
-        assert_eq!(ListProgress::new(t0).total(t0).per_sec, 0);
-    }
-
-    #[tokio::test]
-    async fn pages_hold_what_fits_their_bytes_at_the_average_size() {
-        let object = |bytes: usize| -> DynamicObject {
-            serde_json::from_value(
-                json!({"metadata": {"name": "x"}, "data": {"b": "x".repeat(bytes)}}),
-            )
-            .unwrap()
-        };
-        let items: Vec<DynamicObject> = (0..100).map(|_| object(1_000)).collect();
-        let average = average_size(&items);
-        assert_eq!(
-            average,
-            budget::serialized_size(&items[0]),
-            "sampled, same size"
-        );
-        assert_eq!(average_size(&[]), 0);
-        let client =
-            kube::Client::try_from(kube::Config::new("http://127.0.0.1:1".parse().unwrap()))
-                .unwrap();
-        let mut t = target(client);
-        t.page_bytes = 16 * average;
-        assert_eq!(page_limit(&t, average), 16);
-        assert_eq!(
-            page_limit(&t, 0),
-            t.page_size,
-            "nothing measured: the largest page"
-        );
-        assert_eq!(page_limit(&t, usize::MAX), 1, "at least one object");
-    }
-    use std::sync::Mutex;
-
-    use k8s_openapi::api::core::v1::ConfigMap;
-    use kube::discovery::ApiResource;
-    use serde_json::json;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::TcpListener;
-
-    /// The status kube-apiserver sends for a resourceVersion it has not reached
-    /// (`storage.NewTooLargeResourceVersionError`).
-    fn too_large_status(with_cause: bool) -> serde_json::Value {
-        let mut status = json!({
-            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": "Timeout: Too large resource version: 999999999, current: 1234",
-            "reason": "Timeout", "code": 504,
-            "details": {"retryAfterSeconds": 1},
-        });
-        if with_cause {
-            status["details"]["causes"] = json!([{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}]);
-        }
-        status
-    }
-
-    fn status(value: serde_json::Value) -> Box<ApiStatus> {
-        Box::new(serde_json::from_value(value).unwrap())
-    }
-
-    fn cm_event(kind: &str, name: &str, rv: &str) -> WatchEvent<DynamicObject> {
-        serde_json::from_value(json!({"type": kind, "object": {
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"), "resourceVersion": rv},
-        }}))
-        .unwrap()
-    }
-
-    #[test]
-    fn stream_items_are_classified() {
-        let reason = |r: Result<Step, Error>| r.map(|s| format!("{s:?}")).unwrap_err().reason();
-        assert!(matches!(
-            step(Ok(cm_event("ADDED", "a", "7")), "5"),
-            Ok(Step::Event(ChangeKind::Added, _, rv)) if rv == "7"
-        ));
-        assert!(matches!(
-            step(Ok(cm_event("DELETED", "a", "8")), "7"),
-            Ok(Step::Event(ChangeKind::Deleted, _, _))
-        ));
-        let bookmark = serde_json::from_value(json!({"type": "BOOKMARK", "object": {
-            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"resourceVersion": "9"}}}))
-        .unwrap();
-        assert!(matches!(step(Ok(bookmark), "8"), Ok(Step::Progress(rv)) if rv == "9"));
-        let anonymous =
-            serde_json::from_value(json!({"type": "ADDED", "object": {"metadata": {"name": "x"}}}))
-                .unwrap();
-        assert!(matches!(step(Ok(anonymous), "8"), Ok(Step::Skip)));
-
-        let dropped = kube::Error::ReadEvents(std::io::Error::other("connection reset"));
-        assert!(matches!(step(Err(dropped), "8"), Ok(Step::Dropped(_))));
-        let garbage = serde_json::from_str::<serde_json::Value>("{not json").unwrap_err();
-        assert_eq!(
-            reason(step(Err(kube::Error::SerdeError(garbage)), "8")),
-            "decode"
-        );
-        // kube-client turns any JSON object that is no watch event into a code-less status.
-        let not_an_event = status(json!({"type": "ADDED", "object": {"metadata": {"uid": 7}}}));
-        assert_eq!(
-            reason(step(Err(kube::Error::Api(not_an_event)), "8")),
-            "decode"
-        );
-
-        let gone = status(
-            json!({"code": 410, "reason": "Expired", "message": "too old resource version: 8 (90)"}),
-        );
-        match step(Ok(WatchEvent::Error(gone)), "8") {
-            Err(Error::Gone(rv)) => assert_eq!(rv, "8"),
-            other => panic!("{other:?}"),
-        }
-        for with_cause in [true, false] {
-            let s = status(too_large_status(with_cause));
-            match step(Ok(WatchEvent::Error(s.clone())), "999999999") {
-                Err(Error::TooLarge { rv, message }) => {
-                    assert_eq!(rv, "999999999");
-                    assert!(message.contains("current: 1234"), "{message}");
-                }
-                other => panic!("{other:?}"),
-            }
-            assert_eq!(
-                reason(step(Err(kube::Error::Api(s)), "999999999")),
-                "too_large"
-            );
-        }
-        // A 504 that is an ordinary timeout is no reason to relist.
-        let timeout =
-            status(json!({"code": 504, "reason": "Timeout", "message": "request timed out"}));
-        assert_eq!(reason(step(Ok(WatchEvent::Error(timeout)), "8")), "status");
-    }
-
-    #[tokio::test]
-    async fn follow_sends_until_an_undecodable_event_and_keeps_the_last_position() {
-        let garbage = serde_json::from_str::<serde_json::Value>("]").unwrap_err();
-        let stream = futures::stream::iter([
-            Ok(cm_event("ADDED", "a", "7")),
-            Ok(cm_event("MODIFIED", "a", "8")),
-            Err(kube::Error::SerdeError(garbage)),
-            Ok(cm_event("MODIFIED", "a", "9")),
-        ]);
-        let (tx, mut rx) = mpsc::channel(8);
-        let mut position = Some("5".to_string());
-        let types = TypeMeta {
-            api_version: "v1".into(),
-            kind: "ConfigMap".into(),
-        };
-        let error = follow(stream, &types, &tx, &mut position)
-            .await
-            .unwrap_err();
-        assert_eq!(error.reason(), "decode", "{error}");
-        assert_eq!(
-            position.as_deref(),
-            Some("8"),
-            "resumes after the last good event"
-        );
-        drop(tx);
-        let mut sent = Vec::new();
-        while let Some(Item::Event(kind, o, _)) = rx.recv().await {
-            sent.push((kind, o.metadata.resource_version.unwrap()));
-        }
-        assert_eq!(
-            sent,
-            [
-                (ChangeKind::Added, "7".into()),
-                (ChangeKind::Modified, "8".into())
-            ]
-        );
-    }
-
-    #[tokio::test]
-    async fn follow_reports_a_dropped_connection_after_what_it_delivered() {
-        let stream = futures::stream::iter([
-            Ok(cm_event("ADDED", "a", "7")),
-            Err(kube::Error::ReadEvents(std::io::Error::other("reset"))),
-        ]);
-        let (tx, _rx) = mpsc::channel(8);
-        let mut position = None;
-        let types = TypeMeta::default();
-        let ended = follow(stream, &types, &tx, &mut position).await.unwrap();
-        assert_eq!(ended.delivered, 1);
-        assert!(ended.dropped.is_some());
-        assert_eq!(position.as_deref(), Some("7"));
-    }
-
-    /// Requests a stand-in API server received: when, and the request line's target.
-    type Seen = Arc<Mutex<Vec<(Instant, String)>>>;
-
-    /// A stand-in API server on loopback (plain HTTP/1.1, one request per connection) answering
-    /// each request with `answer(path and query)`: (status code, body).
-    async fn fake_api(
-        answer: impl Fn(&str) -> (u16, String) + Send + Sync + 'static,
-    ) -> (kube::Client, Seen) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let seen: Seen = Arc::default();
-        let (answer, log) = (Arc::new(answer), seen.clone());
-        tokio::spawn(async move {
-            while let Ok((mut conn, _)) = listener.accept().await {
-                let (answer, log) = (answer.clone(), log.clone());
-                tokio::spawn(async move {
-                    let mut head = Vec::new();
-                    let mut buf = [0u8; 1024];
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match conn.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => head.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    let head = String::from_utf8_lossy(&head);
-                    let target = head.split(' ').nth(1).unwrap_or_default().to_string();
-                    log.lock().unwrap().push((Instant::now(), target.clone()));
-                    let (code, body) = answer(&target);
-                    let response = format!(
-                        "HTTP/1.1 {code} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
-                    let _ = conn.write_all(response.as_bytes()).await;
-                    let _ = conn.shutdown().await;
-                });
-            }
-        });
-        let mut config = kube::Config::new(format!("http://127.0.0.1:{port}").parse().unwrap());
-        // kube-client retries 429, 503 and 504 up to 15 times on its own: seen here, that would
-        // only slow the tests down.
-        config.default_retry = false;
-        (kube::Client::try_from(config).unwrap(), seen)
-    }
-
-    fn target(client: kube::Client) -> Target {
-        let resource = ApiResource::erase::<ConfigMap>(&());
-        Target {
-            api: Api::namespaced_with(client, "ns", &resource),
-            types: TypeMeta {
-                api_version: "v1".into(),
-                kind: "ConfigMap".into(),
-            },
-            label_selector: None,
-            field_selector: None,
-            page_size: 500,
-            page_bytes: 16 << 20,
-            watch_timeout_secs: 290,
-            not_found: Arc::default(),
-            resource_deleted: Arc::default(),
-        }
-    }
-
-    fn restarts(status: &Status, reason: &str) -> u64 {
-        status
-            .restarts
-            .lock()
-            .unwrap()
-            .get(reason)
-            .copied()
-            .unwrap_or(0)
     }
 
     const EMPTY_LIST: &str =
@@ -1285,359 +737,200 @@ mod tests {
         too_large_relists("request", false).await;
         too_large_relists("stream", true).await;
     }
-}
 
-/// Watch events as the API server streams them, and anything else a connection may carry: every
-/// line goes through kube-client's decoding (`Client::request_events`), [`step`], then what the
-/// bridge does with a decoded object (digest, encoding for several resource configurations,
-/// rendering destinations). Nothing may panic.
-#[cfg(test)]
-mod fuzz {
-    use std::collections::BTreeMap;
+    /// The body of a streaming list of ConfigMap `a` at resourceVersion 10, with its end
+    /// bookmark, then a live change of `a`.
+    const STREAMED: &str = concat!(
+        r#"{"type":"ADDED","object":{"metadata":{"name":"a","namespace":"ns","uid":"u-a","resourceVersion":"7"}}}"#,
+        "\n",
+        r#"{"type":"BOOKMARK","object":{"apiVersion":"v1","kind":"ConfigMap","metadata":{"resourceVersion":"10","annotations":{"k8s.io/initial-events-end":"true"}}}}"#,
+        "\n",
+        r#"{"type":"MODIFIED","object":{"metadata":{"name":"a","namespace":"ns","uid":"u-a","resourceVersion":"11"}}}"#,
+        "\n",
+    );
 
-    use kube::discovery::ApiResource;
-    use proptest::prelude::*;
-    use serde_json::{Value, json};
+    /// What kube-apiserver 1.35 answers a streaming list with the `WatchList` gate off.
+    const GATE_OFF: &str = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"ListOptions.meta.k8s.io \"\" is invalid: sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled","reason":"Invalid","code":422}"#;
 
-    use super::*;
-    use crate::change::{Change, Origin};
-    use crate::discovery::ResolvedResource;
-    use crate::encode::{self, ResourceInfo};
-    use crate::payload::{self, Pointer};
-    use crate::template::Template;
+    const LIST_OF_A: &str = r#"{"apiVersion":"v1","kind":"List","metadata":{"resourceVersion":"10"},"items":[
+        {"metadata":{"name":"a","namespace":"ns","uid":"u-a","resourceVersion":"7"}}]}"#;
 
-    /// What kube-client yields for one line of a watch response: the event; a status for any
-    /// other JSON object; a decoding error; nothing for an incomplete line. kube-client's
-    /// `LinesCodec` reports a line that is not UTF-8 as an I/O error, and strips one `\r`.
-    fn decode_line(line: &[u8]) -> Option<Result<WatchEvent<DynamicObject>, kube::Error>> {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let line = match std::str::from_utf8(line) {
-            Ok(line) => line,
-            Err(e) => {
-                let io = std::io::Error::new(std::io::ErrorKind::InvalidData, e);
-                return Some(Err(kube::Error::ReadEvents(io)));
+    /// Runs a fresh watch listing per `setting` against an API server that serves streaming
+    /// lists or not, until `until` holds for the items received; returns them, the requests and
+    /// the watch's status.
+    async fn listing_with(
+        listing: Arc<Listing>,
+        streams: bool,
+        until: impl Fn(&[Item]) -> bool,
+    ) -> (Vec<Item>, Vec<String>, Arc<Status>) {
+        let (client, seen) = fake_api(move |target| {
+            let streaming = target.contains("sendInitialEvents=true");
+            match (streaming, streams) {
+                (true, true) => (200, STREAMED.to_string()),
+                (true, false) => (422, GATE_OFF.to_string()),
+                _ if target.contains("watch=true") => (200, String::new()),
+                _ => (200, LIST_OF_A.to_string()),
             }
-        };
-        match serde_json::from_str::<WatchEvent<DynamicObject>>(line) {
-            Ok(event) => Some(Ok(event)),
-            Err(e) if e.is_eof() => None,
-            Err(e) => Some(match serde_json::from_str::<ApiStatus>(line) {
-                Ok(status) => Err(kube::Error::Api(Box::new(status))),
-                Err(_) => Err(kube::Error::SerdeError(e)),
-            }),
-        }
-    }
-
-    /// Resource configurations covering every payload mode, Secret redaction, redaction and
-    /// ignore pointers, both event formats and both record keys.
-    fn infos() -> Vec<Arc<ResourceInfo>> {
-        [
-            ("configmaps", "ConfigMap", ""),
-            (
-                "configmaps",
-                "ConfigMap",
-                ", payload: diff, includePrevious: true, ignorePaths: [/data/x, /metadata/labels/a~1b, /spec/0], redact: [/data/password, /metadata/annotations/tok, /spec/items/1]",
-            ),
-            ("secrets", "Secret", ""),
-            ("configmaps", "ConfigMap", ", payload: reference, key: namespacedName"),
-            (
-                "configmaps",
-                "ConfigMap",
-                ", eventFormat: knative, stripManagedFields: false, stripLastApplied: false, tombstones: true, key: namespacedName",
-            ),
-        ]
-        .into_iter()
-        .map(|(plural, kind, extra)| {
-            let yaml = format!(
-                "cluster: dev\nresources: [{{apiVersion: v1, resource: {plural}{extra}}}]\nsink: {{kafka: {{bootstrapServers: 'x:1'}}}}\n"
-            );
-            let config = crate::config::ConfigFile::parse(&yaml)
-                .and_then(crate::config::ConfigFile::validate)
-                .unwrap_or_else(|e| panic!("{yaml}: {e}"));
-            let resolved = ResolvedResource {
-                config: config.resources[0].clone(),
-                api: ApiResource {
-                    group: String::new(),
-                    version: "v1".into(),
-                    api_version: "v1".into(),
-                    kind: kind.into(),
-                    plural: plural.into(),
-                },
-                namespaced: true,
-            };
-            Arc::new(ResourceInfo::new("dev", &resolved, "https://127.0.0.1:6443"))
         })
-        .collect()
-    }
-
-    /// What the bridge does with one line; returns whether it produced a change.
-    fn handle(line: &[u8], infos: &[Arc<ResourceInfo>]) -> bool {
-        let Some(decoded) = decode_line(line) else {
-            return false;
-        };
-        let Ok(Step::Event(kind, mut object, rv)) = step(decoded, "1") else {
-            return false;
-        };
-        assert_eq!(
-            object.metadata.resource_version.as_deref(),
-            Some(rv.as_str())
-        );
-        let uid = object.metadata.uid.clone().expect("an event has a uid");
-        object.types.get_or_insert_with(|| TypeMeta {
-            api_version: "v1".into(),
-            kind: "ConfigMap".into(),
-        });
-        let before = serde_json::to_value(&object).expect("a decoded object serializes");
-        let ignore: Vec<Pointer> = ["/data/x", "/metadata/labels/a", "/spec/0", "/status"]
+        .await;
+        let (tx, mut rx) = mpsc::channel(8);
+        let status = Arc::new(Status::default());
+        let stop = CancellationToken::new();
+        let mut t = target(client);
+        t.listing = listing;
+        let task = tokio::spawn(run(t, None, tx, stop.clone(), status.clone()));
+        let mut items = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !until(&items) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, rx.recv()).await {
+                Ok(Some(item)) => items.push(item),
+                Ok(None) => panic!("the watch stopped: {items:?}"),
+                Err(_) => panic!("60 s without the expected items: {items:?}"),
+            }
+        }
+        stop.cancel();
+        task.await.unwrap();
+        let requests = seen
+            .lock()
+            .unwrap()
             .iter()
-            .map(|p| Pointer::parse(p).unwrap())
+            .map(|(_, t)| t.clone())
             .collect();
-        let mut scratch = Vec::new();
-        let digest = payload::digest(&mut object, &ignore, &mut scratch);
-        assert_eq!(
-            serde_json::to_value(&object).unwrap(),
-            before,
-            "digest restores the object"
-        );
-        assert_eq!(digest, payload::digest(&mut object, &ignore, &mut scratch));
-        assert_ne!(digest, 0);
-        for info in infos {
-            let change = Change {
-                kind,
-                origin: Origin::Live,
-                object: object.clone(),
-                observed: SystemTime::now(),
-            };
-            let previous = serde_json::to_vec(&json!({"metadata": {"name": "before"}})).unwrap();
-            match encode::encode(info, change, Some(&previous)) {
-                Ok(encoded) => {
-                    let mut event = encoded.event;
-                    assert_eq!(event.id, encode::event_id(&uid, &rv, kind));
-                    let structured: Value = serde_json::from_slice(&event.to_structured_json())
-                        .expect("the structured event is JSON");
-                    assert_eq!(structured["id"], event.id.as_str());
-                    let _ = event.reference();
-                    for template in ["k8s.{cluster}.{group}.{resource}.{namespace}", "x.{name}"] {
-                        let t = Template::parse(template).unwrap();
-                        let _ = t.render_topic(&event.template_values());
-                        let _ = t.render_subject(&event.template_values());
-                    }
-                    event.truncate();
-                    serde_json::from_slice::<Value>(&event.to_structured_json())
-                        .expect("the truncated event is JSON");
-                }
-                Err(e) => assert!(
-                    object.metadata.name.as_deref().is_none_or(str::is_empty),
-                    "only a nameless object cannot be encoded: {e}"
-                ),
-            }
-        }
-        true
+        (items, requests, status)
     }
 
-    fn text() -> impl Strategy<Value = String> {
-        prop_oneof![
-            prop::sample::select(vec![
-                "",
-                "a",
-                "web",
-                "read only",
-                "0",
-                "1",
-                "18446744073709551616",
-                "-1",
-                "ns/x",
-                "~1",
-                "/",
-                "\u{0}",
-                "ü",
-                "\u{202e}",
-                "a\nb",
-                "\"",
-                "\\",
-            ])
-            .prop_map(String::from),
-            prop::collection::vec(any::<char>(), 0..12).prop_map(String::from_iter),
-        ]
+    fn listed(status: &Status, method: &str) -> u64 {
+        status
+            .lists
+            .lock()
+            .unwrap()
+            .get(method)
+            .copied()
+            .unwrap_or(0)
     }
 
-    fn key() -> impl Strategy<Value = String> {
-        prop_oneof![
-            prop::sample::select(vec![
-                "metadata",
-                "name",
-                "namespace",
-                "uid",
-                "resourceVersion",
-                "generation",
-                "labels",
-                "annotations",
-                "managedFields",
-                "apiVersion",
-                "kind",
-                "type",
-                "object",
-                "data",
-                "stringData",
-                "spec",
-                "status",
-                "items",
-                "password",
-                "tok",
-                "x",
-                "a/b",
-                "kubectl.kubernetes.io/last-applied-configuration",
-            ])
-            .prop_map(String::from),
-            text(),
-        ]
-    }
-
-    fn json() -> impl Strategy<Value = Value> {
-        let leaf = prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::from),
-            any::<i64>().prop_map(Value::from),
-            any::<u64>().prop_map(Value::from),
-            any::<f64>().prop_filter_map("finite", |f| serde_json::Number::from_f64(f)
-                .map(Value::Number)),
-            text().prop_map(Value::from),
-        ];
-        leaf.prop_recursive(4, 48, 6, |inner| {
-            prop_oneof![
-                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-                prop::collection::btree_map(key(), inner, 0..6)
-                    .prop_map(|m| Value::Object(m.into_iter().collect())),
-            ]
-        })
-    }
-
-    /// A string field as the API server sends it, or now and then any JSON at all.
-    fn field() -> impl Strategy<Value = Option<Value>> {
-        prop_oneof![
-            14 => text().prop_map(|t| Some(Value::from(t))),
-            1 => Just(None),
-            1 => json().prop_map(Some),
-        ]
-    }
-
-    fn string_map() -> impl Strategy<Value = Value> {
-        prop_oneof![
-            8 => prop::collection::btree_map(key(), text(), 0..4)
-                .prop_map(|m| json!(m)),
-            1 => json(),
-        ]
-    }
-
-    /// A watch event shaped like the API server's, with arbitrary content where it allows any,
-    /// and now and then a field of the wrong type or an unknown event type.
-    fn event() -> impl Strategy<Value = Value> {
-        let kind = prop_oneof![
-            8 => prop::sample::select(vec!["ADDED", "MODIFIED", "DELETED"]),
-            1 => prop::sample::select(vec!["BOOKMARK", "ERROR", "added", "SYNC"]),
-        ];
-        let meta = (
-            field(),
-            field(),
-            field(),
-            field(),
-            string_map(),
-            string_map(),
-            json(),
-            json(),
-        );
-        let body = prop::collection::btree_map(key(), json(), 0..5);
-        (kind, meta, body).prop_map(|(kind, meta, body)| {
-            let (name, namespace, uid, rv, labels, annotations, managed, generation) = meta;
-            let mut metadata = BTreeMap::new();
-            for (k, v) in [
-                ("name", name),
-                ("namespace", namespace),
-                ("uid", uid),
-                ("resourceVersion", rv),
-            ] {
-                if let Some(v) = v {
-                    metadata.insert(k.to_string(), v);
-                }
-            }
-            metadata.insert("labels".into(), labels);
-            metadata.insert("annotations".into(), annotations);
-            if managed.is_array() {
-                metadata.insert("managedFields".into(), managed);
-            }
-            if generation.is_i64() {
-                metadata.insert("generation".into(), generation);
-            }
-            let mut object: serde_json::Map<String, Value> = body.into_iter().collect();
-            object.insert("apiVersion".into(), "v1".into());
-            object.insert("metadata".into(), json!(metadata));
-            json!({"type": kind, "object": object})
-        })
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(256))]
-
-        #[test]
-        fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
-            let infos = infos();
-            for line in bytes.split(|b| *b == b'\n') {
-                handle(line, &infos);
-            }
-        }
-
-        #[test]
-        fn arbitrary_json_lines_never_panic(values in prop::collection::vec(json(), 1..4)) {
-            let infos = infos();
-            for v in values {
-                handle(v.to_string().as_bytes(), &infos);
-            }
-        }
-
-        #[test]
-        fn watch_events_never_panic(e in event(), cut in any::<prop::sample::Index>()) {
-            let infos = infos();
-            let line = e.to_string();
-            handle(line.as_bytes(), &infos);
-            // The same line cut short, as a dropped connection leaves it.
-            handle(&line.as_bytes()[..cut.index(line.len() + 1)], &infos);
-        }
-    }
-
-    /// The generator reaches the encoder: a good share of its events become changes.
-    #[test]
-    fn generated_events_reach_the_encoder() {
-        use proptest::strategy::ValueTree;
-        let infos = infos();
-        let mut runner = proptest::test_runner::TestRunner::deterministic();
-        let strategy = event();
-        let handled = (0..200)
-            .filter(|_| {
-                let line = strategy
-                    .new_tree(&mut runner)
-                    .unwrap()
-                    .current()
-                    .to_string();
-                handle(line.as_bytes(), &infos)
-            })
-            .count();
+    #[tokio::test]
+    async fn a_streaming_list_is_a_list_then_the_live_watch_on_the_same_connection() {
+        let listing = Arc::new(Listing::new("v1/configmaps", InitialList::Auto));
+        let live = |items: &[Item]| matches!(items.last(), Some(Item::Event(..)));
+        let (items, requests, status) = listing_with(listing, true, live).await;
+        let items: Vec<String> = items.iter().map(|i| format!("{i:?}")).collect();
+        assert!(items[0].starts_with("ListBegin"), "{items:?}");
         assert!(
-            handled >= 20,
-            "only {handled} of 200 generated events were changes"
+            items[1].starts_with("Listed") && items[1].contains("\"7\""),
+            "{items:?}"
+        );
+        assert_eq!(items[2], format!("{:?}", Item::ListEnd("10".into())));
+        assert!(items[3].starts_with("Event(Modified") && items[3].contains("\"11\""));
+        assert_eq!(items.len(), 4);
+        // A consistent read: resourceVersion "" with NotOlderThan, bookmarks on.
+        let first = &requests[0];
+        for param in [
+            "watch=true",
+            "sendInitialEvents=true",
+            "resourceVersionMatch=NotOlderThan",
+            "allowWatchBookmarks=true",
+        ] {
+            assert!(first.contains(param), "{param}: {first}");
+        }
+        assert!(first.ends_with("resourceVersion="), "{first}");
+        assert!(
+            !requests.iter().any(|r| !r.contains("watch=true")),
+            "no LIST: {requests:?}"
+        );
+        assert_eq!((listed(&status, "stream"), listed(&status, "list")), (1, 0));
+        assert_eq!(
+            status
+                .list_fallbacks
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0
         );
     }
 
-    #[test]
-    fn a_secret_with_odd_values_is_handled() {
-        let infos = infos();
-        let line = json!({"type": "MODIFIED", "object": {"apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": "read only", "namespace": "ns", "uid": "u", "resourceVersion": "18446744073709551616",
-                "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"}},
-            "data": {"password": "c2VjcmV0"}, "spec": [1, {"x": null}]}})
-        .to_string();
-        assert!(handle(line.as_bytes(), &infos));
-        // Duplicate keys (the generators cannot make them): kept or refused, never a panic.
-        let duplicate = br#"{"type":"ADDED","object":{"metadata":{"name":"a","uid":"u","resourceVersion":"1","name":"b"},"data":{},"data":[]}}"#;
-        handle(duplicate, &infos);
+    #[tokio::test]
+    async fn auto_lists_in_pages_where_streaming_lists_are_refused_and_remembers_it() {
+        let listing = Arc::new(Listing::new("v1/configmaps", InitialList::Auto));
+        let ended = |items: &[Item]| matches!(items.last(), Some(Item::ListEnd(_)));
+        let (items, requests, status) = listing_with(listing.clone(), false, ended).await;
+        let items: Vec<String> = items.iter().map(|i| format!("{i:?}")).collect();
+        assert_eq!(items.len(), 3, "one list, not a begun stream: {items:?}");
+        assert!(items[0].starts_with("ListBegin") && items[1].starts_with("Listed"));
+        assert!(
+            requests[0].contains("sendInitialEvents=true"),
+            "{requests:?}"
+        );
+        assert!(
+            requests[1].contains(&format!("limit={FIRST_PAGE}")),
+            "{requests:?}"
+        );
+        assert_eq!(
+            status
+                .list_fallbacks
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
+        assert_eq!((listed(&status, "stream"), listed(&status, "list")), (0, 1));
+        assert_eq!(restarts(&status, "stream_refused"), 0, "no failure");
+        // Another watch of the resource (or a relist) lists in pages at once.
+        let (_, requests, status) = listing_with(listing, false, ended).await;
+        assert!(
+            !requests.iter().any(|r| r.contains("sendInitialEvents")),
+            "{requests:?}"
+        );
+        assert_eq!(
+            status
+                .list_fallbacks
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
+    }
+
+    #[tokio::test]
+    async fn stream_fails_the_watch_where_streaming_lists_are_refused() {
+        let (client, seen) = fake_api(|target| {
+            if target.contains("sendInitialEvents=true") {
+                (422, GATE_OFF.to_string())
+            } else {
+                (200, LIST_OF_A.to_string())
+            }
+        })
+        .await;
+        let (tx, mut rx) = mpsc::channel(8);
+        let status = Arc::new(Status::default());
+        let stop = CancellationToken::new();
+        let mut t = target(client);
+        t.listing = Arc::new(Listing::new("v1/configmaps", InitialList::Stream));
+        let task = tokio::spawn(run(t, None, tx, stop.clone(), status.clone()));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while seen.lock().unwrap().len() < 3 {
+            assert!(
+                Instant::now() < deadline,
+                "only {:?} in 60 s",
+                seen.lock().unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop.cancel();
+        task.await.unwrap();
+        assert!(rx.try_recv().is_err(), "nothing reaches the pipeline");
+        let requests = seen.lock().unwrap();
+        assert!(
+            requests
+                .iter()
+                .all(|(_, r)| r.contains("sendInitialEvents=true")),
+            "{requests:?}"
+        );
+        assert!(
+            restarts(&status, "stream_refused") >= 2,
+            "{:?}",
+            status.restarts
+        );
+        assert_eq!(
+            status
+                .list_fallbacks
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
     }
 }

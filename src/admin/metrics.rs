@@ -319,6 +319,18 @@ fn watching(f: &mut Families) -> fmt::Result {
         MetricType::Counter,
         ("reason", &RELISTS),
         |s, _, reason| ConstCounter::new(by_reason(&s.relists, reason)),
+    )?;
+    f.per_label(
+        "lists_completed",
+        "Lists completed, by method: stream (a streaming list) or list (a paged LIST).",
+        MetricType::Counter,
+        ("method", &crate::watch::LIST_METHODS),
+        |s, _, method| ConstCounter::new(by_reason(&s.lists, method)),
+    )?;
+    f.per_watch_counter(
+        "initial_list_fallbacks",
+        "Streaming lists the API server refused, listed in pages instead (kubernetes.initialList: auto).",
+        |s| s.list_fallbacks.load(Ordering::Relaxed),
     )
 }
 
@@ -694,6 +706,8 @@ mod tests {
         count(&busy.restarts, "gone");
         count(&busy.relists, "initial");
         count(&busy.relists, "gone");
+        count(&busy.lists, "stream");
+        busy.list_fallbacks.store(22, Relaxed);
         busy.checkpoints.store(17, Relaxed);
         busy.checkpoints_corrupt.store(18, Relaxed);
         busy.queue_depth.store(19, Relaxed);
@@ -825,6 +839,7 @@ mod tests {
             ("events_truncated_total", 13.0),
             ("events_repaired_total", 16.0),
             ("trace_context_invalid_total", 21.0),
+            ("initial_list_fallbacks_total", 22.0),
             ("transactions_aborted_total", 20.0),
             ("queue_depth_events", 19.0),
             ("checkpoints_total", 17.0),
@@ -872,6 +887,11 @@ mod tests {
                 value("relists_total", &format!("{ALL},reason={reason}")),
                 0.0
             );
+        }
+        for method in crate::watch::LIST_METHODS {
+            let labels = format!("{PROD},method={method}");
+            let lists = f64::from(u8::from(method == "stream"));
+            assert_eq!(value("lists_completed_total", &labels), lists, "{method}");
         }
         let cumulative = [
             1.0, 1.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 4.0, 4.0, 4.0, 5.0, 5.0,
@@ -937,6 +957,8 @@ mod tests {
             ("queue_depth_events", "gauge"),
             ("watch_restarts", "counter"),
             ("relists", "counter"),
+            ("lists_completed", "counter"),
+            ("initial_list_fallbacks", "counter"),
             ("checkpoints", "counter"),
             ("checkpoints_corrupt", "counter"),
             ("checkpoint_age_seconds", "gauge"),

@@ -497,6 +497,11 @@ pub struct KubernetesConfig {
     #[serde(default = "default_burst")]
     #[schemars(range(min = BURST.min, max = BURST.max))]
     pub burst: u32,
+    /// How a watch reads the current state, at start and after lost history: `auto` (a
+    /// streaming list where the API server serves one, else a paged LIST), `stream` (a
+    /// streaming list only) or `list` (a paged LIST).
+    #[serde(default)]
+    pub initial_list: InitialList,
 }
 
 impl Default for KubernetesConfig {
@@ -506,8 +511,24 @@ impl Default for KubernetesConfig {
             context: None,
             qps: default_qps(),
             burst: default_burst(),
+            initial_list: InitialList::default(),
         }
     }
+}
+
+/// How a watch reads the current state of its resource (the initial list, and every relist).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum InitialList {
+    /// A streaming list (a watch with `sendInitialEvents=true`, KEP-3157) where the API server
+    /// serves one; where it refuses (the `WatchList` feature gate off, a server older than
+    /// 1.27), a paged LIST, logged once per resource and counted.
+    #[default]
+    Auto,
+    /// A streaming list only: a refusal is a watch failure, retried with backoff.
+    Stream,
+    /// A paged LIST, as before streaming lists existed.
+    List,
 }
 
 /// Holding its watches, the bridge makes about one request per watch every 290 s; the limit
