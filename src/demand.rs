@@ -68,7 +68,7 @@ pub enum Demand {
     /// The snapshot begins: the begin marker is published.
     Begin(Arc<Scope>),
     /// One object read by the walk, and when.
-    Listed(Arc<Scope>, DynamicObject, SystemTime),
+    Listed(Arc<Scope>, Box<DynamicObject>, SystemTime),
     /// Answered with the tally since the last mark once everything before it was decided and
     /// acknowledged by the broker (committed, in a Kafka transaction): the walk saves its
     /// progress and reads the next chunk only then. A marker that could not be published is

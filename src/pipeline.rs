@@ -502,9 +502,8 @@ impl Pipeline {
 /// The bytes an item weighs in the watch's budget: its object's JSON size.
 pub fn item_bytes(item: &Item) -> usize {
     match item {
-        Item::Event(_, object, _)
-        | Item::Listed(object, _)
-        | Item::Demand(Demand::Listed(_, object, _)) => budget::object_size(object),
+        Item::Event(_, object, _) | Item::Listed(object, _) => budget::object_size(object),
+        Item::Demand(Demand::Listed(_, object, _)) => budget::object_size(object),
         _ => 0,
     }
 }

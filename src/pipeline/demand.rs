@@ -78,7 +78,7 @@ impl Pipeline {
                         let change = Change {
                             kind: ChangeKind::Added,
                             origin: Origin::Snapshot,
-                            object,
+                            object: *object,
                             observed,
                         };
                         self.publish_as(change, Some(reservation), Some(scope.id.clone()), st)

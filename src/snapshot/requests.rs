@@ -277,6 +277,10 @@ mod tests {
             watch_timeout_secs: 1,
             not_found: Arc::default(),
             resource_deleted: Arc::default(),
+            listing: Arc::new(crate::watch::Listing::new(
+                "v1/configmaps",
+                crate::config::InitialList::default(),
+            )),
         };
         h.demand = Some(crate::supervisor::DemandPort {
             key: crate::checkpoint::WatchKey::new(&h.cluster, "v1", "configmaps", None, None, None),

@@ -113,7 +113,7 @@ impl Walk {
                 object
                     .types
                     .get_or_insert_with(|| self.port.target.types.clone());
-                self.queue(Demand::Listed(scope.clone(), object, observed))
+                self.queue(Demand::Listed(scope.clone(), Box::new(object), observed))
                     .await?;
             }
             let tally = self.mark().await?;

@@ -221,7 +221,7 @@ async fn kafka_snapshot_command_waits_for_a_complete_snapshot() {
             got.iter().any(|e| e.event.ty() == END)
                 && got
                     .iter()
-                    .filter(|e| e.ext("snapshotid") != "" && e.ext("origin") == "snapshot")
+                    .filter(|e| !e.ext("snapshotid").is_empty() && e.ext("origin") == "snapshot")
                     .count()
                     >= count
         })
