@@ -1,6 +1,7 @@
 //! The live watch: a watch from a resourceVersion, each of its events classified ([`step`]) and
 //! sent down the pipeline ([`follow`]) until the stream ends or fails.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::{Stream, StreamExt, TryStreamExt};
@@ -8,7 +9,6 @@ use kube::api::{DynamicObject, ObjectMeta, TypeMeta, WatchEvent, WatchParams};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use super::streaming_list::ends_initial_events;
 use super::{Error, Item, Target, is_too_large, send};
 use crate::change::ChangeKind;
 
@@ -192,6 +192,16 @@ fn ids(meta: &ObjectMeta) -> Option<(&str, &str)> {
             None
         }
     }
+}
+
+/// The annotation of the bookmark that ends a streaming list's objects.
+pub(super) const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
+
+/// Whether a bookmark with `annotations` ends a streaming list's objects.
+pub(super) fn ends_initial_events(annotations: &BTreeMap<String, String>) -> bool {
+    annotations
+        .get(INITIAL_EVENTS_END)
+        .is_some_and(|v| v == "true")
 }
 
 #[cfg(test)]

@@ -9,7 +9,6 @@
 //! `kubernetes.initialList: auto` falls back to the paged LIST; [`Listing`] remembers it for
 //! every watch of the resource.
 
-use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::time::{Instant, SystemTime};
 
@@ -26,9 +25,6 @@ use crate::budget;
 use crate::change::ChangeKind;
 use crate::config::InitialList;
 use crate::status::{Status, count};
-
-/// The annotation of the bookmark that ends a streaming list's objects.
-const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
 
 /// The server-side timeout of a streaming list, whose connection then goes on as the live watch:
 /// longer than a watch's, since the list itself must fit in it, and a list paused by the
@@ -138,13 +134,6 @@ pub(super) fn is_refusal(status: &ApiStatus) -> bool {
     matches!(status.code, 400 | 422) && (named(&status.message) || causes)
 }
 
-/// Whether a bookmark with `annotations` ends a streaming list's objects.
-pub(super) fn ends_initial_events(annotations: &BTreeMap<String, String>) -> bool {
-    annotations
-        .get(INITIAL_EVENTS_END)
-        .is_some_and(|v| v == "true")
-}
-
 /// Lists through a watch, then follows the same connection as the live watch, keeping
 /// `position` at the list's resourceVersion, then at the last one sent. Returns what a watch
 /// returns ([`super::stream::watch`]); [`Error::StreamRefused`] when the API server does not
@@ -229,8 +218,10 @@ async fn objects(
 mod tests {
     use serde_json::json;
 
+    use super::super::stream::{INITIAL_EVENTS_END, ends_initial_events};
     use super::*;
     use crate::watch::fake_api::{cm_event, status};
+    use std::collections::BTreeMap;
 
     #[test]
     fn the_method_follows_the_setting_and_auto_lists_in_pages_once_refused() {
