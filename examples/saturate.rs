@@ -183,6 +183,10 @@ async fn run(config: &str, file: &str, runs: usize) -> anyhow::Result<()> {
             checkpoint_interval: Duration::from_millis(config.checkpoint.interval_ms),
             leadership: None,
             heartbeat: None,
+            watch: pipeline::WatchIdentity {
+                key: key.clone(),
+                namespace: None,
+            },
         };
         let (cpu, wall) = (cpu_seconds()?, Instant::now());
         let feeder = tokio::spawn(feed(recording.list_rv.clone(), recording.lines.clone(), tx));

@@ -544,6 +544,7 @@ mod tests {
             resource: "v1/configmaps".into(),
             namespace: None,
             status,
+            demand: None,
         }
     }
 
