@@ -15,8 +15,13 @@
 //!   `ce_*` record headers, NATS and HTTP `ce-*` headers, `Nats-Msg-Id`) in binary mode, or the
 //!   structured event; the payload schema (the event JSON Schema of `schemas/event.schema.json`,
 //!   embedded under `components.schemas`, narrowed to the resource); the Kafka key as the message
-//!   binding's key; an example built by the bridge's own encoder; Kafka tombstones when on.
+//!   binding's key; an example built by the bridge's own encoder; Kafka tombstones when on;
+//! - **snapshot markers**: on every channel whose address names no object, the begin and end
+//!   markers of a snapshot on demand ([`marker`]): structured CloudEvents described by
+//!   `schemas/snapshot-marker.schema.json` (embedded as `components.schemas.SnapshotMarker`),
+//!   Kafka's key the watch's id.
 
+mod marker;
 mod message;
 mod server;
 
@@ -130,58 +135,93 @@ pub fn fleet_document(config: &Config, members: &[Member<'_>]) -> Result<Value> 
         .as_object()
         .cloned()
         .unwrap_or_default();
-    let trait_ref = "#/components/messageTraits/CloudEvent";
-    let mut channels = Map::new();
-    let mut operations = Map::new();
-    let mut messages = Map::new();
-    let fleet = config.fleet.is_fleet();
     let groups = group_by_address(config, binding, members);
     let origins = server::Origins::of(
         groups.iter().filter_map(|(a, _)| a.as_deref()),
         config.sink.kind(),
         binding.sink,
     );
+    let mut parts = Parts::default();
     for (address, published) in groups {
         let (server_id, address) = origins.split(address);
+        let group = Group {
+            server_id,
+            address,
+            published,
+        };
+        parts.add_channel(config, binding, &descriptions, group)?;
+    }
+    let mut components = components(binding, event_schema, parts.markers);
+    components["messages"] = Value::Object(parts.messages);
+    let mut doc = json!({
+        "asyncapi": ASYNCAPI_VERSION,
+        "info": info(config, members),
+        "defaultContentType": encode::DATA_CONTENT_TYPE,
+    });
+    if let Some((servers, schemes)) = server::servers(binding.sink, &origins) {
+        doc["servers"] = servers;
+        if !schemes.is_empty() {
+            components["securitySchemes"] = Value::Object(schemes);
+        }
+    }
+    doc["channels"] = Value::Object(parts.channels);
+    doc["operations"] = Value::Object(parts.operations);
+    doc["components"] = components;
+    Ok(doc)
+}
+
+/// Where the message trait every message refers to lives.
+const TRAIT_REF: &str = "#/components/messageTraits/CloudEvent";
+
+/// The resources published to one address, and the server it is on (HTTP).
+struct Group<'a> {
+    server_id: Option<String>,
+    address: Option<String>,
+    published: Vec<(Member<'a>, &'a ResolvedResource)>,
+}
+
+/// The channels, operations and messages of a document, as they are built.
+#[derive(Default)]
+struct Parts {
+    channels: Map<String, Value>,
+    operations: Map<String, Value>,
+    messages: Map<String, Value>,
+    /// Whether the snapshot markers' messages are among `messages`.
+    markers: bool,
+}
+
+impl Parts {
+    /// Adds the channel of `group`, its `send` operation and its messages.
+    fn add_channel(
+        &mut self,
+        config: &Config,
+        binding: Binding<'_>,
+        descriptions: &Map<String, Value>,
+        group: Group<'_>,
+    ) -> Result<()> {
+        let Group {
+            server_id,
+            address,
+            published,
+        } = group;
         let id = unique_id(
-            &channels,
+            &self.channels,
             &address.clone().unwrap_or_else(|| config.sink.kind().into()),
         );
         let mut channel_messages = Map::new();
         for (member, r) in &published {
-            let (cluster, api_server) = match member.cluster {
-                Some(name) => (name, member.api_server),
-                None => (
-                    message::EXAMPLE_DISCOVERED_CLUSTER,
-                    message::EXAMPLE_DISCOVERED_API_SERVER,
-                ),
-            };
-            let mut info = ResourceInfo::new(cluster, r, api_server);
-            if config.audit_extensions {
-                info = info.with_audit(message::example_cluster_id());
-            }
-            let tombstones = info.tombstones && binding.sink.tombstones();
-            let base = match (fleet, member.cluster) {
-                (false, _) => message_id(r),
-                (true, Some(name)) => format!("{name}.{}", message_id(r)),
-                (true, None) => format!("{DISCOVERED_ID}.{}", message_id(r)),
-            };
-            let name = unique_id(&messages, &base);
-            let discovered = member.cluster.is_none();
-            let m = message::message(&binding, r, info, discovered, &descriptions, trait_ref)?;
-            messages.insert(name.clone(), m);
-            channel_messages.insert(
-                name.clone(),
-                json!({"$ref": format!("#/components/messages/{name}")}),
-            );
-            if tombstones {
-                let tomb = format!("{name}.tombstone");
-                messages.insert(tomb.clone(), message::tombstone(r));
-                channel_messages.insert(
-                    tomb.clone(),
-                    json!({"$ref": format!("#/components/messages/{tomb}")}),
-                );
-            }
+            self.add_resource(
+                config,
+                binding,
+                descriptions,
+                (*member, *r),
+                &mut channel_messages,
+            )?;
+        }
+        if let Some((member, r)) = published.first()
+            && marker::carried_by(address.as_deref())
+        {
+            self.add_markers(config, binding, (*member, *r), &mut channel_messages)?;
         }
         let refs: Vec<Value> = channel_messages
             .keys()
@@ -198,12 +238,100 @@ pub fn fleet_document(config: &Config, members: &[Member<'_>]) -> Result<Value> 
         if let Some(server_id) = server_id {
             channel["servers"] = json!([{"$ref": format!("#/servers/{server_id}")}]);
         }
-        channels.insert(id.clone(), channel);
-        operations.insert(format!("send.{id}"), operation(binding, &id, refs));
+        self.channels.insert(id.clone(), channel);
+        self.operations
+            .insert(format!("send.{id}"), operation(binding, &id, refs));
+        Ok(())
     }
-    let mut components = json!({
-        "schemas": {"CloudEvent": embedded(event_schema)},
-        "messages": messages,
+
+    /// Adds the message of one member's resource (and its tombstone) to the components and to
+    /// `channel_messages`.
+    fn add_resource(
+        &mut self,
+        config: &Config,
+        binding: Binding<'_>,
+        descriptions: &Map<String, Value>,
+        (member, r): (Member<'_>, &ResolvedResource),
+        channel_messages: &mut Map<String, Value>,
+    ) -> Result<()> {
+        let info = resource_info(config, member, r);
+        let tombstones = info.tombstones && binding.sink.tombstones();
+        let base = match (config.fleet.is_fleet(), member.cluster) {
+            (false, _) => message_id(r),
+            (true, Some(name)) => format!("{name}.{}", message_id(r)),
+            (true, None) => format!("{DISCOVERED_ID}.{}", message_id(r)),
+        };
+        let name = unique_id(&self.messages, &base);
+        let discovered = member.cluster.is_none();
+        let m = message::message(&binding, r, info, discovered, descriptions, TRAIT_REF)?;
+        self.messages.insert(name.clone(), m);
+        channel_messages.insert(name.clone(), component_ref(&name));
+        if tombstones {
+            let tomb = format!("{name}.tombstone");
+            self.messages.insert(tomb.clone(), message::tombstone(r));
+            channel_messages.insert(tomb.clone(), component_ref(&tomb));
+        }
+        Ok(())
+    }
+
+    /// Adds the snapshot markers to `channel_messages`, and once to the components, their
+    /// examples those of a snapshot of `r`.
+    fn add_markers(
+        &mut self,
+        config: &Config,
+        binding: Binding<'_>,
+        (member, r): (Member<'_>, &ResolvedResource),
+        channel_messages: &mut Map<String, Value>,
+    ) -> Result<()> {
+        if !self.markers {
+            let info = resource_info(config, member, r);
+            for (id, m) in marker::messages(&binding, &info, r, TRAIT_REF)? {
+                self.messages.insert(id.into(), m);
+            }
+            self.markers = true;
+        }
+        for id in [marker::BEGIN_ID, marker::END_ID] {
+            channel_messages.insert(id.into(), component_ref(id));
+        }
+        Ok(())
+    }
+}
+
+/// A reference to the component message `name`.
+fn component_ref(name: &str) -> Value {
+    json!({"$ref": format!("#/components/messages/{name}")})
+}
+
+/// The events' shared part of `member`'s resource `r`, as in the examples.
+fn resource_info(config: &Config, member: Member<'_>, r: &ResolvedResource) -> ResourceInfo {
+    let (cluster, api_server) = match member.cluster {
+        Some(name) => (name, member.api_server),
+        None => (
+            message::EXAMPLE_DISCOVERED_CLUSTER,
+            message::EXAMPLE_DISCOVERED_API_SERVER,
+        ),
+    };
+    let info = ResourceInfo::new(cluster, r, api_server);
+    if config.audit_extensions {
+        info.with_audit(message::example_cluster_id())
+    } else {
+        info
+    }
+}
+
+/// The `components` object but its messages: the schemas (the event's, and the markers' when
+/// `markers`) and the message trait.
+fn components(binding: Binding<'_>, event_schema: Value, markers: bool) -> Value {
+    let mut schemas = Map::new();
+    schemas.insert(
+        "CloudEvent".into(),
+        embedded(event_schema, "schemas/event.schema.json"),
+    );
+    if markers {
+        schemas.insert("SnapshotMarker".into(), marker::schema());
+    }
+    json!({
+        "schemas": schemas,
         "messageTraits": {"CloudEvent": {
             "externalDocs": {
                 "description": "The CloudEvents binding these messages follow",
@@ -211,22 +339,7 @@ pub fn fleet_document(config: &Config, members: &[Member<'_>]) -> Result<Value> 
             },
             "tags": [{"name": "cloudevents"}, {"name": "kubernetes"}],
         }},
-    });
-    let mut doc = json!({
-        "asyncapi": ASYNCAPI_VERSION,
-        "info": info(config, members),
-        "defaultContentType": encode::DATA_CONTENT_TYPE,
-    });
-    if let Some((servers, schemes)) = server::servers(binding.sink, &origins) {
-        doc["servers"] = servers;
-        if !schemes.is_empty() {
-            components["securitySchemes"] = Value::Object(schemes);
-        }
-    }
-    doc["channels"] = Value::Object(channels);
-    doc["operations"] = Value::Object(operations);
-    doc["components"] = components;
-    Ok(doc)
+    })
 }
 
 /// The message ids of the clusters of kubeconfig Secrets start with this.
@@ -284,15 +397,16 @@ fn info(config: &Config, members: &[Member<'_>]) -> Value {
     })
 }
 
-/// The event schema as an AsyncAPI Schema Object: the dialect and id keywords removed (the
-/// document's own dialect applies; the `$id` is kept as the description's link).
-fn embedded(mut schema: Value) -> Value {
+/// A JSON Schema of `schemas/` (`file`) as an AsyncAPI Schema Object: the dialect and id
+/// keywords removed (the document's own dialect applies; the `$id` is kept as the description's
+/// link).
+fn embedded(mut schema: Value, file: &str) -> Value {
     if let Some(map) = schema.as_object_mut() {
         map.remove("$schema");
         if let Some(id) = map.remove("$id") {
             map.insert(
                 "externalDocs".into(),
-                json!({"description": "schemas/event.schema.json", "url": id}),
+                json!({"description": file, "url": id}),
             );
         }
     }
@@ -556,6 +670,7 @@ impl Serialize for Ordered<'_> {
 mod tests {
     use super::*;
     use crate::config::ConfigFile;
+    use crate::demand::marker::{BEGIN, END};
     use kube::core::{ApiResource, GroupVersionKind};
 
     /// A config's resources resolved by hand: `(kind, plural, namespaced)` per entry.
@@ -632,6 +747,8 @@ mod tests {
         assert_eq!(
             names,
             [
+                "snapshot.begin",
+                "snapshot.end",
                 "v1.configmaps",
                 "v1.nodes",
                 "v1.nodes.tombstone",
@@ -640,7 +757,7 @@ mod tests {
         );
         let op = &d["operations"]["send.k8s.dev.all"];
         assert_eq!(op["action"], "send");
-        assert_eq!(op["messages"].as_array().unwrap().len(), 4);
+        assert_eq!(op["messages"].as_array().unwrap().len(), 6);
 
         let m = &d["components"]["messages"]["v1.configmaps"];
         let headers = m["headers"]["properties"].as_object().unwrap();
@@ -665,6 +782,7 @@ mod tests {
             "sequence",
             "partitionkey",
             "origin",
+            "snapshotid",
             "payload",
             "truncated",
             "manager",
@@ -688,6 +806,7 @@ mod tests {
             !required.contains(&json!("ce_manager")) && !required.contains(&json!("ce_truncated"))
         );
         assert!(!required.contains(&json!("ce_tracestate")));
+        assert!(!required.contains(&json!("ce_snapshotid")));
         assert_eq!(m["correlationId"]["location"], "$message.header#/ce_id");
         assert!(
             m["bindings"]["kafka"]["key"]["description"]
@@ -712,6 +831,76 @@ mod tests {
                 .get("$schema")
                 .is_none()
         );
+    }
+
+    #[test]
+    fn snapshot_markers_are_on_every_channel_whose_address_names_no_object() {
+        let kafka = doc(
+            &format!(
+                "cluster: dev\n{RESOURCES}sink: {{kafka: {{bootstrapServers: 'a:9092', topic: 'k8s.{{cluster}}.{{resource}}'}}}}\n"
+            ),
+            API,
+        );
+        for channel in kafka["channels"].as_object().unwrap().values() {
+            let messages = channel["messages"].as_object().unwrap();
+            assert!(
+                messages.contains_key(marker::BEGIN_ID) && messages.contains_key(marker::END_ID),
+                "{channel}"
+            );
+        }
+        let messages = &kafka["components"]["messages"];
+        for (id, kind) in [(marker::BEGIN_ID, BEGIN), (marker::END_ID, END)] {
+            let m = &messages[id];
+            assert_eq!(m["payload"]["allOf"][0]["$ref"], marker::SCHEMA_REF);
+            assert_eq!(
+                m["payload"]["allOf"][1]["properties"]["type"]["const"],
+                kind
+            );
+            assert_eq!(
+                m["headers"]["properties"]["content-type"]["const"],
+                encode::STRUCTURED_CONTENT_TYPE,
+                "structured whatever the content mode"
+            );
+            let key = m["bindings"]["kafka"]["key"]["description"]
+                .as_str()
+                .unwrap();
+            assert!(key.contains("watch's id"), "{key}");
+            let example = &m["examples"][0]["payload"];
+            assert_eq!(example["type"], kind);
+            let parsed: crate::schema::SnapshotMarker = serde_json::from_value(example.clone())
+                .unwrap_or_else(|e| panic!("{id}: the example is not a marker: {e}"));
+            assert_eq!(parsed.snapshotid, example["snapshotid"]);
+        }
+        let schema = kafka["components"]["schemas"]["SnapshotMarker"].to_string();
+        assert!(
+            !schema.contains("$ref") && !schema.contains("$defs"),
+            "self-contained: {schema}"
+        );
+
+        let nats = doc(
+            &format!(
+                "cluster: dev\n{}sink: {{nats: {{url: 'nats://x', jetstream: {{stream: s}}}}}}\n",
+                not_kafka()
+            ),
+            API,
+        );
+        assert!(
+            nats["components"]["messages"]
+                .get(marker::BEGIN_ID)
+                .is_none(),
+            "every subject names its object: no marker"
+        );
+        assert!(
+            nats["components"]["schemas"]
+                .get("SnapshotMarker")
+                .is_none()
+        );
+
+        let stdout = doc(&format!("cluster: dev\n{}", not_kafka()), API);
+        let m = &stdout["components"]["messages"][marker::END_ID];
+        assert!(m.get("headers").is_none(), "{m}");
+        assert_eq!(m["examples"][0]["payload"]["data"]["result"], "complete");
+        assert!(stdout["channels"]["stdout"]["messages"][marker::END_ID].is_object());
     }
 
     #[test]
@@ -879,7 +1068,9 @@ mod tests {
                 "discovered.v1.configmaps",
                 "east.v1.configmaps",
                 "east.v1.pods",
-                "hub.v1.configmaps"
+                "hub.v1.configmaps",
+                "snapshot.begin",
+                "snapshot.end"
             ]
         );
         let east = &messages["east.v1.configmaps"]["headers"]["properties"];

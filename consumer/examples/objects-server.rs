@@ -126,6 +126,9 @@ async fn log_changes(mut changes: Changes, store: Store) {
                 info!(object = %object.key, uid = %object.uid, cause = ?cause, "object deleted")
             }
             Ok(Change::CaughtUp) => info!(objects = store.len(), "caught up"),
+            Ok(Change::SnapshotComplete { id, pruned, .. }) => {
+                info!(snapshot = %id, pruned, objects = store.len(), "snapshot complete")
+            }
             Err(error) => warn!(error = %error, "message skipped"),
         }
     }

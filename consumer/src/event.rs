@@ -1,5 +1,6 @@
 //! Decoding what the bridge publishes: CloudEvents in binary or structured content mode (Kafka
-//! `ce_` headers, NATS percent-encoded `ce-` headers), and Kafka tombstones.
+//! `ce_` headers, NATS percent-encoded `ce-` headers), the begin and end markers of snapshots on
+//! demand (always structured), and Kafka tombstones.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -9,8 +10,12 @@ use serde_json::Value;
 
 /// The `content-type` of a structured-mode message.
 const STRUCTURED: &str = "application/cloudevents+json";
-/// The prefix of every event `type` the bridge publishes.
+/// The prefix of every object event's `type`.
 const TYPE_PREFIX: &str = "io.kubeeventbridge.object.";
+/// The `type` of a snapshot's begin marker.
+pub const SNAPSHOT_BEGIN: &str = "io.kubeeventbridge.snapshot.begin";
+/// The `type` of a snapshot's end marker.
+pub const SNAPSHOT_END: &str = "io.kubeeventbridge.snapshot.end";
 
 /// Errors decoding a message.
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +40,19 @@ pub enum Error {
     /// A header value is not UTF-8.
     #[error("header {0} is not UTF-8")]
     Utf8(String),
+    /// A snapshot marker's `data` lacks a member, or one has the wrong type.
+    #[error("the data of snapshot marker {id} is invalid")]
+    MarkerData {
+        /// The marker's id.
+        id: String,
+        /// Which member and why.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// An object event was expected, and the message is a snapshot marker ([`decode`] and
+    /// [`decode_structured`]; [`decode_message`] reads both).
+    #[error("message {0} is a snapshot marker, not an object event")]
+    Marker(String),
 }
 
 /// Result of this module.
@@ -120,10 +138,75 @@ pub struct Event {
     pub payload: Payload,
     /// `truncated`: the event exceeded the broker's size limit and carries a reference.
     pub truncated: bool,
+    /// `snapshotid`: the snapshot on demand the event belongs to (its id is then
+    /// `{uid}:{resourceVersion}:{snapshotid}`).
+    pub snapshot_id: Option<String>,
     /// `data`.
     pub data: Value,
 }
 
+/// A control event framing a snapshot on demand on its watch's topic or subject
+/// (docs/events.md, "Snapshots on demand").
+#[derive(Debug, Clone, PartialEq)]
+pub struct Marker {
+    /// `id`: `{snapshotid}:{watch id}:begin|end`.
+    pub id: String,
+    /// `snapshotid`: the snapshot's id, also on its object events.
+    pub snapshot_id: String,
+    /// Which marker, and what it says.
+    pub kind: MarkerKind,
+    /// `time`, as sent.
+    pub time: Option<String>,
+    /// `cluster`.
+    pub cluster: String,
+    /// `apiversion`.
+    pub api_version: String,
+    /// `resource` (plural).
+    pub resource: String,
+    /// `namespace`: the namespace the snapshot is limited to, if any.
+    pub namespace: Option<String>,
+    /// `partitionkey`: the watch's id.
+    pub watch: String,
+}
+
+/// What a marker says.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MarkerKind {
+    /// `io.kubeeventbridge.snapshot.begin`: the snapshot's objects follow.
+    Begin {
+        /// The label selector the snapshot is limited to, beside the watch's own.
+        label_selector: Option<String>,
+        /// The count the API server reported when the snapshot began.
+        expected: u64,
+    },
+    /// `io.kubeeventbridge.snapshot.end`.
+    End {
+        /// Objects published with the snapshot's id.
+        sent: u64,
+        /// Objects not published: a newer state or their delete was published since.
+        skipped: u64,
+        /// Whether the events since the begin marker hold the complete state.
+        result: SnapshotResult,
+    },
+}
+
+/// How a snapshot ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SnapshotResult {
+    /// The events from the begin marker to the end marker hold the scope's complete state.
+    Complete,
+    /// They do not; the bridge's reason.
+    Failed(String),
+}
+
+/// One decoded message of the bridge: an object event or a snapshot marker.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Message {
+    /// An object event.
+    Event(Box<Event>),
+    /// A snapshot's begin or end marker.
+    Marker(Box<Marker>),
+}
 /// One message read from a topic or subject.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Record {
@@ -133,6 +216,13 @@ pub enum Record {
         destination: String,
         /// The event.
         event: Box<Event>,
+    },
+    /// A snapshot's begin or end marker, with the topic or subject it was read from.
+    Marker {
+        /// Kafka topic or NATS subject.
+        destination: String,
+        /// The marker.
+        marker: Box<Marker>,
     },
     /// A Kafka record with a null value: the bridge wrote it right after a delete with
     /// `tombstones: true`, so that a compacted topic forgets the key.
@@ -153,13 +243,50 @@ pub enum Binding {
     Nats,
 }
 
-/// Decodes a message in binary or structured mode. `headers` are (name, value) pairs as they
+impl Record {
+    /// The record of `message`, read from `destination`.
+    pub fn of(destination: String, message: Message) -> Record {
+        match message {
+            Message::Event(event) => Record::Event { destination, event },
+            Message::Marker(marker) => Record::Marker {
+                destination,
+                marker,
+            },
+        }
+    }
+}
+
+/// Decodes an object event in binary or structured mode (a snapshot marker is an
+/// [`Error::Marker`]: see [`decode_message`]). `headers` are (name, value) pairs as they
 /// arrived; `body` is the Kafka value or NATS payload.
 pub fn decode<'a>(
     binding: Binding,
     headers: impl IntoIterator<Item = (&'a str, &'a [u8])>,
     body: &[u8],
 ) -> Result<Event> {
+    object_event(decode_message(binding, headers, body)?)
+}
+
+/// Decodes the structured form of an object event (the stdout line, or a structured-mode body).
+pub fn decode_structured(body: &[u8]) -> Result<Event> {
+    object_event(decode_structured_message(body)?)
+}
+
+fn object_event(message: Message) -> Result<Event> {
+    match message {
+        Message::Event(event) => Ok(*event),
+        Message::Marker(marker) => Err(Error::Marker(marker.id)),
+    }
+}
+
+/// Decodes a message in binary or structured mode: an object event or a snapshot marker.
+/// `headers` are (name, value) pairs as they arrived; `body` is the Kafka value or NATS
+/// payload.
+pub fn decode_message<'a>(
+    binding: Binding,
+    headers: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+    body: &[u8],
+) -> Result<Message> {
     let prefix = match binding {
         Binding::Kafka => "ce_",
         Binding::Nats => "ce-",
@@ -182,14 +309,14 @@ pub fn decode<'a>(
         }
     }
     if structured {
-        return decode_structured(body);
+        return decode_structured_message(body);
     }
     let data = serde_json::from_slice(body).map_err(Error::Json)?;
     from_attributes(attributes, data)
 }
 
-/// Decodes the structured form (the stdout line, or a structured-mode body).
-pub fn decode_structured(body: &[u8]) -> Result<Event> {
+/// Decodes a structured-mode body: an object event or a snapshot marker.
+pub fn decode_structured_message(body: &[u8]) -> Result<Message> {
     let Value::Object(map) = serde_json::from_slice(body).map_err(Error::Json)? else {
         return Err(Error::NotAnObject);
     };
@@ -209,13 +336,78 @@ pub fn decode_structured(body: &[u8]) -> Result<Event> {
     from_attributes(attributes, data)
 }
 
-fn from_attributes(mut a: HashMap<String, String>, data: Value) -> Result<Event> {
-    let mut take = |name: &'static str| a.remove(name).ok_or(Error::Missing(name));
-    let specversion = take("specversion")?;
+fn from_attributes(mut a: HashMap<String, String>, data: Value) -> Result<Message> {
+    let specversion = a
+        .remove("specversion")
+        .ok_or(Error::Missing("specversion"))?;
     if specversion != "1.0" {
         return Err(unexpected("specversion", specversion));
     }
-    let ty = take("type")?;
+    let ty = a.remove("type").ok_or(Error::Missing("type"))?;
+    match ty.as_str() {
+        SNAPSHOT_BEGIN | SNAPSHOT_END => {
+            marker_from(a, &ty, data).map(|m| Message::Marker(Box::new(m)))
+        }
+        _ => event_from(a, ty, data).map(|e| Message::Event(Box::new(e))),
+    }
+}
+
+/// The `data` of a begin or end marker, as the bridge writes it.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MarkerData {
+    label_selector: Option<String>,
+    expected: Option<u64>,
+    sent: Option<u64>,
+    skipped: Option<u64>,
+    result: Option<String>,
+    message: Option<String>,
+}
+
+fn marker_from(mut a: HashMap<String, String>, ty: &str, data: Value) -> Result<Marker> {
+    let mut take = |name: &'static str| a.remove(name).ok_or(Error::Missing(name));
+    let id = take("id")?;
+    let invalid = |source| Error::MarkerData {
+        id: id.clone(),
+        source,
+    };
+    let d: MarkerData = serde_json::from_value(data).map_err(invalid)?;
+    let required = |value: Option<u64>, name: &'static str| {
+        value.ok_or_else(|| invalid(serde::de::Error::missing_field(name)))
+    };
+    let kind = if ty == SNAPSHOT_BEGIN {
+        MarkerKind::Begin {
+            label_selector: d.label_selector,
+            expected: required(d.expected, "expected")?,
+        }
+    } else {
+        let result = match d.result.as_deref() {
+            Some("complete") => SnapshotResult::Complete,
+            Some("failed") => SnapshotResult::Failed(d.message.unwrap_or_default()),
+            Some(other) => return Err(unexpected("data.result", other.to_string())),
+            None => return Err(invalid(serde::de::Error::missing_field("result"))),
+        };
+        MarkerKind::End {
+            sent: required(d.sent, "sent")?,
+            skipped: required(d.skipped, "skipped")?,
+            result,
+        }
+    };
+    Ok(Marker {
+        snapshot_id: take("snapshotid")?,
+        kind,
+        time: take("time").ok(),
+        cluster: take("cluster")?,
+        api_version: take("apiversion")?,
+        resource: take("resource")?,
+        namespace: take("namespace").ok(),
+        watch: take("partitionkey")?,
+        id,
+    })
+}
+
+fn event_from(mut a: HashMap<String, String>, ty: String, data: Value) -> Result<Event> {
+    let mut take = |name: &'static str| a.remove(name).ok_or(Error::Missing(name));
     let change = match ty.strip_prefix(TYPE_PREFIX) {
         Some("added") => ChangeType::Added,
         Some("modified") => ChangeType::Modified,
@@ -254,6 +446,7 @@ fn from_attributes(mut a: HashMap<String, String>, data: Value) -> Result<Event>
         origin,
         payload,
         truncated: take("truncated").is_ok_and(|t| t == "true"),
+        snapshot_id: take("snapshotid").ok(),
         data,
     })
 }
@@ -378,5 +571,69 @@ mod tests {
             error.to_string().starts_with("attribute type has"),
             "{error}"
         );
+    }
+
+    /// A begin marker as the bridge writes it (`src/demand/marker.rs`).
+    fn begin_marker() -> Value {
+        json!({
+            "specversion": "1.0", "id": "5f0c:prod.0123456789abcdef:begin",
+            "source": "/k8s/prod/api/v1/configmaps", "type": SNAPSHOT_BEGIN,
+            "subject": "v1/configmaps in shop", "time": "1970-01-01T00:00:00Z",
+            "cluster": "prod", "apiversion": "v1", "resource": "configmaps", "namespace": "shop",
+            "partitionkey": "prod.0123456789abcdef", "snapshotid": "5f0c",
+            "datacontenttype": "application/json",
+            "data": {"snapshotId": "5f0c", "request": "bridge/snap-1",
+                     "watch": "v1/configmaps in shop", "cluster": "prod",
+                     "resource": "v1/configmaps", "namespace": "shop",
+                     "labelSelector": "app=web", "expected": 42}
+        })
+    }
+
+    #[test]
+    fn snapshot_markers_are_recognized_in_either_binding() {
+        let structured = [("content-type", STRUCTURED.as_bytes())];
+        let body = begin_marker().to_string();
+        let Message::Marker(m) =
+            decode_message(Binding::Kafka, structured, body.as_bytes()).unwrap()
+        else {
+            panic!("a marker");
+        };
+        assert_eq!(m.snapshot_id, "5f0c");
+        assert_eq!(m.watch, "prod.0123456789abcdef");
+        assert_eq!(m.namespace.as_deref(), Some("shop"));
+        assert_eq!(
+            m.kind,
+            MarkerKind::Begin {
+                label_selector: Some("app=web".into()),
+                expected: 42
+            }
+        );
+        let mut end = begin_marker();
+        end["type"] = json!(SNAPSHOT_END);
+        end["data"] = json!({"snapshotId": "5f0c", "request": "bridge/snap-1", "watch": "w",
+            "sent": 40, "skipped": 2, "result": "failed", "message": "the request was deleted"});
+        let Message::Marker(m) = decode_structured_message(end.to_string().as_bytes()).unwrap()
+        else {
+            panic!("a marker");
+        };
+        assert_eq!(
+            m.kind,
+            MarkerKind::End {
+                sent: 40,
+                skipped: 2,
+                result: SnapshotResult::Failed("the request was deleted".into())
+            }
+        );
+        let error = decode_structured(body.as_bytes()).unwrap_err();
+        assert!(matches!(error, Error::Marker(_)), "{error}");
+    }
+
+    #[test]
+    fn a_marker_without_its_count_names_the_member() {
+        let mut marker = begin_marker();
+        marker["data"].as_object_mut().unwrap().remove("expected");
+        let error = decode_structured_message(marker.to_string().as_bytes()).unwrap_err();
+        let source = std::error::Error::source(&error).unwrap().to_string();
+        assert!(source.contains("expected"), "{error}: {source}");
     }
 }

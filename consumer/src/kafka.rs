@@ -1,5 +1,10 @@
-//! Reading Kafka topics written by the bridge: every partition from the beginning, read
-//! committed, caught up once each partition reached the end it had when reading started.
+//! Reading Kafka topics written by the bridge: every partition from the beginning (or, with
+//! [`Subscription::from_latest_snapshot`], from the begin marker of the latest completed
+//! snapshot on demand), read committed, caught up once each partition reached the end it had
+//! when reading started. Records are yielded with their timestamps
+//! ([`Input::Timestamped`]); a snapshot's end marker is held back until every partition of its
+//! topic was read up to where it ended when the marker was read, so that the snapshot's events
+//! in other partitions are applied before it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,9 +16,11 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-use crate::event::{self, Binding, Record};
+use crate::event::{self, Binding, MarkerKind, Record};
 use crate::reflect::{Input, reflect};
-use crate::store::{Change, Writer};
+use crate::store::{CLOCK_MARGIN_MS, Change, Writer};
+
+mod bootstrap;
 
 /// Errors of a Kafka subscription.
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +91,15 @@ pub enum Error {
     /// A metadata task panicked or was cancelled.
     #[error("the metadata request for topic {0} did not complete")]
     Task(String),
+    /// Looking for the latest completed snapshot failed.
+    #[error("cannot look for a completed snapshot in topic {topic}")]
+    Bootstrap {
+        /// The topic.
+        topic: String,
+        /// librdkafka's error.
+        #[source]
+        source: KafkaError,
+    },
 }
 
 /// Result of this module.
@@ -114,6 +130,7 @@ const METADATA_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Subscription {
     client: ClientConfig,
     topics: Vec<String>,
+    bootstrap: bool,
 }
 
 impl Subscription {
@@ -125,7 +142,32 @@ impl Subscription {
         Subscription {
             client,
             topics: topics.into_iter().map(Into::into).collect(),
+            bootstrap: false,
         }
+    }
+
+    /// Starts each topic at the begin marker of its latest completed snapshot on demand
+    /// instead of its beginning, skipping what precedes it: every partition from the begin
+    /// marker's timestamp (less [`CLOCK_MARGIN_MS`]), since objects are keyed across all
+    /// partitions. Once the end marker is read, the store holds the complete state of the
+    /// snapshot's scope ([`Change::SnapshotComplete`]). When a topic holds markers of several
+    /// watches, it starts at the earliest begin marker among each watch's latest completed
+    /// snapshot; a topic without a completed snapshot (or whose begin marker compaction
+    /// removed) is read from its beginning, with a warning.
+    ///
+    /// ```no_run
+    /// # async fn example(client: rdkafka::ClientConfig) -> Result<(), Box<dyn std::error::Error>> {
+    /// use kube_event_bridge_consumer::{Writer, kafka::Subscription};
+    /// let changes = Subscription::new(client, ["k8s.prod.core.configmaps"])
+    ///     .from_latest_snapshot()
+    ///     .reflect(Writer::new())
+    ///     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn from_latest_snapshot(mut self) -> Self {
+        self.bootstrap = true;
+        self
     }
 
     /// Starts reading and applies every record to `writer`'s store; the stream yields the
@@ -144,7 +186,9 @@ impl Subscription {
         let mut readers = Vec::with_capacity(self.topics.len());
         for topic in &self.topics {
             readers.push(Box::pin(
-                TopicReader::start(&self.client, topic).await?.into_stream(),
+                TopicReader::start(&self.client, topic, self.bootstrap)
+                    .await?
+                    .into_stream(),
             ));
         }
         let topics = readers.len();
@@ -165,17 +209,24 @@ impl Subscription {
     }
 }
 
-/// One topic's consumer and the partitions not yet read up to their start-time end.
+/// One topic's consumer, the partitions not yet read up to their start-time end, and the end
+/// markers held back until the partitions were read up to where they ended when each was read.
 struct TopicReader {
     consumer: Arc<StreamConsumer>,
+    /// A `read_uncommitted` client: its watermarks are the ends of what was written.
+    uncommitted: Arc<BaseConsumer>,
     topic: String,
     /// Partition → end offset at start, for partitions not caught up yet.
     pending: HashMap<i32, i64>,
     reported: bool,
+    /// Partition → the next offset to read.
+    positions: HashMap<i32, i64>,
+    /// End markers, in reading order, each with the partitions still to read up to an end.
+    held: std::collections::VecDeque<(Input, HashMap<i32, i64>)>,
 }
 
 impl TopicReader {
-    async fn start(client: &ClientConfig, topic: &str) -> Result<TopicReader> {
+    async fn start(client: &ClientConfig, topic: &str, bootstrap: bool) -> Result<TopicReader> {
         let mut config = client.clone();
         if config.get("group.id").is_none() {
             config.set("group.id", format!("kube-event-bridge-consumer-{topic}"));
@@ -201,24 +252,36 @@ impl TopicReader {
                 topic: topic.into(),
                 source,
             })?;
-        let name = topic.to_string();
+        let uncommitted = Arc::new(uncommitted);
+        let (name, client) = (topic.to_string(), uncommitted.clone());
         // Metadata and watermark requests block: run them off the async threads.
-        let ends = tokio::task::spawn_blocking(move || end_offsets(&uncommitted, &name))
+        let ends = tokio::task::spawn_blocking(move || end_offsets(&client, &name))
             .await
             .map_err(|_| Error::Task(topic.into()))?;
         let ends = ends?;
+        let starts = if bootstrap {
+            let (name, ends, config) = (topic.to_string(), ends.clone(), config.clone());
+            tokio::task::spawn_blocking(move || bootstrap::starts(&config, &name, &ends))
+                .await
+                .map_err(|_| Error::Task(topic.into()))??
+        } else {
+            ends.iter().map(|(p, low, _)| (*p, *low)).collect()
+        };
         let mut assignment = TopicPartitionList::new();
         let mut pending = HashMap::new();
-        for (partition, low, high) in ends {
+        let mut positions = HashMap::new();
+        for (partition, _, high) in ends {
+            let start = starts.get(&partition).copied().unwrap_or(high);
             assignment
-                .add_partition_offset(topic, partition, Offset::Beginning)
+                .add_partition_offset(topic, partition, Offset::Offset(start))
                 .map_err(|source| Error::Assign {
                     topic: topic.into(),
                     source,
                 })?;
-            if high > low {
+            if high > start {
                 pending.insert(partition, high);
             }
+            positions.insert(partition, start);
         }
         consumer
             .assign(&assignment)
@@ -234,9 +297,12 @@ impl TopicReader {
         );
         Ok(TopicReader {
             consumer: Arc::new(consumer),
+            uncommitted,
             topic: topic.into(),
             pending,
             reported: false,
+            positions,
+            held: Default::default(),
         })
     }
 
@@ -247,35 +313,57 @@ impl TopicReader {
         })
     }
 
-    /// The next input: a record, an error, or (once) the news that every partition caught up.
+    /// The next input: a record, an error, an end marker whose partitions were read, or
+    /// (once) the news that every partition caught up.
     async fn next(&mut self) -> Result<Input> {
         loop {
+            if self.held.front().is_some_and(|(_, ends)| ends.is_empty()) {
+                let (marker, _) = self.held.pop_front().expect("a held marker");
+                return Ok(marker);
+            }
             if self.pending.is_empty() && !self.reported {
                 self.reported = true;
                 return Ok(Input::CaughtUp);
             }
             match self.consumer.recv().await {
                 Ok(message) => {
-                    let partition = message.partition();
-                    if self
-                        .pending
-                        .get(&partition)
-                        .is_some_and(|end| message.offset() + 1 >= *end)
+                    let (partition, next) = (message.partition(), message.offset() + 1);
+                    self.positions.insert(partition, next);
+                    for ends in std::iter::once(&mut self.pending)
+                        .chain(self.held.iter_mut().map(|(_, ends)| ends))
                     {
-                        self.pending.remove(&partition);
+                        if ends.get(&partition).is_some_and(|end| next >= *end) {
+                            ends.remove(&partition);
+                        }
                     }
-                    return record(&self.topic, &message).map(Input::Record);
+                    let timestamp = message.timestamp().to_millis().unwrap_or_default();
+                    let input = Input::Timestamped(record(&self.topic, &message)?, timestamp);
+                    if !is_end_marker(&input) {
+                        return Ok(input);
+                    }
+                    let ends = self.unread_ends().await;
+                    self.held.push_back((input, ends));
                 }
                 // The end of a partition as it is now. For read_committed that is its last
                 // stable offset, which stops before a transaction still open (another
                 // producer's, or one a dead producer left): records committed after it are not
                 // read yet. Caught up only once reading passed the end the partition had at
-                // start.
+                // start; an end marker is let through once reading passed the ends the
+                // partitions had when it was read.
                 Err(KafkaError::PartitionEOF(partition)) => {
-                    if let Some(end) = self.pending.get(&partition).copied()
-                        && self.stable_end(partition).await >= end
+                    let waiting = std::iter::once(&self.pending)
+                        .chain(self.held.iter().map(|(_, ends)| ends))
+                        .any(|ends| ends.contains_key(&partition));
+                    if !waiting {
+                        continue;
+                    }
+                    let stable = self.stable_end(partition).await;
+                    for ends in std::iter::once(&mut self.pending)
+                        .chain(self.held.iter_mut().map(|(_, ends)| ends))
                     {
-                        self.pending.remove(&partition);
+                        if ends.get(&partition).is_some_and(|end| stable >= *end) {
+                            ends.remove(&partition);
+                        }
                     }
                 }
                 Err(source) => {
@@ -290,6 +378,21 @@ impl TopicReader {
 }
 
 impl TopicReader {
+    /// The partitions not read up to the end they have now (every record written), with that
+    /// end; unknown ends (the query failed) count as read.
+    async fn unread_ends(&self) -> HashMap<i32, i64> {
+        let (client, topic) = (self.uncommitted.clone(), self.topic.clone());
+        let ends = tokio::task::spawn_blocking(move || end_offsets(&client, &topic))
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_default();
+        ends.into_iter()
+            .filter(|(p, _, high)| self.positions.get(p).is_some_and(|next| next < high))
+            .map(|(p, _, high)| (p, high))
+            .collect()
+    }
+
     /// The last stable offset of `partition` now (this reader's `read_committed` watermark);
     /// unknown (the query failed) counts as reached, as before the query existed. A transaction
     /// that ends between the end-of-partition report and this query lets the partition count as
@@ -339,7 +442,16 @@ fn end_offsets(consumer: &BaseConsumer, topic: &str) -> Result<Vec<(i32, i64, i6
         .collect()
 }
 
-/// Decodes one record: an event, or a tombstone (null value).
+/// Whether `input` is a snapshot's end marker.
+fn is_end_marker(input: &Input) -> bool {
+    matches!(
+        input,
+        Input::Timestamped(Record::Marker { marker, .. }, _)
+            if matches!(marker.kind, MarkerKind::End { .. })
+    )
+}
+
+/// Decodes one record: an event, a snapshot marker, or a tombstone (null value).
 fn record(topic: &str, message: &BorrowedMessage<'_>) -> Result<Record> {
     let Some(payload) = message.payload() else {
         let key = String::from_utf8_lossy(message.key().unwrap_or_default()).into_owned();
@@ -356,15 +468,13 @@ fn record(topic: &str, message: &BorrowedMessage<'_>) -> Result<Record> {
                 .collect::<Vec<_>>()
         })
         .unwrap_or_default();
-    let event =
-        event::decode(Binding::Kafka, headers, payload).map_err(|source| Error::Decode {
+    let decoded = event::decode_message(Binding::Kafka, headers, payload).map_err(|source| {
+        Error::Decode {
             topic: topic.into(),
             partition: message.partition(),
             offset: message.offset(),
             source,
-        })?;
-    Ok(Record::Event {
-        destination: topic.into(),
-        event: Box::new(event),
-    })
+        }
+    })?;
+    Ok(Record::of(topic.into(), decoded))
 }

@@ -31,6 +31,7 @@
 //!         Change::Applied { object, .. } => println!("now {} at {}", object.key, object.resource_version),
 //!         Change::Deleted { object, .. } => println!("gone {}", object.key),
 //!         Change::CaughtUp => println!("{} objects", store.len()),
+//!         Change::SnapshotComplete { id, pruned, .. } => println!("snapshot {id}: {pruned} stale objects removed"),
 //!     }
 //! }
 //! let web = store.get(&ObjectKey::namespaced("prod", "configmaps", "shop", "web"));
@@ -39,6 +40,8 @@
 //! # }
 //! ```
 
+#[cfg(any(feature = "kafka", feature = "nats"))]
+mod bootstrap;
 pub mod event;
 #[cfg(feature = "kafka")]
 pub mod kafka;
@@ -47,9 +50,11 @@ pub mod nats;
 mod reflect;
 mod store;
 
-pub use event::{ChangeType, Event, Origin, Payload, Record};
+pub use event::{
+    ChangeType, Event, Marker, MarkerKind, Message, Origin, Payload, Record, SnapshotResult,
+};
 pub use reflect::{Input, reflect};
 pub use store::{
-    Body, Change, ClusterView, DEFAULT_FORGOTTEN_CAPACITY, DeleteCause, MissingBody, Object,
-    ObjectKey, Outcome, Store, Writer,
+    Body, CLOCK_MARGIN_MS, Change, ClusterView, DEFAULT_FORGOTTEN_CAPACITY, DeleteCause,
+    MissingBody, Object, ObjectKey, Outcome, Store, Writer,
 };

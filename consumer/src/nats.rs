@@ -1,6 +1,9 @@
 //! Reading a JetStream stream written by the bridge: an ordered consumer over the whole stream
-//! (or some of its subjects), caught up once nothing is pending or the stream's last message
-//! at start was read.
+//! (or some of its subjects), from its first message or, with
+//! [`Subscription::from_latest_snapshot`], from the begin marker of the latest completed
+//! snapshot on demand; caught up once nothing is pending or the stream's last message at start
+//! was read. One stream is read in the order it was published: records are applied in reading
+//! order ([`Input::Record`]).
 
 use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::pull::OrderedConfig};
 use futures::{Stream, StreamExt, stream};
@@ -8,6 +11,8 @@ use futures::{Stream, StreamExt, stream};
 use crate::event::{self, Binding, Record};
 use crate::reflect::{Input, reflect};
 use crate::store::{Change, Writer};
+
+mod bootstrap;
 
 /// Errors of a NATS subscription.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +77,7 @@ pub struct Subscription {
     context: jetstream::Context,
     stream: String,
     filter_subjects: Vec<String>,
+    bootstrap: bool,
 }
 
 impl Subscription {
@@ -81,7 +87,31 @@ impl Subscription {
             context,
             stream: stream.into(),
             filter_subjects: Vec::new(),
+            bootstrap: false,
         }
+    }
+
+    /// Starts at the begin marker of the latest completed snapshot on demand among the
+    /// subjects read, instead of the first message, skipping what precedes it. Once the end
+    /// marker is read, the store holds the complete state of the snapshot's scope
+    /// ([`Change::SnapshotComplete`]). When the subjects carry markers of several watches, it
+    /// starts at the earliest begin marker among each watch's latest completed snapshot;
+    /// without a completed snapshot it reads from the first message, with a warning.
+    ///
+    /// ```no_run
+    /// # async fn example(js: async_nats::jetstream::Context) -> Result<(), Box<dyn std::error::Error>> {
+    /// use kube_event_bridge_consumer::{Writer, nats::Subscription};
+    /// let changes = Subscription::new(js, "KUBE_EVENTS")
+    ///     .filter_subjects(["k8s.prod.configmaps"])
+    ///     .from_latest_snapshot()
+    ///     .reflect(Writer::new())
+    ///     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn from_latest_snapshot(mut self) -> Self {
+        self.bootstrap = true;
+        self
     }
 
     /// Reads only these subjects (wildcards allowed) of the stream.
@@ -126,10 +156,19 @@ impl Subscription {
             stream: name.clone(),
             source,
         };
+        let deliver_policy = match self.bootstrap {
+            true => bootstrap::start(&js_stream, &self.filter_subjects, last_at_start)
+                .await
+                .map_err(consumer_error)?
+                .map_or(DeliverPolicy::All, |start_sequence| {
+                    DeliverPolicy::ByStartSequence { start_sequence }
+                }),
+            false => DeliverPolicy::All,
+        };
         let consumer = js_stream
             .create_consumer(OrderedConfig {
                 filter_subjects: self.filter_subjects.clone(),
-                deliver_policy: DeliverPolicy::All,
+                deliver_policy,
                 ..OrderedConfig::default()
             })
             .await
@@ -166,7 +205,7 @@ impl Subscription {
     }
 }
 
-/// Decodes one message.
+/// Decodes one message: an object event or a snapshot marker.
 fn decode(stream: &str, sequence: u64, message: &async_nats::Message) -> Result<Record> {
     let headers: Vec<(&str, &[u8])> = message
         .headers
@@ -174,16 +213,14 @@ fn decode(stream: &str, sequence: u64, message: &async_nats::Message) -> Result<
         .flat_map(|h| h.iter())
         .filter_map(|(name, values)| Some((name.as_ref(), values.first()?.as_str().as_bytes())))
         .collect();
-    let event = event::decode(Binding::Nats, headers, &message.payload).map_err(|source| {
-        Error::Decode {
-            stream: stream.into(),
-            sequence,
-            subject: message.subject.to_string(),
-            source,
-        }
-    })?;
-    Ok(Record::Event {
-        destination: message.subject.to_string(),
-        event: Box::new(event),
-    })
+    let decoded =
+        event::decode_message(Binding::Nats, headers, &message.payload).map_err(|source| {
+            Error::Decode {
+                stream: stream.into(),
+                sequence,
+                subject: message.subject.to_string(),
+                source,
+            }
+        })?;
+    Ok(Record::of(message.subject.to_string(), decoded))
 }

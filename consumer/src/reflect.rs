@@ -1,7 +1,7 @@
 //! The stream adapter between a subscription and the store: applies each record with the
 //! [`Writer`] and yields what changed.
 
-use futures::{Stream, StreamExt, future};
+use futures::{Stream, StreamExt, stream};
 
 use crate::event::Record;
 use crate::store::{Change, Outcome, Writer};
@@ -9,32 +9,44 @@ use crate::store::{Change, Outcome, Writer};
 /// What a subscription reads: a record, or the news that it has caught up.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Input {
-    /// One message, decoded.
+    /// One message, decoded, applied in reading order ([`Writer::apply`]).
     Record(Record),
+    /// One message, decoded, with the time it was published (a Kafka record's timestamp in
+    /// milliseconds: [`Writer::apply_at`]).
+    Timestamped(Record, i64),
     /// Every partition or stream reached the position it had when reading started.
     CaughtUp,
 }
 
 /// Applies `inputs` to `writer`'s store and yields the changes (records that changed nothing,
-/// duplicates and stale events, yield nothing). Errors pass through: they never end the stream.
+/// duplicates and stale events, yield nothing; a snapshot's end marker yields the removals of
+/// its completion and [`Change::SnapshotComplete`]). Errors pass through: they never end the
+/// stream.
 pub fn reflect<S, E>(mut writer: Writer, inputs: S) -> impl Stream<Item = Result<Change, E>>
 where
     S: Stream<Item = Result<Input, E>>,
 {
-    inputs.filter_map(move |input| {
+    inputs.flat_map(move |input| {
         let out = match input {
-            Ok(Input::Record(record)) => match writer.apply(record) {
-                Outcome::Changed(change) => Some(Ok(change)),
-                Outcome::Duplicate | Outcome::Stale | Outcome::Unknown => None,
-            },
+            Ok(Input::Record(record)) => changes(writer.apply(record)),
+            Ok(Input::Timestamped(record, at)) => changes(writer.apply_at(record, at)),
             Ok(Input::CaughtUp) => {
                 writer.caught_up();
-                Some(Ok(Change::CaughtUp))
+                vec![Ok(Change::CaughtUp)]
             }
-            Err(error) => Some(Err(error)),
+            Err(error) => vec![Err(error)],
         };
-        future::ready(out)
+        stream::iter(out)
     })
+}
+
+/// The changes of one outcome.
+fn changes<E>(outcome: Outcome) -> Vec<Result<Change, E>> {
+    match outcome {
+        Outcome::Changed(change) => vec![Ok(change)],
+        Outcome::Marker(changes) => changes.into_iter().map(Ok).collect(),
+        Outcome::Duplicate | Outcome::Stale | Outcome::Unknown => Vec::new(),
+    }
 }
 
 #[cfg(test)]
@@ -68,6 +80,7 @@ mod tests {
                 Change::Applied { .. } => "applied",
                 Change::Deleted { .. } => "deleted",
                 Change::CaughtUp => "caught up",
+                Change::SnapshotComplete { .. } => "snapshot complete",
             })
             .collect();
         assert_eq!(kinds, ["applied", "applied", "caught up", "deleted"]);

@@ -12,6 +12,13 @@ use tokio::sync::watch;
 
 use crate::event::{ChangeType, Event, Origin, Payload, Record};
 
+mod snapshot;
+
+/// How much earlier than a begin marker's Kafka timestamp an event may be stamped and still
+/// count as published after it ([`Writer::apply_at`]): room for the clocks of the bridge
+/// replicas that published them. Keeping an object is the safe side.
+pub const CLOCK_MARGIN_MS: i64 = 5_000;
+
 /// How many deleted (or replaced) uids the writer remembers by default, so that a late or
 /// repeated event of a deleted object cannot bring it back.
 pub const DEFAULT_FORGOTTEN_CAPACITY: usize = 100_000;
@@ -54,16 +61,20 @@ impl ObjectKey {
     }
 
     fn of(event: &Event) -> Self {
-        let resource = match event.api_version.split_once('/') {
-            Some((group, _)) => format!("{}.{group}", event.resource),
-            None => event.resource.clone(),
-        };
         ObjectKey {
             cluster: event.cluster.clone(),
-            resource,
+            resource: resource_key(&event.api_version, &event.resource),
             namespace: event.namespace.clone(),
             name: event.name.clone(),
         }
+    }
+}
+
+/// `configmaps`, `deployments.apps`: the resource as [`ObjectKey`] names it.
+fn resource_key(api_version: &str, resource: &str) -> String {
+    match api_version.split_once('/') {
+        Some((group, _)) => format!("{resource}.{group}"),
+        None => resource.to_string(),
     }
 }
 
@@ -199,6 +210,23 @@ pub enum Change {
     /// Every topic partition or stream reached, at least, the position it had when reading
     /// started: the store now reflects the state published until then.
     CaughtUp,
+    /// A snapshot on demand completed (its end marker said `complete` and its begin marker was
+    /// read): the store holds the complete state of its scope as of the end marker. Objects
+    /// of the scope that got no event since the begin marker were removed first, each reported
+    /// as [`Change::Deleted`] with [`DeleteCause::Snapshot`] (none with a label selector:
+    /// docs/consumers.md, "Snapshots on demand").
+    SnapshotComplete {
+        /// The snapshot's id (its request's uid).
+        id: String,
+        /// Its cluster.
+        cluster: String,
+        /// Its resource, as [`ObjectKey::resource`] names it.
+        resource: String,
+        /// The namespace it was limited to, if any.
+        namespace: Option<String>,
+        /// How many stale objects it removed.
+        pruned: usize,
+    },
 }
 
 /// What removed an object from the store.
@@ -208,6 +236,10 @@ pub enum DeleteCause {
     Event(Origin),
     /// A Kafka tombstone for its key.
     Tombstone,
+    /// A completed snapshot on demand: the object was in its scope, yet neither came with it
+    /// nor changed since its begin marker, so the cluster no longer has it (its delete was
+    /// lost: compacted away, beyond retention, or never read).
+    Snapshot,
 }
 
 /// What applying one record did.
@@ -224,6 +256,10 @@ pub enum Outcome {
     /// A delete or tombstone of an object the store never held: nothing to do (the uid is
     /// remembered as deleted).
     Unknown,
+    /// A snapshot marker, with what the snapshot's completion changed: the objects it removed,
+    /// then [`Change::SnapshotComplete`]. Empty for a begin marker, a failed snapshot, and an
+    /// end marker whose begin marker was not read.
+    Marker(Vec<Change>),
 }
 
 #[derive(Debug, Default)]
@@ -234,6 +270,13 @@ struct State {
     /// (topic, record key) → the object a tombstone there removes.
     by_partition_key: HashMap<(String, String), Id>,
     forgotten: Forgotten,
+    /// Per object, the position of the last event that applied to it, or of a snapshot event
+    /// that found it up to date: what tells a snapshot's completion it is not stale.
+    stamps: HashMap<Id, i64>,
+    /// The position of the last record applied with [`Writer::apply`] (reading order).
+    read: i64,
+    /// The snapshots whose begin marker was read and whose end marker was not.
+    open: HashMap<String, snapshot::Open>,
 }
 
 /// Uids deleted or replaced, each of its cluster, with the newest `sequence` the store had seen
@@ -476,18 +519,39 @@ impl Writer {
         self.state.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Applies one record following the event contract.
+    /// Applies one record following the event contract. Records are taken to be published in
+    /// the order they are applied (one JetStream stream, one partition): a snapshot's
+    /// begin marker separates what was published before it from what was published after.
     pub fn apply(&mut self, record: Record) -> Outcome {
         let mut state = self.write();
-        match record {
-            Record::Event { destination, event } => state.apply_event(destination, *event),
-            Record::Tombstone { destination, key } => state.apply_tombstone(destination, key),
-        }
+        state.read += 1;
+        let at = state.read;
+        state.apply(record, at, 0)
+    }
+
+    /// Applies one record published at `timestamp_ms` (a Kafka record's timestamp): for
+    /// records read from several partitions, whose reading order is not their publishing
+    /// order. An object event stamped at most [`CLOCK_MARGIN_MS`] before a begin marker counts
+    /// as published after it. Do not mix with [`Writer::apply`] in one store.
+    pub fn apply_at(&mut self, record: Record, timestamp_ms: i64) -> Outcome {
+        self.write().apply(record, timestamp_ms, CLOCK_MARGIN_MS)
     }
 }
 
 impl State {
-    fn apply_event(&mut self, destination: String, event: Event) -> Outcome {
+    /// Applies `record`, published at position `at`; `margin`: see [`CLOCK_MARGIN_MS`].
+    fn apply(&mut self, record: Record, at: i64, margin: i64) -> Outcome {
+        match record {
+            Record::Event { destination, event } => self.apply_event(destination, *event, at),
+            Record::Marker {
+                destination,
+                marker,
+            } => self.apply_marker(destination, *marker, at - margin),
+            Record::Tombstone { destination, key } => self.apply_tombstone(destination, key),
+        }
+    }
+
+    fn apply_event(&mut self, destination: String, event: Event, at: i64) -> Outcome {
         let id = Id::of_event(&event);
         if let Some(sequence) = self.forgotten.set.get(&id) {
             match event.change {
@@ -527,13 +591,17 @@ impl State {
                 Outcome::Unknown
             }
             (_, Some(current)) if event.sequence <= current.sequence => {
+                if event.snapshot_id.is_some() {
+                    // A snapshot found the object as the store has it: not stale.
+                    self.stamps.insert(Id::of(&current), at);
+                }
                 if event.id == current.event_id {
                     Outcome::Duplicate
                 } else {
                     Outcome::Stale
                 }
             }
-            (_, current) => self.upsert(destination, event, current),
+            (_, current) => self.upsert(destination, event, current, at),
         }
     }
 
@@ -543,6 +611,7 @@ impl State {
         destination: String,
         event: Event,
         previous: Option<Arc<Object>>,
+        at: i64,
     ) -> Outcome {
         let key = ObjectKey::of(&event);
         let holder = self
@@ -578,6 +647,7 @@ impl State {
             Id::of(&object),
         );
         self.by_uid.insert(Id::of(&object), object.clone());
+        self.stamps.insert(Id::of(&object), at);
         Outcome::Changed(Change::Applied { object, previous })
     }
 
@@ -602,6 +672,7 @@ impl State {
     fn remove(&mut self, object: &Object) {
         let id = Id::of(object);
         self.by_uid.remove(&id);
+        self.stamps.remove(&id);
         if self.by_key.get(&object.key) == Some(&object.uid) {
             self.by_key.remove(&object.key);
         }

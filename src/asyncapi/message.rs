@@ -21,12 +21,16 @@ use crate::payload::Mode;
 use super::{Binding, Error, Result};
 
 /// Attributes an event of a resource may lack: set only on some events.
-const SOMETIMES: [&str; 4] = [
+const SOMETIMES: [&str; 5] = [
     attribute::TRUNCATED,
     attribute::MANAGER,
     attribute::OPERATION,
     attribute::TRACESTATE,
+    attribute::SNAPSHOTID,
 ];
+
+/// The id of the snapshot on demand of the examples (its request's uid).
+const EXAMPLE_SNAPSHOT_ID: &str = "5f0c8d2a-7e41-4b9a-9c3e-1d2f3a4b5c6d";
 
 /// The uid of the example object (and, in examples, of the cluster's `kube-system`).
 const EXAMPLE_UID: &str = "6f1c2d3e-4b5a-4c7d-8e9f-0a1b2c3d4e5f";
@@ -58,6 +62,8 @@ pub(super) fn message(
     let info = Arc::new(info);
     let example = example_event(&info, r, false)?;
     let truncated = example_event(&info, r, true)?;
+    let mut snapshot = example_event(&info, r, false)?;
+    snapshot.for_snapshot(EXAMPLE_SNAPSHOT_ID.into());
     let structured = binding.structured();
     let cluster = if discovered {
         "a cluster discovered from a kubeconfig Secret".to_string()
@@ -74,7 +80,8 @@ pub(super) fn message(
         "contentType": binding.content_type(),
         "traits": [{"$ref": trait_ref}],
     });
-    let mut attributes = attribute_schemas(&info, r, &example, &truncated, descriptions);
+    let mut attributes =
+        attribute_schemas(&info, r, [&example, &truncated, &snapshot], descriptions);
     if discovered {
         for (name, schema, _) in &mut attributes {
             any_cluster(name, schema, &info);
@@ -207,13 +214,12 @@ pub(super) fn example_cluster_id() -> Arc<str> {
 fn attribute_schemas(
     info: &ResourceInfo,
     r: &ResolvedResource,
-    example: &Event,
-    truncated: &Event,
+    examples: [&Event; 3],
     descriptions: &Map<String, Value>,
 ) -> Vec<(String, Value, bool)> {
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();
-    for (name, value) in example.attributes().chain(truncated.attributes()) {
+    for (name, value) in examples.iter().flat_map(|e| e.attributes()) {
         if !seen.insert(name) {
             continue;
         }

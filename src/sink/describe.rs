@@ -41,6 +41,18 @@ pub trait Describe {
         None
     }
 
+    /// The headers of a snapshot's begin or end marker: a structured-mode document whatever
+    /// [`Describe::content_mode`] says, so its content-type header only (none on standard
+    /// output).
+    fn marker_headers(&self) -> Option<Headers> {
+        None
+    }
+
+    /// The message bindings of a snapshot's markers (Kafka's record key: the watch's id).
+    fn marker_bindings(&self) -> Option<Value> {
+        None
+    }
+
     /// Whether a delete may be followed by a tombstone record.
     fn tombstones(&self) -> bool {
         false
@@ -161,6 +173,26 @@ pub fn prefixed(
         schema: headers_schema(&[(content_header, content_type, what)], prefix, attributes),
         example: Value::Object(values),
         id_location: if structured { STRUCTURED_ID } else { id_header },
+    }
+}
+
+/// The headers of a snapshot marker: `content_header` with the structured content type, and
+/// `others` (headers the transport adds, HTTP's) allowed or not.
+pub fn marker_headers(content_header: &'static str, others: bool) -> Headers {
+    let mut schema = headers_schema(
+        &[(
+            content_header,
+            encode::STRUCTURED_CONTENT_TYPE,
+            "A marker is always a structured-mode CloudEvent.",
+        )],
+        "",
+        &[],
+    );
+    schema["additionalProperties"] = json!(others);
+    Headers {
+        schema,
+        example: json!({content_header: encode::STRUCTURED_CONTENT_TYPE}),
+        id_location: STRUCTURED_ID,
     }
 }
 

@@ -228,6 +228,12 @@ async fn documents_of_every_binding_pass_the_asyncapi_parser() {
                     .as_object()
                     .unwrap();
                 assert!(messages.contains_key("apps.v1.deployments.tombstone"));
+                // The snapshot markers, whose examples the parser checked against their schema.
+                assert!(
+                    messages.contains_key("snapshot.begin")
+                        && messages.contains_key("snapshot.end")
+                );
+                assert!(doc["components"]["schemas"]["SnapshotMarker"].is_object());
             }
             "kafka-structured" => assert_eq!(
                 headers["properties"]["content-type"]["const"],

@@ -13,6 +13,7 @@ mod cli_consumers;
 mod cli_fleet;
 mod components;
 mod consumer;
+mod consumer_snapshot;
 mod credentials;
 mod deploy;
 mod dynamic;

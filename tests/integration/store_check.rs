@@ -59,6 +59,7 @@ impl LiveStore {
                     }) => "tombstone",
                     Ok(Change::Deleted { .. }) => "deleted",
                     Ok(Change::CaughtUp) => "caught up",
+                    Ok(Change::SnapshotComplete { .. }) => "snapshot complete",
                     Err(error) => {
                         e.lock().unwrap().push(format!("{error:#}"));
                         continue;

@@ -31,6 +31,7 @@ pub(crate) fn event(name: &str, uid: &str, rv: u64, change: ChangeType, v: &str)
         origin: Origin::Live,
         payload: Payload::Full,
         truncated: false,
+        snapshot_id: None,
         data: object(name, uid, rv, v),
     }
 }
@@ -510,4 +511,192 @@ fn tombstones_of_per_cluster_topics_remove_that_cluster_s_object() {
     ));
     assert!(value_in(&store, "east", "b").is_none());
     assert_eq!(value_in(&store, "west", "b").as_deref(), Some("w"));
+}
+
+/// The event of snapshot `id` for `name`: an `added` with the snapshot's id.
+fn snapshot_event(name: &str, uid: &str, rv: u64, id: &str) -> Event {
+    Event {
+        id: format!("{uid}:{rv}:{id}"),
+        origin: Origin::Snapshot,
+        snapshot_id: Some(id.into()),
+        ..event(name, uid, rv, Added, "snap")
+    }
+}
+
+/// The begin or end marker of snapshot `id` of ConfigMaps (in namespace `ns` when `namespaced`).
+fn marker(id: &str, kind: crate::event::MarkerKind, namespaced: bool) -> Record {
+    Record::Marker {
+        destination: TOPIC.into(),
+        marker: Box::new(crate::event::Marker {
+            id: format!("{id}:c.00aa:x"),
+            snapshot_id: id.into(),
+            kind,
+            time: None,
+            cluster: "c".into(),
+            api_version: "v1".into(),
+            resource: "configmaps".into(),
+            namespace: namespaced.then(|| "ns".into()),
+            watch: "c.00aa".into(),
+        }),
+    }
+}
+
+fn begin(id: &str, selector: Option<&str>) -> Record {
+    let kind = crate::event::MarkerKind::Begin {
+        label_selector: selector.map(Into::into),
+        expected: 3,
+    };
+    marker(id, kind, false)
+}
+
+fn end(id: &str, result: crate::event::SnapshotResult) -> Record {
+    let kind = crate::event::MarkerKind::End {
+        sent: 2,
+        skipped: 1,
+        result,
+    };
+    marker(id, kind, false)
+}
+
+/// What an outcome of a marker changed: `deleted NAME` per removal, then `complete N`.
+fn marker_changes(outcome: Outcome) -> Vec<String> {
+    let Outcome::Marker(changes) = outcome else {
+        panic!("a marker's outcome: {outcome:?}");
+    };
+    changes
+        .iter()
+        .map(|c| match c {
+            Change::Deleted { object, cause } => {
+                assert_eq!(*cause, DeleteCause::Snapshot);
+                format!("deleted {}", object.key.name)
+            }
+            Change::SnapshotComplete { id, pruned, .. } => format!("complete {id} {pruned}"),
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect()
+}
+
+fn names(store: &Store) -> Vec<String> {
+    let mut names: Vec<String> = store.list().iter().map(|o| o.key.name.clone()).collect();
+    names.sort();
+    names
+}
+
+use crate::event::SnapshotResult::{Complete, Failed};
+
+#[test]
+fn a_completed_snapshot_removes_what_got_no_event_since_its_begin_marker() {
+    let mut w = Writer::new();
+    // Before the snapshot: a (unchanged since), b (changes live during it), and gone (deleted
+    // meanwhile, its delete lost to compaction).
+    w.apply(rec(event("a", "ua", 10, Added, "1")));
+    w.apply(rec(event("b", "ub", 11, Added, "1")));
+    w.apply(rec(event("gone", "ug", 12, Added, "1")));
+    assert_eq!(
+        marker_changes(w.apply(begin("s1", None))),
+        Vec::<String>::new()
+    );
+    // a: the snapshot finds it as the store has it (same resourceVersion, another id).
+    assert_eq!(
+        w.apply(rec(snapshot_event("a", "ua", 10, "s1"))),
+        Outcome::Stale
+    );
+    // b: a live change; the snapshot skips it. new: created during the snapshot.
+    w.apply(rec(event("b", "ub", 20, Modified, "2")));
+    w.apply(rec(event("new", "un", 21, Added, "1")));
+    assert_eq!(
+        marker_changes(w.apply(end("s1", Complete))),
+        ["deleted gone", "complete s1 1"]
+    );
+    assert_eq!(names(&w.store()), ["a", "b", "new"]);
+    // The removed uid is remembered: its late duplicate does not bring it back.
+    assert_eq!(
+        w.apply(rec(event("gone", "ug", 12, Added, "1"))),
+        Outcome::Stale
+    );
+}
+
+#[test]
+fn a_snapshot_prunes_only_its_scope() {
+    let mut w = Writer::new();
+    w.apply(rec(event("old", "u1", 10, Added, "1")));
+    let mut other_ns = event("elsewhere", "u2", 11, Added, "1");
+    other_ns.namespace = Some("other".into());
+    w.apply(rec(other_ns));
+    let mut other_cluster = event("old", "u3", 12, Added, "1");
+    other_cluster.cluster = "east".into();
+    w.apply(rec(other_cluster));
+    w.apply(Record::Event {
+        destination: "another.topic".into(),
+        event: Box::new(event("kept", "u4", 13, Added, "1")),
+    });
+    let kind = crate::event::MarkerKind::Begin {
+        label_selector: None,
+        expected: 0,
+    };
+    w.apply(marker("s1", kind, true));
+    let kind = crate::event::MarkerKind::End {
+        sent: 0,
+        skipped: 0,
+        result: Complete,
+    };
+    assert_eq!(
+        marker_changes(w.apply(marker("s1", kind, true))),
+        ["deleted old", "complete s1 1"],
+        "namespace ns of cluster c on this topic only"
+    );
+    assert_eq!(w.store().len(), 3);
+}
+
+#[test]
+fn a_failed_snapshot_an_end_without_begin_and_a_label_selector_remove_nothing() {
+    let mut w = Writer::new();
+    w.apply(rec(event("stale", "u1", 10, Added, "1")));
+    w.apply(begin("failed", None));
+    let failed = w.apply(end("failed", Failed("the request was deleted".into())));
+    assert_eq!(marker_changes(failed), Vec::<String>::new());
+    assert_eq!(
+        marker_changes(w.apply(end("never-begun", Complete))),
+        Vec::<String>::new(),
+        "no begin read: no way to tell what changed since"
+    );
+    w.apply(begin("selected", Some("app=web")));
+    assert_eq!(
+        marker_changes(w.apply(end("selected", Complete))),
+        ["complete selected 0"],
+        "membership of a label selector cannot be judged: nothing pruned"
+    );
+    assert_eq!(names(&w.store()), ["stale"]);
+}
+
+#[test]
+fn a_begin_marker_sent_again_keeps_the_first_position() {
+    let mut w = Writer::new();
+    w.apply(rec(event("a", "ua", 10, Added, "1")));
+    w.apply(begin("s1", None));
+    w.apply(rec(snapshot_event("a", "ua", 10, "s1")));
+    // The bridge restarted during the snapshot: its begin marker again, a resumed walk.
+    w.apply(begin("s1", None));
+    assert_eq!(
+        marker_changes(w.apply(end("s1", Complete))),
+        ["complete s1 0"]
+    );
+    assert_eq!(names(&w.store()), ["a"]);
+}
+
+#[test]
+fn timestamps_order_events_read_from_several_partitions() {
+    let mut w = Writer::new();
+    // Read first, from a partition ahead of the markers' one, but published after the begin
+    // marker: b's live change. gone: published before it.
+    w.apply_at(rec(event("b", "ub", 20, Added, "2")), 2_000_000);
+    w.apply_at(rec(event("gone", "ug", 5, Added, "1")), 1_000_000);
+    // Within the clock margin before the begin marker: counts as after it.
+    w.apply_at(rec(event("close", "uc", 6, Added, "1")), 1_999_000);
+    w.apply_at(begin("s1", None), 2_000_000);
+    assert_eq!(
+        marker_changes(w.apply_at(end("s1", Complete), 2_100_000)),
+        ["deleted gone", "complete s1 1"]
+    );
+    assert_eq!(names(&w.store()), ["b", "close"]);
 }

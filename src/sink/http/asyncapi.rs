@@ -7,8 +7,8 @@ use super::{Http, HttpConfig};
 use crate::config::ContentMode;
 use crate::encode::Event;
 use crate::sink::describe::{
-    Attribute, Describe, HTTP_BINDING_VERSION, Headers, add_security, host_of, origin_server_id,
-    prefixed,
+    Attribute, Describe, HTTP_BINDING_VERSION, Headers, add_security, host_of, marker_headers,
+    origin_server_id, prefixed,
 };
 
 impl Describe for Http {
@@ -32,6 +32,11 @@ impl Describe for Http {
         // `sink.http.extensions` adds `ce-` headers of their own.
         headers.schema["additionalProperties"] = json!(true);
         Some(headers)
+    }
+
+    /// HTTP adds its own headers (Host, Content-Length, Authorization).
+    fn marker_headers(&self) -> Option<Headers> {
+        Some(marker_headers("Content-Type", true))
     }
 
     fn channel_kind(&self) -> &'static str {

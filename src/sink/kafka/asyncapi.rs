@@ -7,7 +7,7 @@ use super::{Kafka, KafkaConfig};
 use crate::config::{ContentMode, RecordKey};
 use crate::encode::Event;
 use crate::sink::describe::{
-    Attribute, Describe, Headers, KAFKA_BINDING_VERSION, add_security, prefixed,
+    Attribute, Describe, Headers, KAFKA_BINDING_VERSION, add_security, marker_headers, prefixed,
 };
 
 impl Describe for Kafka {
@@ -32,6 +32,21 @@ impl Describe for Kafka {
     fn message_bindings(&self, key: RecordKey) -> Option<Value> {
         Some(json!({"kafka": {
             "key": {"type": "string", "description": key_description(key)},
+            "bindingVersion": KAFKA_BINDING_VERSION,
+        }}))
+    }
+
+    fn marker_headers(&self) -> Option<Headers> {
+        Some(marker_headers("content-type", false))
+    }
+
+    fn marker_bindings(&self) -> Option<Value> {
+        Some(json!({"kafka": {
+            "key": {
+                "type": "string",
+                "description": "The watch's id (the marker's `partitionkey`): both markers of \
+                                a watch's snapshots land in one partition, in order.",
+            },
             "bindingVersion": KAFKA_BINDING_VERSION,
         }}))
     }

@@ -8,7 +8,7 @@ use crate::config::ContentMode;
 use crate::encode::Event;
 use crate::sink::describe::{
     Attribute, Describe, Headers, STRUCTURED_ID, add_security, content_type, headers_schema,
-    host_of,
+    host_of, marker_headers,
 };
 
 impl Describe for Nats {
@@ -53,6 +53,12 @@ impl Describe for Nats {
                 ContentMode::Binary => "$message.header#/ce-id",
             },
         })
+    }
+
+    /// Published without `Nats-Msg-Id`: a marker's `id` is deterministic, but JetStream does
+    /// not drop a repeated one.
+    fn marker_headers(&self) -> Option<Headers> {
+        Some(marker_headers("Content-Type", false))
     }
 
     fn channel_kind(&self) -> &'static str {
