@@ -255,7 +255,7 @@ async fn kafka_caught_up_waits_for_records_behind_another_producers_open_transac
             .expect("the stream goes on")
             .unwrap();
         match input {
-            Input::Record(kube_event_bridge_consumer::Record::Tombstone { key, .. }) => {
+            Input::Timestamped(kube_event_bridge_consumer::Record::Tombstone { key, .. }, _) => {
                 keys.push(key)
             }
             Input::CaughtUp => break,

@@ -25,8 +25,8 @@ struct Scope {
     /// As [`super::ObjectKey::resource`] names it.
     resource: String,
     namespace: Option<String>,
-    /// The topic or subject of the markers, which is the watch's: objects read elsewhere come
-    /// from another watch.
+    /// The topic or subject of the markers, the watch's: objects read elsewhere come from
+    /// another watch (see [`same_watch`]).
     destination: String,
     label_selector: Option<String>,
 }
@@ -47,12 +47,23 @@ impl Scope {
     fn holds(&self, object: &Object) -> bool {
         object.key.cluster == self.cluster
             && object.key.resource == self.resource
-            && object.destination == self.destination
+            && same_watch(&self.destination, &object.destination)
             && self
                 .namespace
                 .as_ref()
                 .is_none_or(|ns| object.key.namespace.as_ref() == Some(ns))
     }
+}
+
+/// Whether an object read from `object` belongs to the watch whose markers were read from
+/// `marker`: the same topic or subject, where a NATS subject's tokens `_watch` (the name of a
+/// watch's own messages) and `_all` (every namespace) stand for any token of an object's subject.
+fn same_watch(marker: &str, object: &str) -> bool {
+    let (m, o): (Vec<&str>, Vec<&str>) = (marker.split('.').collect(), object.split('.').collect());
+    m.len() == o.len()
+        && m.iter()
+            .zip(&o)
+            .all(|(m, o)| m == o || *m == "_watch" || *m == "_all")
 }
 
 impl State {
@@ -120,5 +131,28 @@ impl State {
             pruned: changes.len(),
         });
         changes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_watch;
+
+    #[test]
+    fn a_watch_s_subject_stands_for_its_objects_subjects() {
+        assert!(same_watch("k8s.c.configmaps", "k8s.c.configmaps"));
+        assert!(same_watch(
+            "k8s.c.core.configmaps.shop._watch",
+            "k8s.c.core.configmaps.shop.web"
+        ));
+        assert!(same_watch(
+            "k8s.c.core.configmaps._all._watch",
+            "k8s.c.core.configmaps.shop.web"
+        ));
+        assert!(!same_watch(
+            "k8s.c.core.configmaps.shop._watch",
+            "k8s.c.core.configmaps.other.web"
+        ));
+        assert!(!same_watch("k8s.c.core.configmaps", "k8s.c.core.secrets"));
     }
 }
