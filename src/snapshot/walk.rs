@@ -234,29 +234,18 @@ impl Walk {
         }
     }
 
-    /// Calls `call` until it succeeds, at most [`ATTEMPTS`] times with backoff.
+    /// Calls `call` (a LIST) until it succeeds, at most [`ATTEMPTS`] times with backoff.
     async fn retry<T, F>(&self, call: impl Fn() -> F) -> Result<T, Error>
     where
         F: std::future::Future<Output = Result<T, kube::Error>>,
     {
-        let mut backoff = Backoff::default();
-        let mut attempt = 1;
-        loop {
-            match call().await {
-                Ok(value) => return Ok(value),
-                Err(source) if attempt >= ATTEMPTS => {
-                    return Err(Error::List {
-                        resource: self.request.resource.clone(),
-                        source,
-                    });
-                }
-                Err(e) => {
-                    warn!(request = %self.request.name, error = %e, "snapshot LIST failed, retrying");
-                    tokio::time::sleep(backoff.next_delay()).await;
-                    attempt += 1;
-                }
-            }
-        }
+        let failing = "snapshot LIST failed, retrying";
+        attempts(&self.request.name, failing, Duration::MAX, call)
+            .await
+            .map_err(|source| Error::List {
+                resource: self.request.resource.clone(),
+                source,
+            })
     }
 
     /// Queues `demand` behind the watch's items.
@@ -283,26 +272,41 @@ impl Walk {
     /// Records the progress on the request, retrying a failed patch.
     async fn record(&self) -> Result<(), Error> {
         let patch = Patch::Merge(record::patch(&self.progress));
-        let mut backoff = Backoff::default();
-        let mut attempt = 1;
-        loop {
-            let patched = self
-                .requests
-                .patch(&self.request.name, &PatchParams::default(), &patch)
-                .await;
-            match patched {
-                Ok(_) => return Ok(()),
-                Err(source) if attempt >= ATTEMPTS => {
-                    return Err(Error::Record {
-                        name: self.request.name.clone(),
-                        source,
-                    });
-                }
-                Err(e) => {
-                    warn!(request = %self.request.name, error = %e, "snapshot progress not recorded, retrying");
-                    tokio::time::sleep(backoff.next_delay().min(Duration::from_secs(5))).await;
-                    attempt += 1;
-                }
+        let (api, name) = (&self.requests, &self.request.name);
+        let failing = "snapshot progress not recorded, retrying";
+        let (cap, params) = (Duration::from_secs(5), PatchParams::default());
+        attempts(name, failing, cap, || api.patch(name, &params, &patch))
+            .await
+            .map(drop)
+            .map_err(|source| Error::Record {
+                name: name.clone(),
+                source,
+            })
+    }
+}
+
+/// Calls `call` until it succeeds, at most [`ATTEMPTS`] times, logging each failure with
+/// `failing` and waiting a backoff (at most `cap`) before the next; the last failure if none
+/// succeeded.
+async fn attempts<T, F>(
+    request: &str,
+    failing: &str,
+    cap: Duration,
+    call: impl Fn() -> F,
+) -> Result<T, kube::Error>
+where
+    F: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let mut backoff = Backoff::default();
+    let mut attempt = 1;
+    loop {
+        match call().await {
+            Ok(value) => return Ok(value),
+            Err(e) if attempt >= ATTEMPTS => return Err(e),
+            Err(e) => {
+                warn!(request = %request, error = %e, "{failing}");
+                tokio::time::sleep(backoff.next_delay().min(cap)).await;
+                attempt += 1;
             }
         }
     }
