@@ -35,6 +35,8 @@ pub const METRICS: &[&str] = &[
     "kube_event_bridge_queue_depth_events",
     "kube_event_bridge_watch_restarts_total",
     "kube_event_bridge_relists_total",
+    "kube_event_bridge_lists_completed_total",
+    "kube_event_bridge_initial_list_fallbacks_total",
     "kube_event_bridge_checkpoints_total",
     "kube_event_bridge_checkpoints_corrupt_total",
     "kube_event_bridge_checkpoint_age_seconds",

@@ -34,6 +34,7 @@ mod sharding;
 mod snapshots;
 mod stalls;
 mod store_check;
+mod streaming_lists;
 mod support;
 mod tracing;
 mod transactions;

@@ -217,8 +217,18 @@ impl ExtraCluster {
     /// Adds and starts a cluster named `unique_name(prefix)` and waits until it is ready and its
     /// `kube-system` and `default` namespaces exist; panics with the script's output if it fails.
     pub async fn add(prefix: &str) -> ExtraCluster {
+        Self::add_with_gates(prefix, None).await
+    }
+
+    /// As [`ExtraCluster::add`], its API server started with `--feature-gates GATES`
+    /// (`WatchList=false`).
+    pub async fn add_with_gates(prefix: &str, gates: Option<&str>) -> ExtraCluster {
         let name = unique_name(prefix);
-        let stdout = testenv_cluster(&["add", &name]).await;
+        let mut args = vec!["add", name.as_str()];
+        if let Some(gates) = gates {
+            args.extend(["--feature-gates", gates]);
+        }
+        let stdout = testenv_cluster(&args).await;
         // From here on a panic removes the cluster again (Drop).
         let mut cluster = ExtraCluster {
             name,
