@@ -197,6 +197,8 @@ pub struct Needs {
     pub leases: Option<(String, Vec<String>)>,
     /// The namespace of the kubeconfig Secrets the bridge reads (`clusterSecrets`).
     pub cluster_secrets: Option<String>,
+    /// The namespace of the snapshot requests the bridge follows (`snapshotRequests`).
+    pub snapshot_requests: Option<String>,
     /// Whether the bridge reads the cluster's identity (`get` on namespace `kube-system`).
     pub identity: bool,
     /// Entries of `resources` not watched in this cluster (not served there, or watching the
@@ -230,6 +232,20 @@ pub fn cluster_secrets_role_name(service_account: &str, namespace: &str) -> Stri
     format!("{}:cluster-secrets", role_name(service_account, namespace))
 }
 
+/// The name of the Role (and binding) granting access to the snapshot requests:
+/// [`role_name`] plus `:snapshot-requests`.
+pub fn snapshot_requests_role_name(service_account: &str, namespace: &str) -> String {
+    format!(
+        "{}:snapshot-requests",
+        role_name(service_account, namespace)
+    )
+}
+
+/// The verbs granted on ConfigMaps in `snapshotRequests.namespace`: the bridge follows the
+/// requests (`list`, `watch`), reads one (`get`) and records its progress (`patch`). Never
+/// cluster-wide; who may ask for a snapshot is whoever may create ConfigMaps there.
+pub const SNAPSHOT_REQUEST_VERBS: [&str; 4] = ["get", "list", "watch", "patch"];
+
 /// The verbs granted on Secrets in `clusterSecrets.namespace`: the bridge follows them (`list`,
 /// `watch`) and commands read one cluster's (`get`). Never cluster-wide.
 pub const CLUSTER_SECRET_VERBS: [&str; 3] = ["get", "list", "watch"];
@@ -258,11 +274,24 @@ pub fn needs(config: &Config, cluster: Option<&str>, namespace: &str) -> Needs {
             }),
             leases: leases(config, namespace),
             cluster_secrets: config.fleet.secrets.as_ref().map(|s| s.namespace.clone()),
+            snapshot_requests: snapshot_requests(config, namespace),
             // The identity is read by each member, not by the bridge's own cluster as such.
             identity: own.is_some() && config.reads_cluster_identity(),
             not_served: Vec::new(),
         },
     }
+}
+
+/// The namespace of the snapshot requests, when the bridge follows them: the configured one,
+/// else the bridge's own (where `$POD_NAMESPACE` points).
+pub fn snapshot_requests(config: &Config, namespace: &str) -> Option<String> {
+    let requests = &config.snapshot_requests;
+    requests.enabled.then(|| {
+        requests
+            .namespace
+            .clone()
+            .unwrap_or_else(|| namespace.into())
+    })
 }
 
 /// The namespace of the Leases and their verbs: sharding's, else leader election's, in the
@@ -285,45 +314,99 @@ pub fn leases(config: &Config, namespace: &str) -> Option<(String, Vec<String>)>
 
 /// Renders what `needs` says, with list and watch on `resources` (resolved through discovery in
 /// that cluster), for the bridge running as `service_account` in `namespace`: as [`render`], plus
-/// a Role and RoleBinding in the namespace of the kubeconfig Secrets when the bridge reads them.
+/// a Role and RoleBinding in the namespace of the kubeconfig Secrets when the bridge reads them,
+/// and one in the namespace of the snapshot requests when it follows them.
 pub fn render_needs(
     resources: &[ResolvedResource],
     service_account: &str,
     namespace: &str,
     needs: &Needs,
 ) -> String {
-    let perms = permissions(resources);
-    let name = role_name(service_account, namespace);
     let subject = Subject {
         kind: "ServiceAccount".into(),
         name: service_account.into(),
         namespace: Some(namespace.into()),
         api_group: None,
     };
+    let mut docs = watch_grants(resources, &role_name(service_account, namespace), &subject);
+    let mut out = header(service_account, namespace, needs);
+    if let Some((lease_ns, verbs)) = &needs.leases {
+        let role = lease_role_name(service_account, namespace);
+        let rule = policy(LEASE_GROUP, "leases", verbs);
+        docs.extend(granted(&role, lease_ns, rule, &subject));
+    }
+    if let Some(secrets_ns) = &needs.cluster_secrets {
+        let role = cluster_secrets_role_name(service_account, namespace);
+        let rule = policy("", "secrets", &CLUSTER_SECRET_VERBS);
+        docs.extend(granted(&role, secrets_ns, rule, &subject));
+        out.push_str(&format!(
+            "# {} on secrets in {secrets_ns} alone: the kubeconfig Secrets of the fleet's clusters.\n",
+            CLUSTER_SECRET_VERBS.join(", ")
+        ));
+    }
+    if let Some(requests_ns) = &needs.snapshot_requests {
+        let role = snapshot_requests_role_name(service_account, namespace);
+        let rule = policy("", "configmaps", &SNAPSHOT_REQUEST_VERBS);
+        docs.extend(granted(&role, requests_ns, rule, &subject));
+        out.push_str(&format!(
+            "# {} on configmaps in {requests_ns} alone: snapshot requests (snapshotRequests).\n",
+            SNAPSHOT_REQUEST_VERBS.join(", ")
+        ));
+    }
+    if needs.identity {
+        let role = identity_role_name(service_account, namespace);
+        let rule = PolicyRule {
+            resource_names: Some(vec![IDENTITY_NAMESPACE.into()]),
+            ..policy("", "namespaces", &["get"])
+        };
+        docs.extend(granted(&role, IDENTITY_NAMESPACE, rule, &subject));
+        out.push_str(&format!(
+            "# get on namespace {IDENTITY_NAMESPACE}, whose uid identifies this cluster (checkpoints, clusterid).\n"
+        ));
+    }
+    for missing in &needs.not_served {
+        out.push_str(&format!("# not watched here, not granted: {missing}\n"));
+    }
+    for doc in docs {
+        out.push_str("---\n");
+        out.push_str(&doc);
+    }
+    out
+}
+
+/// The ClusterRole and Roles (with their bindings) granting list and watch on `resources`.
+fn watch_grants(resources: &[ResolvedResource], name: &str, subject: &Subject) -> Vec<String> {
+    let perms = permissions(resources);
     let mut docs = Vec::new();
     if !perms.cluster.is_empty() {
         docs.push(yaml(&ClusterRole {
-            metadata: meta(&name, None),
+            metadata: meta(name, None),
             rules: Some(rules(&perms.cluster)),
             aggregation_rule: None,
         }));
         docs.push(yaml(&ClusterRoleBinding {
-            metadata: meta(&name, None),
-            role_ref: role_ref("ClusterRole", &name),
+            metadata: meta(name, None),
+            role_ref: role_ref("ClusterRole", name),
             subjects: Some(vec![subject.clone()]),
         }));
     }
     for (ns, grants) in &perms.namespaced {
         docs.push(yaml(&Role {
-            metadata: meta(&name, Some(ns)),
+            metadata: meta(name, Some(ns)),
             rules: Some(rules(grants)),
         }));
         docs.push(yaml(&RoleBinding {
-            metadata: meta(&name, Some(ns)),
-            role_ref: role_ref("Role", &name),
+            metadata: meta(name, Some(ns)),
+            role_ref: role_ref("Role", name),
             subjects: Some(vec![subject.clone()]),
         }));
     }
+    docs
+}
+
+/// The header's first lines: the cluster's part in a fleet, the account, what it may watch and
+/// its Lease access.
+fn header(service_account: &str, namespace: &str, needs: &Needs) -> String {
     let mut out = String::new();
     match &needs.cluster {
         None => {}
@@ -356,21 +439,6 @@ pub fn render_needs(
     ));
     match (&needs.leases, &needs.cluster) {
         (Some((lease_ns, verbs)), _) => {
-            let lease = lease_role_name(service_account, namespace);
-            docs.push(yaml(&Role {
-                metadata: meta(&lease, Some(lease_ns)),
-                rules: Some(vec![PolicyRule {
-                    api_groups: Some(vec![LEASE_GROUP.into()]),
-                    resources: Some(vec!["leases".into()]),
-                    verbs: verbs.clone(),
-                    ..PolicyRule::default()
-                }]),
-            }));
-            docs.push(yaml(&RoleBinding {
-                metadata: meta(&lease, Some(lease_ns)),
-                role_ref: role_ref("Role", &lease),
-                subjects: Some(vec![subject.clone()]),
-            }));
             out.push_str(&format!(
                 ", {} on leases in {lease_ns}.\n",
                 verbs.join(", ")
@@ -379,56 +447,32 @@ pub fn render_needs(
         (None, Some(Part::Member { .. })) => out.push_str(".\n"),
         (None, _) => out.push_str(" (leader election and sharding off: no Lease access).\n"),
     }
-    if let Some(secrets_ns) = &needs.cluster_secrets {
-        let role = cluster_secrets_role_name(service_account, namespace);
-        docs.push(yaml(&Role {
-            metadata: meta(&role, Some(secrets_ns)),
-            rules: Some(vec![PolicyRule {
-                api_groups: Some(vec![String::new()]),
-                resources: Some(vec!["secrets".into()]),
-                verbs: CLUSTER_SECRET_VERBS.iter().map(|v| v.to_string()).collect(),
-                ..PolicyRule::default()
-            }]),
-        }));
-        docs.push(yaml(&RoleBinding {
-            metadata: meta(&role, Some(secrets_ns)),
-            role_ref: role_ref("Role", &role),
-            subjects: Some(vec![subject.clone()]),
-        }));
-        out.push_str(&format!(
-            "# {} on secrets in {secrets_ns} alone: the kubeconfig Secrets of the fleet's clusters.\n",
-            CLUSTER_SECRET_VERBS.join(", ")
-        ));
-    }
-    if needs.identity {
-        let identity = identity_role_name(service_account, namespace);
-        docs.push(yaml(&Role {
-            metadata: meta(&identity, Some(IDENTITY_NAMESPACE)),
-            rules: Some(vec![PolicyRule {
-                api_groups: Some(vec![String::new()]),
-                resources: Some(vec!["namespaces".into()]),
-                resource_names: Some(vec![IDENTITY_NAMESPACE.into()]),
-                verbs: vec!["get".into()],
-                ..PolicyRule::default()
-            }]),
-        }));
-        docs.push(yaml(&RoleBinding {
-            metadata: meta(&identity, Some(IDENTITY_NAMESPACE)),
-            role_ref: role_ref("Role", &identity),
-            subjects: Some(vec![subject]),
-        }));
-        out.push_str(&format!(
-            "# get on namespace {IDENTITY_NAMESPACE}, whose uid identifies this cluster (checkpoints, clusterid).\n"
-        ));
-    }
-    for missing in &needs.not_served {
-        out.push_str(&format!("# not watched here, not granted: {missing}\n"));
-    }
-    for doc in docs {
-        out.push_str("---\n");
-        out.push_str(&doc);
-    }
     out
+}
+
+/// A Role named `role` in `namespace` holding `rule`, and its RoleBinding to `subject`.
+fn granted(role: &str, namespace: &str, rule: PolicyRule, subject: &Subject) -> [String; 2] {
+    [
+        yaml(&Role {
+            metadata: meta(role, Some(namespace)),
+            rules: Some(vec![rule]),
+        }),
+        yaml(&RoleBinding {
+            metadata: meta(role, Some(namespace)),
+            role_ref: role_ref("Role", role),
+            subjects: Some(vec![subject.clone()]),
+        }),
+    ]
+}
+
+/// `verbs` on `plural` of API group `group`.
+fn policy(group: &str, plural: &str, verbs: &[impl ToString]) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(vec![group.into()]),
+        resources: Some(vec![plural.into()]),
+        verbs: verbs.iter().map(ToString::to_string).collect(),
+        ..PolicyRule::default()
+    }
 }
 
 /// One rule per API group, its plurals sorted, the watch verbs.
@@ -1030,6 +1074,8 @@ mod tests {
                 "RoleBinding ops/kube-event-bridge:ops:keb:leader-election",
                 "Role fleet/kube-event-bridge:ops:keb:cluster-secrets",
                 "RoleBinding fleet/kube-event-bridge:ops:keb:cluster-secrets",
+                "Role ops/kube-event-bridge:ops:keb:snapshot-requests",
+                "RoleBinding ops/kube-event-bridge:ops:keb:snapshot-requests",
                 "Role kube-system/kube-event-bridge:ops:keb:cluster-identity",
                 "RoleBinding kube-system/kube-event-bridge:ops:keb:cluster-identity",
             ]
@@ -1081,17 +1127,24 @@ mod tests {
                 "RoleBinding shards/kube-event-bridge:ops:keb:leader-election",
                 "Role fleet/kube-event-bridge:ops:keb:cluster-secrets",
                 "RoleBinding fleet/kube-event-bridge:ops:keb:cluster-secrets",
+                "Role ops/kube-event-bridge:ops:keb:snapshot-requests",
+                "RoleBinding ops/kube-event-bridge:ops:keb:snapshot-requests",
             ]
         );
         // A cluster of the Secrets is a member like any other.
         let later = needs(&c, Some("later"), "ops");
         assert!(later.leases.is_none() && later.cluster_secrets.is_none() && later.identity);
+        assert!(
+            later.snapshot_requests.is_none(),
+            "requests live in the own cluster"
+        );
     }
 
     #[test]
     fn a_single_cluster_renders_as_it_always_did() {
         let c = config(
-            "cluster: dev\nleaderElection: {enabled: true}\nresources: [{apiVersion: v1, resource: pods}]\n",
+            "cluster: dev\nleaderElection: {enabled: true}\nsnapshotRequests: {enabled: false}\n\
+             resources: [{apiVersion: v1, resource: pods}]\n",
         );
         let rs = resolved(
             "cluster: dev\nresources: [{apiVersion: v1, resource: pods}]\n",
@@ -1118,6 +1171,59 @@ mod tests {
         assert!(render_needs(&rs, "keb", "ops", &n).starts_with(
             "# RBAC for kube-event-bridge running as system:serviceaccount:ops:keb:\n"
         ));
+    }
+
+    #[test]
+    fn snapshot_requests_are_read_and_patched_in_their_namespace_alone() {
+        let cms = resolved(
+            "cluster: dev\nresources: [{apiVersion: v1, resource: configmaps}]\n",
+            &[("ConfigMap", "configmaps", true)],
+        );
+        let own = needs(
+            &config("cluster: dev\nresources: [{apiVersion: v1, resource: configmaps}]\n"),
+            None,
+            "ops",
+        );
+        assert_eq!(
+            own.snapshot_requests.as_deref(),
+            Some("ops"),
+            "the bridge's namespace"
+        );
+        let named = config(
+            "cluster: dev\nsnapshotRequests: {namespace: asks}\nresources: [{apiVersion: v1, resource: configmaps}]\n",
+        );
+        let text = render_needs(&cms, "keb", "ops", &needs(&named, None, "ops"));
+        let d = docs(&text);
+        let requests: Vec<&Value> = d
+            .iter()
+            .filter(|d| d["metadata"]["name"] == "kube-event-bridge:ops:keb:snapshot-requests")
+            .collect();
+        assert_eq!(requests.len(), 2, "a Role and its binding:\n{text}");
+        assert!(
+            requests
+                .iter()
+                .all(|d| d["metadata"]["namespace"] == "asks")
+        );
+        let expected: Value = serde_saphyr::from_str(
+            "- {apiGroups: [''], resources: [configmaps], verbs: [get, list, watch, patch]}\n",
+        )
+        .unwrap();
+        assert_eq!(requests[0]["rules"], expected, "{text}");
+        assert!(
+            !d.iter()
+                .any(|d| d["kind"] == "ClusterRole" && d["rules"].to_string().contains("patch")),
+            "patch is never granted cluster-wide:\n{text}"
+        );
+        assert!(
+            text.contains(
+                "# get, list, watch, patch on configmaps in asks alone: snapshot requests"
+            ),
+            "{text}"
+        );
+        let off = config(
+            "cluster: dev\nsnapshotRequests: {enabled: false}\nresources: [{apiVersion: v1, resource: configmaps}]\n",
+        );
+        assert_eq!(needs(&off, None, "ops").snapshot_requests, None);
     }
 
     #[test]

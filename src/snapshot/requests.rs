@@ -46,6 +46,8 @@ pub struct Requests {
     fleet: bool,
     /// The requests, by uid.
     known: BTreeMap<String, ConfigMap>,
+    /// The requests of a list going on (they replace `known` once it is complete).
+    relisted: Option<BTreeMap<String, ConfigMap>>,
     /// The walks going on here, by request uid.
     walks: HashMap<String, JoinHandle<()>>,
     /// Walks that ended, by request uid.
@@ -63,6 +65,7 @@ impl Requests {
             admin,
             fleet,
             known: BTreeMap::new(),
+            relisted: None,
             walks: HashMap::new(),
             ended: mpsc::unbounded_channel(),
         }
@@ -71,7 +74,12 @@ impl Requests {
     /// Follows the requests until `stop`.
     pub async fn serve(mut self, stop: CancellationToken) {
         let config = WatcherConfig::default().labels(&format!("{LABEL}=true"));
-        let mut events = watcher(self.api.clone(), config).default_backoff().boxed();
+        // The watcher yields `Init` before every list, even one that then fails, and its backoff
+        // starts over at each item: without `Init`, a refused list backs off as it should.
+        let mut events = watcher(self.api.clone(), config)
+            .filter(|e| futures::future::ready(!matches!(e, Ok(Event::Init))))
+            .default_backoff()
+            .boxed();
         let mut changed = self.admin.subscribe_watches();
         let mut failing = false;
         loop {
@@ -79,7 +87,7 @@ impl Requests {
                 () = stop.cancelled() => break,
                 event = events.next() => match event {
                     Some(Ok(event)) => {
-                        failing = false;
+                        failing &= matches!(event, Event::InitApply(_));
                         self.apply(event);
                     }
                     Some(Err(e)) => {
@@ -87,6 +95,7 @@ impl Requests {
                             warn!(error = %e, "snapshot requests cannot be read (RBAC: list and watch ConfigMaps in this namespace); retrying");
                         }
                         failing = true;
+                        self.relisted = None;
                         continue;
                     }
                     None => break,
@@ -106,25 +115,44 @@ impl Requests {
     /// Takes one event of the requests' watch.
     fn apply(&mut self, event: Event<ConfigMap>) {
         match event {
-            Event::Apply(cm) | Event::InitApply(cm) => {
+            Event::Apply(cm) => {
                 if let Some(uid) = cm.metadata.uid.clone() {
                     self.known.insert(uid, cm);
+                }
+            }
+            Event::InitApply(cm) => {
+                if let Some(uid) = cm.metadata.uid.clone() {
+                    self.relisted.get_or_insert_default().insert(uid, cm);
                 }
             }
             Event::Delete(cm) => {
                 if let Some(uid) = &cm.metadata.uid {
                     self.known.remove(uid);
-                    if let Some(walk) = self.walks.remove(uid) {
-                        info!(
-                            request = cm.metadata.name.as_deref().unwrap_or_default(),
-                            "snapshot request deleted: its walk stops"
-                        );
-                        walk.abort();
+                    self.stop_walk(uid, &cm);
+                }
+            }
+            Event::Init => {}
+            // A complete list replaces what was known; a request gone meanwhile stops its walk.
+            Event::InitDone => {
+                let listed = self.relisted.take().unwrap_or_default();
+                let gone = std::mem::replace(&mut self.known, listed);
+                for (uid, cm) in gone {
+                    if !self.known.contains_key(&uid) {
+                        self.stop_walk(&uid, &cm);
                     }
                 }
             }
-            Event::Init => self.known.clear(),
-            Event::InitDone => {}
+        }
+    }
+
+    /// Stops the walk of a request that was deleted, if one goes on here.
+    fn stop_walk(&mut self, uid: &str, cm: &ConfigMap) {
+        if let Some(walk) = self.walks.remove(uid) {
+            info!(
+                request = cm.metadata.name.as_deref().unwrap_or_default(),
+                "snapshot request deleted: its walk stops"
+            );
+            walk.abort();
         }
     }
 

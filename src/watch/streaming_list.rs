@@ -171,6 +171,8 @@ pub(super) async fn stream_list(
     };
     send(tx, Item::ListEnd(rv.clone())).await?;
     count(&status.lists, Method::Stream.label());
+    // The connection goes on as the live watch, from the list's resourceVersion.
+    debug!(rv, "watching");
     *position = Some(rv);
     let mut ended = follow(stream, &target.types, tx, position).await?;
     ended.delivered += listed + 1;

@@ -175,9 +175,10 @@ async fn a_rotated_token_file_is_read_again_and_events_keep_flowing() {
         json!({"tokenFile": token_file.display().to_string()}),
     );
     let config = format!(
-        // The service account may read ConfigMaps only: no `clusterid`, which needs `get` on
-        // namespace kube-system.
-        "cluster: dev\nkubernetes: {{kubeconfig: {}}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\nsink: {{stdout: {{}}}}\nauditExtensions: false\n",
+        // The service account may read ConfigMaps of `ns` only: no `clusterid`, which needs `get`
+        // on namespace kube-system, and snapshot requests read from `ns` (a request refused by
+        // RBAC elsewhere would be retried with the revoked token until the file is read again).
+        "cluster: dev\nkubernetes: {{kubeconfig: {}}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\nsink: {{stdout: {{}}}}\nauditExtensions: false\nsnapshotRequests: {{namespace: {ns}}}\n",
         kubeconfig.display()
     );
     let mut bridge = Bridge::start(&config);

@@ -609,6 +609,14 @@ async fn plain_manifests_grant_exactly_the_configured_reads() {
         Scope::In(&namespace),
         false,
     ));
+    // Snapshot requests: the bridge also gets and patches ConfigMaps in its own namespace alone.
+    for c in checks.iter_mut().filter(|c| {
+        c.resource == "configmaps"
+            && matches!(c.scope, Scope::In(ns) if ns == namespace)
+            && matches!(c.verb, "get" | "patch")
+    }) {
+        c.allowed = true;
+    }
     assert_can_i(&kubectl, &user, &checks).await;
     assert_listed(
         &kubectl,
@@ -749,6 +757,26 @@ async fn helm_renders_every_documented_values_file_with_the_rbac_src_rbac_comput
             } else {
                 assert_eq!(verbs, rbac::LEASE_VERBS, "{what}");
             }
+        }
+
+        // Snapshot requests: read and patched in the release's namespace (the default), alone.
+        let requests_role = rbac::snapshot_requests_role_name(&sa, &namespace);
+        let requests = docs
+            .iter()
+            .find(|d| kind(d) == "Role" && name(d) == requests_role);
+        let wanted = rbac::snapshot_requests(&config, &namespace);
+        assert_eq!(
+            requests.and_then(|r| r["metadata"]["namespace"].as_str()),
+            wanted.as_deref(),
+            "{what}: snapshot requests Role"
+        );
+        if let Some(requests) = requests {
+            assert_eq!(requests["rules"][0]["resources"][0], "configmaps");
+            assert_eq!(
+                strings(&requests["rules"][0]["verbs"]),
+                rbac::SNAPSHOT_REQUEST_VERBS,
+                "{what}"
+            );
         }
 
         let deployment = docs.iter().find(|d| kind(d) == "Deployment").unwrap();
@@ -1628,13 +1656,9 @@ async fn docs_show_the_rbac_rendered_for_the_stdout_example() {
     let resolved = discovery::resolve(&client, &config.resources)
         .await
         .unwrap();
-    let rendered = rbac::render(
-        &resolved,
-        "kube-event-bridge",
-        "kube-event-bridge",
-        None,
-        config.reads_cluster_identity(),
-    );
+    // What the `rbac` command prints: the resources, the identity and the snapshot requests.
+    let needs = rbac::needs(&config, None, "kube-event-bridge");
+    let rendered = rbac::render_needs(&resolved, "kube-event-bridge", "kube-event-bridge", &needs);
     let docs = read(&repo().join("docs/deploy.md"));
     assert!(
         docs.contains(&rendered),
