@@ -219,7 +219,7 @@ impl Parts {
             )?;
         }
         if let Some((member, r)) = published.first()
-            && marker::carried_by(address.as_deref())
+            && marker::carried_by(&binding, address.as_deref())
         {
             self.add_markers(config, binding, (*member, *r), &mut channel_messages)?;
         }
@@ -554,8 +554,14 @@ fn parameters(
         );
     }
     if address.contains("{namespace}") {
+        let all = binding
+            .sink
+            .marker_tokens()
+            .map_or(String::new(), |(_, all)| {
+                format!(" `{all}` on the markers of a snapshot of every namespace.")
+            });
         let mut p = json!({"description": format!(
-            "The object's namespace, {safe}; `_` for cluster-scoped objects."
+            "The object's namespace, {safe}; `_` for cluster-scoped objects.{all}"
         )});
         let fixed: Option<Vec<String>> = members.iter().try_fold(Vec::new(), |mut all, r| {
             all.extend(r.config.namespaces.clone()?);
@@ -569,11 +575,17 @@ fn parameters(
         out.insert("namespace".into(), p);
     }
     if address.contains("{name}") {
+        let watch = binding
+            .sink
+            .marker_tokens()
+            .map_or(String::new(), |(watch, _)| {
+                format!(" `{watch}` (no object's name) on a snapshot's begin and end markers.")
+            });
         out.insert(
             "name".into(),
             json!({"description": format!(
                 "The object's name, {safe}. Different names can share a subject: identify \
-                 objects by the `uid` (or `namespace` and `name`) attribute."
+                 objects by the `uid` (or `namespace` and `name`) attribute.{watch}"
             )}),
         );
     }

@@ -109,8 +109,8 @@ pub struct EventEnvelope {
 /// A control event framing a snapshot on demand on its watch's topic, subject or URL:
 /// `io.kubeeventbridge.snapshot.begin` before the snapshot's first object,
 /// `io.kubeeventbridge.snapshot.end` after its last. Always a structured-mode document
-/// (`application/cloudevents+json`), whatever the sink's content mode; on Kafka its record key
-/// is the watch's id. A consumer that read from a begin marker to its end marker with `result`
+/// (`application/cloudevents+json`), whatever the sink's content mode; its id is its Kafka
+/// record key, so a compacted topic keeps every marker. A consumer that read from a begin marker to its end marker with `result`
 /// `complete` holds the complete state of the snapshot's scope (docs/events.md, "Snapshots on
 /// demand").
 #[derive(Debug, Deserialize, Serialize, JsonSchema)]
@@ -144,7 +144,7 @@ pub struct SnapshotMarker {
     /// watch (or the resource is cluster-scoped).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
-    /// The watch's id: the Kafka record key of both markers.
+    /// The marker's `id` again: its Kafka record key, unique per marker.
     pub partitionkey: String,
     /// The snapshot's id: the uid of its request, also the `snapshotid` of its object events.
     pub snapshotid: String,

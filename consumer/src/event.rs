@@ -165,7 +165,7 @@ pub struct Marker {
     pub resource: String,
     /// `namespace`: the namespace the snapshot is limited to, if any.
     pub namespace: Option<String>,
-    /// `partitionkey`: the watch's id.
+    /// The watch's id: the middle of `id`.
     pub watch: String,
 }
 
@@ -364,6 +364,14 @@ struct MarkerData {
     message: Option<String>,
 }
 
+/// The watch's id in a marker's id, `{snapshotid}:{watch id}:begin|end`.
+fn watch_of(id: &str) -> Result<&str> {
+    match id.split(':').collect::<Vec<_>>()[..] {
+        [_, watch, "begin" | "end"] if !watch.is_empty() => Ok(watch),
+        _ => Err(unexpected("id", id.to_string())),
+    }
+}
+
 fn marker_from(mut a: HashMap<String, String>, ty: &str, data: Value) -> Result<Marker> {
     let mut take = |name: &'static str| a.remove(name).ok_or(Error::Missing(name));
     let id = take("id")?;
@@ -401,7 +409,7 @@ fn marker_from(mut a: HashMap<String, String>, ty: &str, data: Value) -> Result<
         api_version: take("apiversion")?,
         resource: take("resource")?,
         namespace: take("namespace").ok(),
-        watch: take("partitionkey")?,
+        watch: watch_of(&id)?.to_string(),
         id,
     })
 }
@@ -580,7 +588,7 @@ mod tests {
             "source": "/k8s/prod/api/v1/configmaps", "type": SNAPSHOT_BEGIN,
             "subject": "v1/configmaps in shop", "time": "1970-01-01T00:00:00Z",
             "cluster": "prod", "apiversion": "v1", "resource": "configmaps", "namespace": "shop",
-            "partitionkey": "prod.0123456789abcdef", "snapshotid": "5f0c",
+            "partitionkey": "5f0c:prod.0123456789abcdef:begin", "snapshotid": "5f0c",
             "datacontenttype": "application/json",
             "data": {"snapshotId": "5f0c", "request": "bridge/snap-1",
                      "watch": "v1/configmaps in shop", "cluster": "prod",
@@ -626,6 +634,16 @@ mod tests {
         );
         let error = decode_structured(body.as_bytes()).unwrap_err();
         assert!(matches!(error, Error::Marker(_)), "{error}");
+    }
+
+    #[test]
+    fn a_marker_whose_id_names_no_watch_is_refused_naming_the_id() {
+        for id in ["5f0c", "5f0c::begin", "5f0c:prod.0123456789abcdef:middle"] {
+            let mut marker = begin_marker();
+            marker["id"] = json!(id);
+            let error = decode_structured_message(marker.to_string().as_bytes()).unwrap_err();
+            assert!(error.to_string().contains(id), "{id}: {error}");
+        }
     }
 
     #[test]

@@ -27,12 +27,14 @@ pub(super) const END_ID: &str = "snapshot.end";
 const EXAMPLE_SNAPSHOT_ID: &str = "5f0c8d2a-7e41-4b9a-9c3e-1d2f3a4b5c6d";
 const EXAMPLE_REQUEST: &str = "kube-event-bridge/snapshot-web";
 
-/// Whether a snapshot's markers go to a channel at `address` (`None`: standard output): one
-/// whose address names no object. A channel with a `{namespace}` parameter gets them for
-/// snapshots limited to a namespace only; the bridge publishes no marker, and the snapshot
-/// fails, when the watch's destination depends on the object.
-pub(super) fn carried_by(address: Option<&str>) -> bool {
-    address.is_none_or(|a| !a.contains("{name}"))
+/// Whether a snapshot's markers go to a channel at `address` (`None`: standard output) of
+/// `binding`: one whose address names no object, or any address of a sink whose markers take
+/// tokens of their own for the object's name (NATS: `_watch`). A channel with a `{namespace}`
+/// parameter and no such tokens gets them for snapshots limited to a namespace only; the bridge
+/// publishes no marker, and the snapshot fails, when the watch's destination depends on the
+/// object.
+pub(super) fn carried_by(binding: &Binding, address: Option<&str>) -> bool {
+    binding.sink.marker_tokens().is_some() || address.is_none_or(|a| !a.contains("{name}"))
 }
 
 /// The marker JSON Schema as an AsyncAPI Schema Object: self-contained (no `$defs`), without the
@@ -149,7 +151,8 @@ fn message(binding: &Binding, kind: Kind, example: &[u8], trait_ref: &str) -> Re
         },
     });
     let mut example = json!({"name": name, "summary": "As published.", "payload": example});
-    if let Some(headers) = binding.sink.marker_headers() {
+    let id = example["id"].as_str().unwrap_or_default();
+    if let Some(headers) = binding.sink.marker_headers(id) {
         message["headers"] = headers.schema;
         example["headers"] = headers.example;
     }

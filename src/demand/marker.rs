@@ -20,7 +20,7 @@ pub const END: &str = "io.kubeeventbridge.snapshot.end";
 /// The watch a marker is published for.
 #[derive(Debug, Clone, Copy)]
 pub struct Watch<'a> {
-    /// The watch's id: the marker's record key.
+    /// The watch's id, the middle of the marker's id.
     pub id: &'a str,
     /// Its readable description: the marker's `subject`.
     pub description: &'a str,
@@ -66,6 +66,15 @@ pub fn end(
     document(info, scope, watch, END, now, data)
 }
 
+/// The id of the marker of type `kind` (begin or end) of snapshot `snapshot` on watch `watch`:
+/// `{snapshotid}:{watch id}:begin|end`. It is also the marker's `partitionkey` (the Kafka record
+/// key) and its `Nats-Msg-Id`: unique per marker, so that a compacted topic keeps every marker
+/// and a marker sent again is a duplicate.
+pub fn id(snapshot: &str, watch: &str, kind: &str) -> String {
+    let suffix = kind.rsplit('.').next().unwrap_or(kind);
+    format!("{snapshot}:{watch}:{suffix}")
+}
+
 /// The structured CloudEvent of a marker of type `kind` carrying `data`.
 fn document(
     info: &ResourceInfo,
@@ -75,10 +84,10 @@ fn document(
     now: OffsetDateTime,
     data: Value,
 ) -> Vec<u8> {
-    let suffix = kind.rsplit('.').next().unwrap_or(kind);
+    let id = id(&scope.id, watch.id, kind);
     let mut event = json!({
         (attribute::SPECVERSION): "1.0",
-        (attribute::ID): format!("{}:{}:{suffix}", scope.id, watch.id),
+        (attribute::ID): &id,
         (attribute::SOURCE): info.source,
         (attribute::TYPE): kind,
         (attribute::SUBJECT): watch.description,
@@ -86,7 +95,7 @@ fn document(
         (attribute::CLUSTER): &*info.cluster,
         (attribute::APIVERSION): info.api_version,
         (attribute::RESOURCE): info.resource,
-        (attribute::PARTITIONKEY): watch.id,
+        (attribute::PARTITIONKEY): &id,
         (attribute::SNAPSHOTID): &*scope.id,
         (attribute::DATACONTENTTYPE): DATA_CONTENT_TYPE,
         (attribute::DATA): data,
@@ -130,7 +139,10 @@ mod tests {
         assert_eq!(doc["type"], BEGIN);
         assert_eq!(doc["id"], "5f0c:prod.0123456789abcdef:begin");
         assert_eq!(doc["snapshotid"], "5f0c");
-        assert_eq!(doc["partitionkey"], WATCH.id);
+        assert_eq!(
+            doc["partitionkey"], doc["id"],
+            "the record key is the marker's own"
+        );
         assert_eq!(doc["namespace"], "shop");
         assert_eq!(doc["source"], info.source.as_str());
         assert_eq!(doc["data"]["expected"], 42);

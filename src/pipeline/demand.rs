@@ -62,7 +62,7 @@ impl Pipeline {
                 Demand::Begin(scope) => {
                     info!(snapshot = %scope.id, request = %scope.request, expected = scope.expected, "snapshot begins");
                     let sent = self
-                        .send_marker(&scope, |info, watch, now| {
+                        .send_marker(&scope, marker::BEGIN, |info, watch, now| {
                             marker::begin(info, &scope, watch, now)
                         })
                         .await;
@@ -103,7 +103,7 @@ impl Pipeline {
                     st.demands.failed.remove(&scope.id);
                     // Nothing follows an end marker that failed: its absence tells consumers.
                     let _ = self
-                        .send_marker(&scope, |info, watch, now| {
+                        .send_marker(&scope, marker::END, |info, watch, now| {
                             marker::end(info, &scope, watch, total, &outcome, now)
                         })
                         .await;
@@ -123,11 +123,13 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Publishes a marker of `scope` to the destination of the watch's events; why it could
-    /// not, logged, is told to the walk at its next mark (the snapshot then fails).
+    /// Publishes the marker of type `kind` of `scope` to the destination of the watch's events,
+    /// under its own id; why it could not, logged, is told to the walk at its next mark (the
+    /// snapshot then fails).
     async fn send_marker(
         &self,
         scope: &Scope,
+        kind: &str,
         build: impl FnOnce(&crate::encode::ResourceInfo, Watch<'_>, time::OffsetDateTime) -> Vec<u8>,
     ) -> std::result::Result<(), String> {
         let info = &self.info;
@@ -154,7 +156,11 @@ impl Pipeline {
         let payload = build(info, watch, time::OffsetDateTime::now_utc());
         let sent = self
             .sink
-            .send_in_stream(&destination, &self.watch.key.id, payload)
+            .send_in_stream(
+                &destination,
+                &marker::id(&scope.id, watch.id, kind),
+                payload,
+            )
             .await;
         sent.map_err(|e| {
             // The broker client's own message says why.

@@ -41,14 +41,22 @@ pub trait Describe {
         None
     }
 
-    /// The headers of a snapshot's begin or end marker: a structured-mode document whatever
-    /// [`Describe::content_mode`] says, so its content-type header only (none on standard
-    /// output).
-    fn marker_headers(&self) -> Option<Headers> {
+    /// The headers of a snapshot's begin or end marker `id`: a structured-mode document whatever
+    /// [`Describe::content_mode`] says, so its content-type header (none on standard output),
+    /// and what the transport keys on the marker's id.
+    fn marker_headers(&self, id: &str) -> Option<Headers> {
+        let _ = id;
         None
     }
 
-    /// The message bindings of a snapshot's markers (Kafka's record key: the watch's id).
+    /// The tokens a snapshot's markers take in an address that names the object: for
+    /// `{name}`, and for `{namespace}` when the snapshot covers every namespace. `None`: such an
+    /// address carries no markers (the snapshot fails).
+    fn marker_tokens(&self) -> Option<(&'static str, &'static str)> {
+        None
+    }
+
+    /// The message bindings of a snapshot's markers (Kafka's record key: the marker's id).
     fn marker_bindings(&self) -> Option<Value> {
         None
     }

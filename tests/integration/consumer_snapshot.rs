@@ -119,8 +119,12 @@ fn scenario(cluster: &str, snapshot: &str) -> Vec<Published> {
         label_selector: None,
         expected: 3,
     };
+    // Keyed as the bridge keys a marker: by its own id.
     let marker_at = |ago: i64, body: Vec<u8>| Published {
-        key: key.id.clone(),
+        key: serde_json::from_slice::<serde_json::Value>(&body).unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string(),
         body,
         ago_secs: ago,
     };

@@ -14,7 +14,8 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use crate::harness::{Bridge, Reader, Received, SinkKind, run_cli, sink_yaml, summary};
+use crate::admin::sample;
+use crate::harness::{Bridge, Reader, Received, SinkKind, get, run_cli, sink_yaml, summary};
 use crate::support::{kube_client, unique_name, unique_namespace, wait_until};
 
 const BEGIN: &str = "io.kubeeventbridge.snapshot.begin";
@@ -189,10 +190,30 @@ async fn a_snapshot_during_changes_covers_every_object_and_never_goes_backwards(
             .all(|e| e.event.id().ends_with(&format!(":{uid}"))),
         "snapshot events have ids of their own"
     );
+    // The metrics agree with the end marker.
+    let (_, metrics) = get(&bridge.admin_address().await, "/metrics").await;
+    let counted = |name: &str, label: (&str, &str)| sample(&metrics, name, &[label]);
+    let objects = "kube_event_bridge_snapshot_objects_total";
+    assert_eq!(
+        counted("kube_event_bridge_snapshots_total", ("result", "complete")),
+        1.0
+    );
+    assert_eq!(
+        counted(objects, ("outcome", "emitted")),
+        end_data["sent"].as_f64().unwrap()
+    );
+    assert_eq!(
+        counted(objects, ("outcome", "skipped")),
+        end_data["skipped"].as_f64().unwrap()
+    );
+    assert_eq!(
+        sample(&metrics, "kube_event_bridge_snapshots_running", &[]),
+        0.0
+    );
 }
 
 /// On Kafka through the command: `snapshot --wait` writes the request and returns once it is
-/// complete; the markers are on the watch's topic, keyed by the watch, and every object has a
+/// complete; the markers are on the watch's topic, keyed by their own ids, and every object has a
 /// snapshot event.
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_snapshot_command_waits_for_a_complete_snapshot() {
@@ -230,13 +251,15 @@ async fn kafka_snapshot_command_waits_for_a_complete_snapshot() {
         .iter()
         .find(|e| e.event.ty() == BEGIN)
         .expect("a begin marker");
+    assert_eq!(
+        begin.key.as_deref(),
+        Some(begin.event.id()),
+        "keyed by its own id, so that compaction keeps every marker"
+    );
     assert!(
-        begin
-            .key
-            .as_deref()
-            .is_some_and(|k| k.starts_with(&cluster)),
-        "keyed by the watch: {:?}",
-        begin.key
+        begin.event.id().contains(&format!(":{cluster}.")),
+        "{}",
+        begin.event.id()
     );
     never_backwards(&events);
 }

@@ -35,7 +35,7 @@ impl Describe for Http {
     }
 
     /// HTTP adds its own headers (Host, Content-Length, Authorization).
-    fn marker_headers(&self) -> Option<Headers> {
+    fn marker_headers(&self, _id: &str) -> Option<Headers> {
         Some(marker_headers("Content-Type", true))
     }
 

@@ -36,7 +36,7 @@ impl Describe for Kafka {
         }}))
     }
 
-    fn marker_headers(&self) -> Option<Headers> {
+    fn marker_headers(&self, _id: &str) -> Option<Headers> {
         Some(marker_headers("content-type", false))
     }
 
@@ -44,8 +44,8 @@ impl Describe for Kafka {
         Some(json!({"kafka": {
             "key": {
                 "type": "string",
-                "description": "The watch's id (the marker's `partitionkey`): both markers of \
-                                a watch's snapshots land in one partition, in order.",
+                "description": "The marker's id (also its `partitionkey`): unique per marker, \
+                                so that compaction keeps every marker of every snapshot.",
             },
             "bindingVersion": KAFKA_BINDING_VERSION,
         }}))

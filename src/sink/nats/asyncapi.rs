@@ -3,6 +3,7 @@
 
 use serde_json::{Map, Value, json};
 
+use super::sink::{ALL_NAMESPACES, WATCH_NAME};
 use super::{Nats, NatsConfig, message};
 use crate::config::ContentMode;
 use crate::encode::Event;
@@ -55,10 +56,25 @@ impl Describe for Nats {
         })
     }
 
-    /// Published without `Nats-Msg-Id`: a marker's `id` is deterministic, but JetStream does
-    /// not drop a repeated one.
-    fn marker_headers(&self) -> Option<Headers> {
-        Some(marker_headers("Content-Type", false))
+    /// With JetStream, `Nats-Msg-Id` is the marker's `id`: a marker sent again within the
+    /// duplicate window is dropped.
+    fn marker_headers(&self, id: &str) -> Option<Headers> {
+        let mut headers = marker_headers("Content-Type", false);
+        if self.config.jetstream.is_some() {
+            headers.schema["properties"]["Nats-Msg-Id"] = json!({
+                "type": "string",
+                "description": "The marker's id: JetStream drops a marker sent again within \
+                                the stream's duplicate window.",
+            });
+            headers.example["Nats-Msg-Id"] = json!(id);
+        }
+        Some(headers)
+    }
+
+    /// A watch's messages take `_watch` for the object's name, `_all` for a namespace the
+    /// watch does not have.
+    fn marker_tokens(&self) -> Option<(&'static str, &'static str)> {
+        Some((WATCH_NAME, ALL_NAMESPACES))
     }
 
     fn channel_kind(&self) -> &'static str {

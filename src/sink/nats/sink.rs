@@ -26,8 +26,12 @@ use crate::template::{Template, Values};
 /// The name token of a subject that carries a watch's own messages (a snapshot's markers):
 /// Kubernetes names start with a letter or digit, so no object's subject has it.
 pub const WATCH_NAME: &str = "_watch";
+
 /// The namespace token of such a subject when the watch covers every namespace.
 pub const ALL_NAMESPACES: &str = "_all";
+
+/// The header by which JetStream drops a message it stored within its duplicate window.
+const NATS_MESSAGE_ID: &str = "Nats-Msg-Id";
 
 /// The NATS sink.
 #[derive(Debug)]
@@ -171,7 +175,7 @@ impl NatsSink {
 
     /// Publishes `payload` (a structured CloudEvent) to `subject`: with JetStream, stored and
     /// acknowledged like an event.
-    async fn publish_in_stream(&self, subject: &str, payload: Vec<u8>) -> Result<()> {
+    async fn publish_in_stream(&self, subject: &str, id: &str, payload: Vec<u8>) -> Result<()> {
         let Some(js) = &self.jetstream else {
             return self.publish_raw(subject, payload).await;
         };
@@ -181,6 +185,7 @@ impl NatsSink {
         };
         let mut headers = HeaderMap::new();
         headers.insert("Content-Type", STRUCTURED_CONTENT_TYPE);
+        headers.insert(NATS_MESSAGE_ID, id);
         let ack = js
             .publish_with_headers(subject.to_string(), headers, payload.into())
             .await
@@ -233,10 +238,10 @@ impl Sink for NatsSink {
     fn send_in_stream<'a>(
         &'a self,
         destination: &'a str,
-        _key: &'a str,
+        key: &'a str,
         payload: Vec<u8>,
     ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(self.publish_in_stream(destination, payload))
+        Box::pin(self.publish_in_stream(destination, key, payload))
     }
 
     fn flush(&self, timeout: Duration) -> BoxFuture<'_, ()> {
@@ -269,7 +274,7 @@ impl Sink for NatsSink {
 pub fn message(event: &Event, mode: ContentMode, jetstream: bool) -> (HeaderMap, Bytes) {
     let mut headers = HeaderMap::new();
     if jetstream {
-        headers.insert("Nats-Msg-Id", event.id.as_str());
+        headers.insert(NATS_MESSAGE_ID, event.id.as_str());
     }
     let payload = match mode {
         ContentMode::Binary => {
