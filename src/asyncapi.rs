@@ -876,7 +876,7 @@ mod tests {
             let key = m["bindings"]["kafka"]["key"]["description"]
                 .as_str()
                 .unwrap();
-            assert!(key.contains("watch's id"), "{key}");
+            assert!(key.contains("marker's id"), "{key}");
             let example = &m["examples"][0]["payload"];
             assert_eq!(example["type"], kind);
             let parsed: crate::schema::SnapshotMarker = serde_json::from_value(example.clone())
@@ -896,17 +896,22 @@ mod tests {
             ),
             API,
         );
-        assert!(
-            nats["components"]["messages"]
-                .get(marker::BEGIN_ID)
-                .is_none(),
-            "every subject names its object: no marker"
+        // Every subject names its object, and the markers take `_watch` (and `_all`) there.
+        let begin = &nats["components"]["messages"][marker::BEGIN_ID];
+        let headers = &begin["headers"]["properties"];
+        assert!(headers["Nats-Msg-Id"].is_object(), "{begin}");
+        assert_eq!(
+            begin["examples"][0]["headers"]["Nats-Msg-Id"], begin["examples"][0]["payload"]["id"],
+            "a marker's Nats-Msg-Id is its id"
         );
-        assert!(
-            nats["components"]["schemas"]
-                .get("SnapshotMarker")
-                .is_none()
-        );
+        assert!(nats["components"]["schemas"]["SnapshotMarker"].is_object());
+        for channel in nats["channels"].as_object().unwrap().values() {
+            assert!(channel["messages"][marker::END_ID].is_object(), "{channel}");
+            let name = channel["parameters"]["name"]["description"]
+                .as_str()
+                .unwrap();
+            assert!(name.contains("`_watch`"), "{name}");
+        }
 
         let stdout = doc(&format!("cluster: dev\n{}", not_kafka()), API);
         let m = &stdout["components"]["messages"][marker::END_ID];
@@ -1151,7 +1156,9 @@ mod tests {
             [
                 "discovered.v1.configmaps",
                 "east.v1.configmaps",
-                "hub.v1.configmaps"
+                "hub.v1.configmaps",
+                marker::BEGIN_ID,
+                marker::END_ID,
             ]
         );
         assert!(cm["parameters"].get("cluster").is_none());

@@ -151,7 +151,7 @@ fn message(binding: &Binding, kind: Kind, example: &[u8], trait_ref: &str) -> Re
         },
     });
     let mut example = json!({"name": name, "summary": "As published.", "payload": example});
-    let id = example["id"].as_str().unwrap_or_default();
+    let id = example["payload"]["id"].as_str().unwrap_or_default();
     if let Some(headers) = binding.sink.marker_headers(id) {
         message["headers"] = headers.schema;
         example["headers"] = headers.example;

@@ -4,12 +4,13 @@
 //! owner resumes from the recorded progress). A request that cannot be served is marked failed,
 //! naming why.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
@@ -36,6 +37,9 @@ enum Route<'a> {
     Refused(String),
 }
 
+/// A walk that ended: its request's uid and the phase it reached.
+type Ended = (String, Phase);
+
 /// The request follower of one bridge.
 pub struct Requests {
     /// The requests' namespace.
@@ -50,11 +54,11 @@ pub struct Requests {
     relisted: Option<BTreeMap<String, ConfigMap>>,
     /// The walks going on here, by request uid.
     walks: HashMap<String, JoinHandle<()>>,
-    /// Walks that ended, by request uid.
-    ended: (
-        mpsc::UnboundedSender<String>,
-        mpsc::UnboundedReceiver<String>,
-    ),
+    /// Walks that ended, by request uid, with the phase they reached.
+    ended: (mpsc::UnboundedSender<Ended>, mpsc::UnboundedReceiver<Ended>),
+    /// Requests whose walk ended here complete or failed: not walked again while the watch
+    /// event of their final progress is on its way.
+    finished: HashSet<String>,
 }
 
 impl Requests {
@@ -68,6 +72,7 @@ impl Requests {
             relisted: None,
             walks: HashMap::new(),
             ended: mpsc::unbounded_channel(),
+            finished: HashSet::new(),
         }
     }
 
@@ -101,8 +106,11 @@ impl Requests {
                     None => break,
                 },
                 Ok(()) = changed.changed() => {}
-                Some(uid) = self.ended.1.recv() => {
+                Some((uid, phase)) = self.ended.1.recv() => {
                     self.walks.remove(&uid);
+                    if phase.is_final() {
+                        self.finished.insert(uid);
+                    }
                 }
             }
             self.reconcile().await;
@@ -147,6 +155,7 @@ impl Requests {
 
     /// Stops the walk of a request that was deleted, if one goes on here.
     fn stop_walk(&mut self, uid: &str, cm: &ConfigMap) {
+        self.finished.remove(uid);
         if let Some(walk) = self.walks.remove(uid) {
             info!(
                 request = cm.metadata.name.as_deref().unwrap_or_default(),
@@ -163,13 +172,15 @@ impl Requests {
         let mut refusals = Vec::new();
         for (uid, cm) in &self.known {
             let progress = record::read(cm.metadata.annotations.as_ref());
-            if self.walks.contains_key(uid) || progress.phase.is_final() {
+            let finished = progress.phase.is_final() || self.finished.contains(uid);
+            if self.walks.contains_key(uid) || finished {
                 continue;
             }
+            let refused = |why: String| (cm.metadata.clone(), why);
             let request = match request::parse(cm) {
                 Ok(request) => request,
                 Err(e) => {
-                    refusals.push((cm.metadata.name.clone().unwrap_or_default(), e.to_string()));
+                    refusals.push(refused(e.to_string()));
                     continue;
                 }
             };
@@ -179,21 +190,37 @@ impl Requests {
                     self.walks.insert(uid.clone(), walk);
                 }
                 Route::Elsewhere => {}
-                Route::Refused(why) => refusals.push((request.name, why)),
+                Route::Refused(why) => refusals.push(refused(why)),
             }
         }
-        for (name, why) in refusals {
-            warn!(request = %name, error = %why, "snapshot request refused");
-            self.admin.snapshots.ended[1].fetch_add(1, Ordering::Relaxed);
-            let progress = Progress {
-                phase: Phase::Failed,
-                message: Some(why),
-                ..Progress::default()
-            };
-            let patch = Patch::Merge(record::patch(&progress));
-            if let Err(e) = self.api.patch(&name, &PatchParams::default(), &patch).await {
-                warn!(request = %name, error = %e, "snapshot refusal not recorded");
+        for (meta, why) in refusals {
+            self.refuse(meta, why).await;
+        }
+    }
+
+    /// Marks a request failed with `why`, on the version of it this replica saw: of the
+    /// replicas (and repeated reconciles) that refuse one request, one records and counts it.
+    async fn refuse(&self, meta: ObjectMeta, why: String) {
+        let name = meta.name.unwrap_or_default();
+        let progress = Progress {
+            phase: Phase::Failed,
+            message: Some(why.clone()),
+            ..Progress::default()
+        };
+        let mut patch = record::patch(&progress);
+        patch["metadata"]["resourceVersion"] = meta.resource_version.into();
+        match self
+            .api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(_) => {
+                warn!(request = %name, error = %why, "snapshot request refused");
+                self.admin.snapshots.ended[1].fetch_add(1, Ordering::Relaxed);
             }
+            // Recorded by another replica, or changed since: the next reconcile sees it.
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => warn!(request = %name, error = %e, "snapshot refusal not recorded"),
         }
     }
 
@@ -224,7 +251,7 @@ impl Requests {
                 Phase::Failed => admin.snapshots.ended[1].fetch_add(1, Ordering::Relaxed),
                 _ => 0,
             };
-            let _ = ended.send(uid);
+            let _ = ended.send((uid, phase));
         })
     }
 }

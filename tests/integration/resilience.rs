@@ -458,8 +458,11 @@ async fn sigterm_during_a_large_initial_list_drains_and_loses_nothing() {
             dir.path().display()
         )
     };
-    // One request every 2 s: the list's three pages of 500 arrive seconds apart.
-    let mut first = Bridge::start(&config("kubernetes: {qps: 0.5, burst: 1}\n"));
+    // One request every 2 s: the list's three pages of 500 arrive seconds apart (a paged LIST:
+    // a streaming list is one request, over before the signal).
+    let mut first = Bridge::start(&config(
+        "kubernetes: {qps: 0.5, burst: 1, initialList: list}\n",
+    ));
     let mut reader = Reader::stdout(&first);
     let mut seen = reader
         .read_until(Duration::from_secs(60), |got| !got.is_empty())

@@ -15,7 +15,9 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::admin::sample;
-use crate::harness::{Bridge, Reader, Received, SinkKind, get, run_cli, sink_yaml, summary};
+use crate::harness::{
+    Bridge, Reader, Received, SinkKind, checkpoint_extra, get, run_cli, sink_yaml, summary,
+};
 use crate::support::{kube_client, unique_name, unique_namespace, wait_until};
 
 const BEGIN: &str = "io.kubeeventbridge.snapshot.begin";
@@ -40,7 +42,8 @@ async fn objects(prefix: &str, count: usize) -> (kube::Client, String, String) {
 /// A bridge configuration watching `ns`'s ConfigMaps, reading requests in `requests`.
 fn config(cluster: &str, ns: &str, requests: &str, sink: SinkKind) -> String {
     format!(
-        "cluster: {cluster}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\nsnapshotRequests: {{namespace: {requests}}}\n{}",
+        "cluster: {cluster}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\nsnapshotRequests: {{namespace: {requests}}}\ncheckpoint: {{enabled: true{}}}\n{}",
+        checkpoint_extra(sink, cluster),
         sink_yaml(sink, cluster)
     )
 }
@@ -320,6 +323,60 @@ async fn a_snapshot_resumes_after_the_bridge_is_killed() {
         .collect();
     assert_eq!(sent.len(), count, "every object, none lost across the kill");
     never_backwards(&events);
+}
+
+/// Over HTTP: the markers and the snapshot's events are POSTed to the watch's URL, the markers
+/// in structured mode whatever the sink's content mode, and every object is covered between them
+/// while changes go on.
+#[tokio::test(flavor = "multi_thread")]
+async fn http_snapshot_posts_every_object_between_its_markers() {
+    let count = 60;
+    let (client, ns, requests) = objects("snaphttp", count).await;
+    let cluster = unique_name("c");
+    let mut bridge = Bridge::start(&config(&cluster, &ns, &requests, SinkKind::Http));
+    bridge.wait_synced(1).await;
+    let mut reader = Reader::for_sink(SinkKind::Http, &cluster, &[], &bridge).await;
+    // The initial list's events first, so that what follows is the snapshot and the churn.
+    reader
+        .read_until(Duration::from_secs(60), |got| got.len() >= count)
+        .await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = churn(client.clone(), ns.clone(), count, stop.clone());
+    let (name, uid) = request(&client, &requests, &ns, 10).await;
+    let (phase, status) = ended(&client, &requests, &name).await;
+    stop.store(true, Ordering::Relaxed);
+    writer.await.unwrap();
+    assert_eq!(phase, "Complete", "{status}");
+    let mut events = reader
+        .read_until(Duration::from_secs(60), |got| {
+            got.iter().any(|e| e.event.ty() == END)
+        })
+        .await;
+    events.extend(reader.drain(Duration::from_secs(2)).await);
+    never_backwards(&events);
+    let at = |ty: &str| events.iter().position(|e| e.event.ty() == ty).unwrap();
+    let (begin, end) = (at(BEGIN), at(END));
+    assert!(begin < end);
+    for marker in [&events[begin], &events[end]] {
+        assert_eq!(marker.ext("snapshotid"), uid);
+        assert_eq!(
+            marker.headers.get("content-type").map(String::as_str),
+            Some("application/cloudevents+json; charset=utf-8"),
+            "a marker is structured: {:?}",
+            marker.headers
+        );
+    }
+    let covered: BTreeSet<String> = events[begin..end]
+        .iter()
+        .filter(|e| e.event.ty().starts_with("io.kubeeventbridge.object."))
+        .map(|e| e.ext("name"))
+        .collect();
+    assert_eq!(covered.len(), count, "every object between the markers");
+    let sent = events
+        .iter()
+        .filter(|e| e.ext("snapshotid") == uid && e.ext("origin") == "snapshot")
+        .count();
+    assert_eq!(events[end].data()["sent"], sent, "{}", summary(&events));
 }
 
 /// A request that cannot be served fails with a reason naming the data key, and `--wait`

@@ -33,6 +33,27 @@ pub const ALL_NAMESPACES: &str = "_all";
 /// The header by which JetStream drops a message it stored within its duplicate window.
 const NATS_MESSAGE_ID: &str = "Nats-Msg-Id";
 
+/// The headers of a structured CloudEvent published out of band, with `id` as its
+/// `Nats-Msg-Id` when given.
+fn structured(id: Option<&str>) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert("Content-Type", STRUCTURED_CONTENT_TYPE);
+    if let Some(id) = id {
+        headers.insert(NATS_MESSAGE_ID, id);
+    }
+    headers
+}
+
+/// The error of a failed out-of-band publish to `subject`.
+fn publish_failed(
+    subject: &str,
+) -> impl Fn(Box<dyn std::error::Error + Send + Sync>) -> Error + '_ {
+    move |source| Error::Publish {
+        destination: subject.to_string(),
+        source,
+    }
+}
+
 /// The NATS sink.
 #[derive(Debug)]
 pub struct NatsSink {
@@ -160,34 +181,24 @@ impl NatsSink {
 
     /// Publishes one structured CloudEvent on core NATS and flushes.
     async fn publish_raw(&self, subject: &str, payload: Vec<u8>) -> Result<()> {
-        let failed = |source: Box<dyn std::error::Error + Send + Sync>| Error::Publish {
-            destination: subject.to_string(),
-            source,
-        };
-        let mut headers = HeaderMap::new();
-        headers.insert("Content-Type", STRUCTURED_CONTENT_TYPE);
+        let failed = publish_failed(subject);
         self.client
-            .publish_with_headers(subject.to_string(), headers, payload.into())
+            .publish_with_headers(subject.to_string(), structured(None), payload.into())
             .await
             .map_err(|e| failed(Box::new(e)))?;
         self.client.flush().await.map_err(|e| failed(Box::new(e)))
     }
 
-    /// Publishes `payload` (a structured CloudEvent) to `subject`: with JetStream, stored and
-    /// acknowledged like an event.
+    /// Publishes `payload` (a structured CloudEvent whose id is `id`) to `subject`: with
+    /// JetStream, stored and acknowledged like an event, and dropped as a duplicate within the
+    /// stream's window.
     async fn publish_in_stream(&self, subject: &str, id: &str, payload: Vec<u8>) -> Result<()> {
         let Some(js) = &self.jetstream else {
             return self.publish_raw(subject, payload).await;
         };
-        let failed = |source: Box<dyn std::error::Error + Send + Sync>| Error::Publish {
-            destination: subject.to_string(),
-            source,
-        };
-        let mut headers = HeaderMap::new();
-        headers.insert("Content-Type", STRUCTURED_CONTENT_TYPE);
-        headers.insert(NATS_MESSAGE_ID, id);
+        let failed = publish_failed(subject);
         let ack = js
-            .publish_with_headers(subject.to_string(), headers, payload.into())
+            .publish_with_headers(subject.to_string(), structured(Some(id)), payload.into())
             .await
             .map_err(|e| failed(Box::new(e)))?;
         ack.await.map(|_| ()).map_err(|e| failed(Box::new(e)))
