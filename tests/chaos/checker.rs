@@ -564,7 +564,7 @@ fn check_coverage(evidence: &Evidence) -> Vec<Anomaly> {
             let newest = window
                 .iter()
                 .filter(|s| s.uid == *uid)
-                .filter(|s| s.snapshot.is_none() || s.snapshot.as_deref() == Some(&r.uid))
+                .filter(|s| s.snapshot.is_none() || s.snapshot.as_deref() == Some(r.uid.as_str()))
                 .map(|s| s.rv)
                 .max();
             if newest.is_none_or(|n| n < *version) {

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use kube_event_bridge_consumer::event::{Binding, decode_message, decode_structured_message};
 use kube_event_bridge_consumer::{
-    ChangeType, Event, Marker, MarkerKind, Message, Origin, Record, SnapshotResult, Writer,
+    ChangeType, Event, Marker, MarkerKind, Message as Decoded, Origin, Record, SnapshotResult,
+    Writer,
 };
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Headers};
@@ -138,10 +139,10 @@ impl Observed {
     }
 
     /// Records a decoded message read from `destination`.
-    fn message(&mut self, destination: String, message: Message, compacted_key: Option<String>) {
+    fn message(&mut self, destination: String, message: Decoded, compacted_key: Option<String>) {
         match message {
-            Message::Event(e) => self.event(destination, *e, compacted_key),
-            Message::Marker(m) => self.marker(*m),
+            Decoded::Event(e) => self.event(destination, *e, compacted_key),
+            Decoded::Marker(m) => self.marker(*m),
         }
     }
 

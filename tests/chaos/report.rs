@@ -77,6 +77,13 @@ impl Report {
                 r.writes,
                 r.settled_secs
             ));
+            let mut phases: BTreeMap<&str, usize> = BTreeMap::new();
+            for (_, phase) in r.snapshots.values().flatten() {
+                *phases.entry(phase.as_str()).or_default() += 1;
+            }
+            if !phases.is_empty() {
+                out.push_str(&format!(", snapshots {phases:?}"));
+            }
             for a in &r.anomalies {
                 out.push_str(&format!(
                     "\n  ANOMALY {} {} {} {} {}: {} {:?}",

@@ -17,8 +17,6 @@ use crate::history::{Requested, WatchKey};
 use crate::observe::Observer;
 use crate::workload::{CRD_GROUP, CRD_PLURAL, Layout, Ledger};
 
-/// The label that makes a ConfigMap a snapshot request.
-const LABEL: &str = "kube-event-bridge.dev/snapshot-request";
 /// The request's phase.
 const PHASE: &str = "kube-event-bridge.dev/snapshot-phase";
 /// The request's progress document (JSON, with `message`).
@@ -89,7 +87,7 @@ impl Asker {
             "v1/configmaps".to_string()
         };
         let request = json!({
-            "metadata": {"generateName": "snapshot-", "labels": {LABEL: "true"}},
+            "metadata": {"generateName": "snapshot-", "labels": {"kube-event-bridge.dev/snapshot-request": "true"}},
             "data": {
                 "resource": resource,
                 "namespace": watch.namespace,
@@ -137,10 +135,11 @@ impl Asker {
         loop {
             self.read_back().await;
             let done = self.requested.iter().enumerate().all(|(i, asked)| {
-                let markers = &observers[i].observed.lock().unwrap().markers;
+                let observed = observers[i].observed.lock().unwrap();
                 asked.iter().all(|r| match r.phase.as_str() {
                     "Failed" => true,
-                    "Complete" => markers
+                    "Complete" => observed
+                        .markers
                         .iter()
                         .any(|m| m.snapshot == r.uid && m.end.is_some()),
                     _ => false,
