@@ -342,8 +342,9 @@ fn check_ids(by_uid: &BTreeMap<&str, Vec<&Seen>>) -> Vec<Anomaly> {
     for (uid, seen) in by_uid {
         let mut ids: BTreeMap<u64, BTreeSet<&str>> = BTreeMap::new();
         for s in seen {
-            // A snapshot's event repeats a version under its own id.
-            if !(s.repaired && s.change == Change::Deleted) && !snapshot_event(s) {
+            // A repaired delete, and a snapshot's event, repeat a version under their own id.
+            let repeats = (s.repaired && s.change == Change::Deleted) || snapshot_event(s);
+            if !repeats {
                 ids.entry(s.rv).or_default().insert(&s.id);
             }
         }
