@@ -50,8 +50,10 @@ pub struct RoundReport {
     pub settled_secs: BTreeMap<String, Option<f64>>,
     /// Replicas that exited by design (a leader that lost its Lease), per deployment.
     pub designed_exits: BTreeMap<String, usize>,
-    /// The snapshots on demand asked of each deployment: request name and final phase.
-    pub snapshots: BTreeMap<String, Vec<(String, String)>>,
+    /// The snapshots on demand asked of each deployment: request name, final phase, and how
+    /// many begin and end markers of it the consumer received (copies of one marker id
+    /// included: more than one end marker means the snapshot was published again).
+    pub snapshots: BTreeMap<String, Vec<(String, String, usize, usize)>>,
 }
 
 /// An anomaly of one deployment, with the bridge's log lines about it.
@@ -242,10 +244,21 @@ pub async fn run(
         snapshots: deployments
             .iter()
             .zip(&asker.requested)
-            .map(|(d, asked)| {
+            .zip(&observers)
+            .map(|((d, asked), o)| {
+                let markers = &o.observed.lock().unwrap().markers;
+                let count = |uid: &str, end: bool| {
+                    markers
+                        .iter()
+                        .filter(|m| m.snapshot == uid && m.end.is_some() == end)
+                        .count()
+                };
                 let phases = asked
                     .iter()
-                    .map(|r| (r.name.clone(), r.phase.clone()))
+                    .map(|r| {
+                        let (begins, ends) = (count(&r.uid, false), count(&r.uid, true));
+                        (r.name.clone(), r.phase.clone(), begins, ends)
+                    })
                     .collect();
                 (d.name.clone(), phases)
             })
