@@ -14,9 +14,19 @@
 //! - one id per (uid, resourceVersion): only a repaired delete may share the resourceVersion
 //!   of the object's previous event;
 //! - per-object order: an event not seen before never has a lower resourceVersion than one
-//!   already received for its uid (equal is allowed for a repaired delete);
+//!   already received for its uid (equal is allowed for a repaired delete, and for a snapshot
+//!   on demand's event, which repeats the version of the last live event under its own id
+//!   `{uid}:{resourceVersion}:{snapshotid}`);
 //! - at quiescence the consumer crate's store equals the live objects of every watch, and a
-//!   compacted topic replayed from its start equals the live objects by name.
+//!   compacted topic replayed from its start equals the live objects by name;
+//! - every snapshot on demand the campaign requested ended (`snapshot-unfinished`): its
+//!   request reached `Complete` or `Failed` once the round was quiet, a failed one says why, and
+//!   a complete one has exactly one end marker with `result: complete`, its begin marker
+//!   received before it (`snapshot-markers`);
+//! - a complete snapshot covers its scope (`snapshot-coverage`): see [`check_coverage`].
+//!
+//! Promises of writes are judged on live and repaired events alone: a snapshot's event never
+//! excuses a lost live event.
 //!
 //! Writes are made only after every watch published its initial snapshot, so every write is
 //! after its watch's snapshot point (docs/guarantees.md, "What the fault campaign checks").
@@ -25,13 +35,14 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::Serialize;
 
-use crate::history::{Change, Evidence, Seen, WatchKey, Write};
+use crate::history::{Change, Evidence, MarkerSeen, Requested, Seen, WatchKey, Write};
 
 /// A broken promise.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Anomaly {
     /// Which rule: `lost-version`, `lost-delete`, `lost-object`, `invented`, `two-ids`,
-    /// `out-of-order`, `store-differs`, `compacted-differs`, `stuck-while-ready`, `exited`.
+    /// `out-of-order`, `store-differs`, `compacted-differs`, `snapshot-unfinished`,
+    /// `snapshot-markers`, `snapshot-coverage`, `stuck-while-ready`, `exited`.
     pub kind: &'static str,
     /// The watch.
     pub watch: String,
@@ -66,15 +77,31 @@ impl Anomaly {
 /// Checks one deployment's evidence.
 pub fn check(evidence: &Evidence) -> Vec<Anomaly> {
     let by_uid = group_seen(&evidence.seen);
+    let live: Vec<Seen> = evidence
+        .seen
+        .iter()
+        .filter(|s| s.snapshot.is_none())
+        .cloned()
+        .collect();
+    let live_by_uid = group_seen(&live);
     let relisted = evidence.seen.iter().any(|s| s.repaired);
     let mut anomalies = Vec::new();
-    anomalies.extend(check_promises(evidence, &by_uid, relisted));
+    anomalies.extend(check_promises(evidence, &live_by_uid, relisted));
     anomalies.extend(check_invented(evidence));
     anomalies.extend(check_ids(&by_uid));
     anomalies.extend(check_order(&by_uid));
     anomalies.extend(check_store(evidence));
     anomalies.extend(check_compacted(evidence));
+    anomalies.extend(check_snapshots_end(evidence));
+    anomalies.extend(check_coverage(evidence));
     anomalies
+}
+
+/// Whether `s` is a snapshot on demand's event under its own id `{uid}:{rv}:{snapshotid}`.
+fn snapshot_event(s: &Seen) -> bool {
+    s.snapshot
+        .as_ref()
+        .is_some_and(|id| s.id == format!("{}:{}:{id}", s.uid, s.rv))
 }
 
 /// Events per uid, in arrival order.
@@ -315,7 +342,9 @@ fn check_ids(by_uid: &BTreeMap<&str, Vec<&Seen>>) -> Vec<Anomaly> {
     for (uid, seen) in by_uid {
         let mut ids: BTreeMap<u64, BTreeSet<&str>> = BTreeMap::new();
         for s in seen {
-            if !(s.repaired && s.change == Change::Deleted) {
+            // A repaired delete, and a snapshot's event, repeat a version under their own id.
+            let repeats = (s.repaired && s.change == Change::Deleted) || snapshot_event(s);
+            if !repeats {
                 ids.entry(s.rv).or_default().insert(&s.id);
             }
         }
@@ -350,7 +379,12 @@ fn check_order(by_uid: &BTreeMap<&str, Vec<&Seen>>) -> Vec<Anomaly> {
             // never dropped for their sequence (docs/guarantees.md, "How to deduplicate").
             let repaired_delete = s.repaired && s.change == Change::Deleted;
             if let Some(n) = newest.filter(|_| !repaired_delete) {
-                let back = s.rv <= n.rv;
+                // A snapshot's event may repeat the newest version, never go below it.
+                let back = if snapshot_event(s) {
+                    s.rv < n.rv
+                } else {
+                    s.rv <= n.rv
+                };
                 if back {
                     anomalies.push(
                         Anomaly::of(
@@ -370,6 +404,218 @@ fn check_order(by_uid: &BTreeMap<&str, Vec<&Seen>>) -> Vec<Anomaly> {
         }
     }
     anomalies
+}
+
+/// Every requested snapshot ended once the round was quiet: `Complete` with exactly one end
+/// marker `result: complete` received (duplicates of one marker id count once), its begin marker
+/// received before it (on Kafka, whose partitions are read in no common order, received at
+/// all), and no failed end marker; or `Failed` with a message. A request still `Pending` or
+/// `Running` is a snapshot that vanished silently.
+fn check_snapshots_end(evidence: &Evidence) -> Vec<Anomaly> {
+    let mut anomalies = Vec::new();
+    for r in &evidence.requested {
+        let of = |kind, detail: String| Anomaly::of(kind, &r.watch, &r.name, &r.uid, detail);
+        let markers: Vec<(usize, &MarkerSeen)> = evidence
+            .markers
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.snapshot == r.uid)
+            .collect();
+        let complete: BTreeSet<&str> = markers
+            .iter()
+            .filter(|(_, m)| m.end == Some(Ok(())))
+            .map(|(_, m)| m.id.as_str())
+            .collect();
+        let failed: Vec<&str> = markers
+            .iter()
+            .filter_map(|(_, m)| m.end.as_ref()?.as_ref().err().map(String::as_str))
+            .collect();
+        let ids = markers.iter().map(|(_, m)| m.id.clone()).collect();
+        match r.phase.as_str() {
+            "Complete" => {
+                let first_end = markers
+                    .iter()
+                    .find(|(_, m)| m.end == Some(Ok(())))
+                    .map(|(i, _)| *i);
+                let begin = markers
+                    .iter()
+                    .find(|(_, m)| m.end.is_none())
+                    .map(|(i, _)| *i);
+                let why = if complete.len() != 1 {
+                    Some(format!(
+                        "the request is Complete, {} end markers with result complete arrived",
+                        complete.len()
+                    ))
+                } else if !failed.is_empty() {
+                    Some(format!(
+                        "the request is Complete, a failed end marker arrived too: {failed:?}"
+                    ))
+                } else if begin.is_none() {
+                    Some("the request is Complete, its begin marker never arrived".into())
+                } else if evidence.ordered && begin > first_end {
+                    Some("its begin marker arrived after its end marker".into())
+                } else {
+                    None
+                };
+                anomalies.extend(why.map(|w| of("snapshot-markers", w).with_ids(ids)));
+            }
+            "Failed" => {
+                if r.message.as_deref().is_none_or(str::is_empty) {
+                    anomalies.push(of(
+                        "snapshot-unfinished",
+                        "the request failed without a message".into(),
+                    ));
+                }
+                if !complete.is_empty() {
+                    anomalies.push(
+                        of(
+                            "snapshot-markers",
+                            "the request is Failed, an end marker says complete".into(),
+                        )
+                        .with_ids(ids),
+                    );
+                }
+            }
+            phase => anomalies.push(
+                of(
+                    "snapshot-unfinished",
+                    format!(
+                        "the request is still {:?} after the round's quiet period ({} markers arrived)",
+                        if phase.is_empty() { "Pending" } else { phase },
+                        markers.len()
+                    ),
+                )
+                .with_ids(ids),
+            ),
+        }
+    }
+    anomalies
+}
+
+/// A complete snapshot covers its scope. The objects it must cover are those the workload's
+/// history shows in the watch's scope when the request was sent (their last write acknowledged
+/// before it leaves them selected; the begin marker is published after the request exists)
+/// and not deleted nor moved out of the selector by a write sent before the end marker
+/// arrived (a write sent after that came after the end marker was published); objects with a
+/// write of unknown outcome are left out. Then:
+/// - the end marker's `sent + skipped` is at least their number (every one of them was read),
+///   and at least `sent` distinct objects arrived with the snapshot's id;
+/// - where the consumer's arrival order is the publishing order of the watch (NATS, HTTP:
+///   [`Evidence::ordered`]), each of them has, between the first begin marker and the end
+///   marker, an event with the snapshot's id or a live event, the newest at least the version
+///   it had when the request was sent (its state at the begin marker is no older). On Kafka
+///   the markers and the objects lie in several partitions, read in no common order: only the
+///   counts are checked there.
+fn check_coverage(evidence: &Evidence) -> Vec<Anomaly> {
+    let mut anomalies = Vec::new();
+    for r in evidence.requested.iter().filter(|r| r.phase == "Complete") {
+        let mine = |m: &&MarkerSeen| m.snapshot == r.uid;
+        let begin = evidence
+            .markers
+            .iter()
+            .filter(mine)
+            .find(|m| m.end.is_none());
+        let end = evidence
+            .markers
+            .iter()
+            .filter(mine)
+            .find(|m| m.end == Some(Ok(())));
+        let (Some(begin), Some(end)) = (begin, end) else {
+            continue; // reported by check_snapshots_end
+        };
+        let required = required_objects(evidence, r, end.at_ms);
+        let of = |name: &str, uid: &str, detail: String| {
+            Anomaly::of("snapshot-coverage", &r.watch, name, uid, detail)
+                .with_ids(vec![r.uid.clone()])
+        };
+        if end.sent + end.skipped < required.len() as u64 {
+            anomalies.push(of(
+                &r.name,
+                &r.uid,
+                format!(
+                    "the end marker counts {} sent and {} skipped, {} objects existed throughout",
+                    end.sent,
+                    end.skipped,
+                    required.len()
+                ),
+            ));
+        }
+        let received: BTreeSet<&str> = evidence
+            .seen
+            .iter()
+            .filter(|s| s.snapshot.as_deref() == Some(r.uid.as_str()))
+            .map(|s| s.uid.as_str())
+            .collect();
+        if (received.len() as u64) < end.sent {
+            anomalies.push(of(
+                &r.name,
+                &r.uid,
+                format!(
+                    "the end marker counts {} sent, {} objects arrived with the snapshot's id",
+                    end.sent,
+                    received.len()
+                ),
+            ));
+        }
+        if !evidence.ordered || begin.after > end.after {
+            continue;
+        }
+        let window = &evidence.seen[begin.after..end.after];
+        for (uid, (name, version)) in &required {
+            let newest = window
+                .iter()
+                .filter(|s| s.uid == *uid)
+                .filter(|s| s.snapshot.is_none() || s.snapshot.as_deref() == Some(r.uid.as_str()))
+                .map(|s| s.rv)
+                .max();
+            if newest.is_none_or(|n| n < *version) {
+                anomalies.push(of(
+                    name,
+                    uid,
+                    format!(
+                        "snapshot {} ({}) is complete, and between its markers the object, at resourceVersion {version} or newer throughout, {}",
+                        r.uid,
+                        r.name,
+                        newest.map_or("got no event".to_string(), |n| format!(
+                            "got nothing newer than {n}"
+                        ))
+                    ),
+                ));
+            }
+        }
+    }
+    anomalies
+}
+
+/// The objects of `r`'s watch in its scope from before the request until after `end_ms`: uid
+/// to (name, the resourceVersion of its last write acknowledged before the request).
+fn required_objects<'a>(
+    evidence: &'a Evidence,
+    r: &Requested,
+    end_ms: u64,
+) -> BTreeMap<&'a str, (&'a str, u64)> {
+    let mut before: BTreeMap<&str, &Write> = BTreeMap::new();
+    for w in evidence.writes[..r.writes_before.min(evidence.writes.len())]
+        .iter()
+        .filter(|w| w.watch == r.watch)
+    {
+        before.insert(&w.uid, w);
+    }
+    let left: BTreeSet<&str> = evidence.writes[r.writes_before.min(evidence.writes.len())..]
+        .iter()
+        .filter(|w| w.watch == r.watch && !w.visible && w.at_ms <= end_ms)
+        .map(|w| w.uid.as_str())
+        .collect();
+    before
+        .into_iter()
+        .filter(|(uid, w)| w.visible && !left.contains(uid))
+        .filter(|(_, w)| {
+            !evidence
+                .uncertain
+                .contains(&(w.watch.clone(), w.name.clone()))
+        })
+        .map(|(uid, w)| (uid, (w.name.as_str(), w.rv)))
+        .collect()
 }
 
 /// The consumer crate's store equals the live objects of every watch.
@@ -490,6 +736,43 @@ mod tests {
             rv,
             change,
             repaired,
+            snapshot: None,
+        }
+    }
+
+    /// An event of snapshot `id` at arrival time `at_ms`.
+    fn snap(uid: &str, rv: u64, id: &str, at_ms: u64) -> Seen {
+        Seen {
+            at_ms,
+            id: format!("{uid}:{rv}:{id}"),
+            snapshot: Some(id.into()),
+            ..seen(uid, rv, Change::Added, false)
+        }
+    }
+
+    /// A marker of snapshot `id` after `after` events; `end`: see [`MarkerSeen::end`].
+    fn marker(id: &str, after: usize, at_ms: u64, end: Option<Result<(), String>>) -> MarkerSeen {
+        let which = if end.is_some() { "end" } else { "begin" };
+        MarkerSeen {
+            at_ms,
+            after,
+            id: format!("{id}:w:{which}"),
+            snapshot: id.into(),
+            end,
+            sent: 0,
+            skipped: 0,
+        }
+    }
+
+    fn requested(uid: &str, phase: &str, writes_before: usize) -> Requested {
+        Requested {
+            name: format!("req-{uid}"),
+            uid: uid.into(),
+            watch: watch(),
+            at_ms: 0,
+            writes_before,
+            phase: phase.into(),
+            message: None,
         }
     }
 
@@ -767,5 +1050,193 @@ mod tests {
             ..Evidence::default()
         };
         assert_eq!(kinds(&evidence), vec!["compacted-differs"]);
+    }
+    #[test]
+    fn a_snapshot_event_may_repeat_the_last_version_but_never_go_back() {
+        let mut evidence = Evidence {
+            writes: vec![write("a", 1, Op::Create), write("a", 2, Op::Update)],
+            seen: vec![
+                seen("a", 1, Change::Added, false),
+                seen("a", 2, Change::Modified, false),
+                snap("a", 2, "s1", 0),
+            ],
+            live: live(&[("a", 2)]),
+            store: live(&[("a", 2)]),
+            ..Evidence::default()
+        };
+        assert_eq!(kinds(&evidence), Vec::<&str>::new());
+        // An older version from a snapshot goes back.
+        evidence.seen[2] = snap("a", 1, "s1", 0);
+        assert_eq!(kinds(&evidence), vec!["out-of-order"]);
+        // A live event repeating a version under another id is still two ids going back.
+        let mut again = seen("a", 2, Change::Modified, false);
+        again.id = "a:2:other".into();
+        evidence.seen[2] = again;
+        assert_eq!(kinds(&evidence), vec!["two-ids", "out-of-order"]);
+        // So is a live event repeating a snapshot's version after it.
+        evidence.seen = vec![
+            seen("a", 1, Change::Added, false),
+            snap("a", 2, "s1", 0),
+            seen("a", 2, Change::Modified, false),
+        ];
+        assert_eq!(kinds(&evidence), vec!["out-of-order"]);
+    }
+
+    #[test]
+    fn a_snapshot_event_does_not_excuse_a_lost_live_version() {
+        let evidence = Evidence {
+            writes: vec![write("a", 1, Op::Create), write("a", 2, Op::Update)],
+            seen: vec![seen("a", 1, Change::Added, false), snap("a", 2, "s1", 0)],
+            live: live(&[("a", 2)]),
+            store: live(&[("a", 2)]),
+            ..Evidence::default()
+        };
+        assert_eq!(kinds(&evidence), vec!["lost-version"]);
+    }
+
+    /// One object `a` written before the request, a snapshot `s1` of it between its markers.
+    fn snapshotted() -> Evidence {
+        let mut end = marker("s1", 2, 20, Some(Ok(())));
+        end.sent = 1;
+        Evidence {
+            writes: vec![write("a", 1, Op::Create)],
+            seen: vec![seen("a", 1, Change::Added, false), snap("a", 1, "s1", 15)],
+            markers: vec![marker("s1", 1, 10, None), end],
+            requested: vec![requested("s1", "Complete", 1)],
+            live: live(&[("a", 1)]),
+            store: live(&[("a", 1)]),
+            ordered: true,
+            ..Evidence::default()
+        }
+    }
+
+    #[test]
+    fn a_complete_snapshot_with_its_markers_has_no_anomaly() {
+        assert_eq!(kinds(&snapshotted()), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn a_request_left_running_or_failed_without_a_message_is_found() {
+        let mut evidence = snapshotted();
+        evidence.requested[0].phase = "Running".into();
+        assert_eq!(kinds(&evidence), vec!["snapshot-unfinished"]);
+        evidence.requested[0].phase = String::new();
+        assert_eq!(kinds(&evidence), vec!["snapshot-unfinished"]);
+        evidence.markers.pop();
+        evidence.seen.pop();
+        evidence.requested[0].phase = "Failed".into();
+        assert_eq!(kinds(&evidence), vec!["snapshot-unfinished"]);
+        evidence.requested[0].message = Some("the request was deleted".into());
+        assert_eq!(kinds(&evidence), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn a_complete_request_needs_one_complete_end_marker_after_its_begin_marker() {
+        // The end marker never arrived.
+        let mut evidence = snapshotted();
+        evidence.markers.pop();
+        assert_eq!(kinds(&evidence), vec!["snapshot-markers"]);
+        // The same end marker twice counts once; two different ones do not.
+        let mut evidence = snapshotted();
+        evidence.markers.push(evidence.markers[1].clone());
+        assert_eq!(kinds(&evidence), Vec::<&str>::new());
+        evidence.markers[2].id = "s1:other:end".into();
+        assert_eq!(kinds(&evidence), vec!["snapshot-markers"]);
+        // A failed end marker beside the complete one.
+        let mut evidence = snapshotted();
+        let mut failed = marker("s1", 2, 21, Some(Err("deleted".into())));
+        failed.id = "s1:other:end".into();
+        evidence.markers.push(failed);
+        assert_eq!(kinds(&evidence), vec!["snapshot-markers"]);
+        // No begin marker, or one after the end marker.
+        let mut evidence = snapshotted();
+        evidence.markers.remove(0);
+        assert_eq!(kinds(&evidence), vec!["snapshot-markers"]);
+        let mut evidence = snapshotted();
+        evidence.markers.swap(0, 1);
+        assert_eq!(kinds(&evidence), vec!["snapshot-markers"]);
+        // On Kafka, order across partitions is not judged.
+        evidence.ordered = false;
+        assert_eq!(kinds(&evidence), Vec::<&str>::new());
+        // A Failed request whose end marker says complete.
+        let mut evidence = snapshotted();
+        evidence.requested[0].phase = "Failed".into();
+        evidence.requested[0].message = Some("x".into());
+        assert_eq!(kinds(&evidence), vec!["snapshot-markers"]);
+    }
+
+    #[test]
+    fn an_object_existing_throughout_must_be_covered_between_the_markers() {
+        // `a` got nothing between the markers: not covered.
+        let mut evidence = snapshotted();
+        evidence.seen.pop();
+        evidence.markers[1].after = 1;
+        evidence.markers[1].sent = 0;
+        evidence.markers[1].skipped = 1;
+        assert_eq!(kinds(&evidence), vec!["snapshot-coverage"]);
+        // A newer live event between the markers covers it.
+        evidence.writes.push(write("a", 2, Op::Update));
+        evidence.seen.push(seen("a", 2, Change::Modified, false));
+        evidence.markers[1].after = 2;
+        evidence.live = live(&[("a", 2)]);
+        evidence.store = live(&[("a", 2)]);
+        assert_eq!(kinds(&evidence), Vec::<&str>::new());
+        // The snapshot's event before the begin marker does not.
+        let mut evidence = snapshotted();
+        evidence.seen.swap(0, 1);
+        evidence.markers[0].after = 2;
+        evidence.markers[1].after = 2;
+        let found = kinds(&evidence);
+        assert!(found.contains(&"snapshot-coverage"), "{found:?}");
+        // An older live event between the markers does not.
+        let mut evidence = snapshotted();
+        evidence.writes.push(write("a", 2, Op::Update));
+        evidence.requested[0].writes_before = 2;
+        evidence.seen = vec![
+            seen("a", 2, Change::Modified, false),
+            seen("a", 1, Change::Added, false),
+        ];
+        evidence.markers[1].sent = 0;
+        evidence.markers[1].skipped = 1;
+        evidence.live = live(&[("a", 2)]);
+        evidence.store = live(&[("a", 2)]);
+        let found = kinds(&evidence);
+        assert!(found.contains(&"snapshot-coverage"), "{found:?}");
+    }
+
+    #[test]
+    fn objects_created_after_the_request_or_deleted_before_the_end_need_no_coverage() {
+        let mut evidence = snapshotted();
+        evidence.seen.pop();
+        evidence.markers[1].after = 1;
+        evidence.markers[1].sent = 0;
+        evidence.markers[1].skipped = 1;
+        // Created after the request was sent.
+        evidence.requested[0].writes_before = 0;
+        assert_eq!(kinds(&evidence), Vec::<&str>::new());
+        // Deleted by a write sent before the end marker arrived.
+        evidence.requested[0].writes_before = 1;
+        let mut gone = write("a", 2, Op::Delete);
+        gone.at_ms = 19;
+        evidence.writes.push(gone);
+        evidence.seen.push(seen("a", 2, Change::Deleted, false));
+        evidence.live = live(&[]);
+        evidence.store = live(&[]);
+        assert_eq!(kinds(&evidence), Vec::<&str>::new());
+        // Deleted after it: required.
+        evidence.writes[1].at_ms = 21;
+        assert_eq!(kinds(&evidence), vec!["snapshot-coverage"]);
+    }
+
+    #[test]
+    fn end_marker_counts_below_what_existed_or_arrived_are_found_on_kafka_too() {
+        let mut evidence = snapshotted();
+        evidence.ordered = false;
+        evidence.markers[1].sent = 0;
+        assert_eq!(kinds(&evidence), vec!["snapshot-coverage"]);
+        evidence.markers[1].sent = 2;
+        assert_eq!(kinds(&evidence), vec!["snapshot-coverage"]);
+        evidence.markers[1].sent = 1;
+        assert_eq!(kinds(&evidence), Vec::<&str>::new());
     }
 }

@@ -210,7 +210,10 @@ pub struct Deployment {
 
 impl Deployment {
     /// Writes the configuration into `dir` and starts the mode's replicas. `sink_yaml` is the
-    /// `sink:` section; a fleet finds its bystanders' Secrets in `secrets`.
+    /// `sink:` section; a fleet finds its bystanders' Secrets in `secrets`; snapshot requests
+    /// are read in `requests` (every destination of the campaign is the watch's own: a Kafka
+    /// topic per resource, the HTTP receiver's one URL, NATS subjects with `_watch` markers).
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         sink: Sink,
         mode: Mode,
@@ -219,6 +222,7 @@ impl Deployment {
         sink_yaml: &str,
         dir: &Path,
         secrets: Option<&str>,
+        requests: &str,
     ) -> Deployment {
         std::fs::create_dir_all(dir).expect("deployment directory");
         let compacted = (sink == Sink::Kafka).then(|| format!("chaos.{cluster}.compacted"));
@@ -228,6 +232,7 @@ impl Deployment {
             layout.resources_yaml(compacted.as_deref()),
         );
         config.push_str(&checkpoint_yaml(sink, mode, dir));
+        config.push_str(&format!("snapshotRequests: {{namespace: {requests}}}\n"));
         config.push_str(&match mode {
             Mode::Single => String::new(),
             Mode::Leader => format!(

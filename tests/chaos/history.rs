@@ -96,6 +96,47 @@ pub struct Seen {
     pub change: Change,
     /// Whether `origin` is `repaired`.
     pub repaired: bool,
+    /// `snapshotid` of an event with `origin: snapshot` (a snapshot on demand's object).
+    pub snapshot: Option<String>,
+}
+
+/// A snapshot marker as a consumer received it.
+#[derive(Debug, Clone, Serialize)]
+pub struct MarkerSeen {
+    /// Milliseconds since the round started.
+    pub at_ms: u64,
+    /// Events received before it (its place in [`Evidence::seen`]).
+    pub after: usize,
+    /// The marker's id (`{snapshotid}:{watch id}:begin|end`).
+    pub id: String,
+    /// `snapshotid`.
+    pub snapshot: String,
+    /// `None` for a begin marker; for an end marker, `Ok(())` when its result is `complete`,
+    /// else the failure's message.
+    pub end: Option<Result<(), String>>,
+    /// `sent` of an end marker (0 for a begin marker).
+    pub sent: u64,
+    /// `skipped` of an end marker (0 for a begin marker).
+    pub skipped: u64,
+}
+
+/// A snapshot on demand the campaign asked a deployment for, and how its request ended.
+#[derive(Debug, Clone, Serialize)]
+pub struct Requested {
+    /// The request's name.
+    pub name: String,
+    /// Its uid: the snapshot's id.
+    pub uid: String,
+    /// The watch it covers.
+    pub watch: WatchKey,
+    /// When it was sent, milliseconds since the round started.
+    pub at_ms: u64,
+    /// How many of the ledger's writes were acknowledged before it was sent.
+    pub writes_before: usize,
+    /// `kube-event-bridge.dev/snapshot-phase` once the round was quiet (empty: none).
+    pub phase: String,
+    /// `message` of `kube-event-bridge.dev/snapshot-status`.
+    pub message: Option<String>,
 }
 
 /// One record of a compacted Kafka topic, in offset order per key.
@@ -124,6 +165,13 @@ pub struct Evidence {
     /// The compacted topic replayed from its start, if the deployment has one, and the live
     /// objects it must equal (key `namespace/name` to (uid, resourceVersion)).
     pub compacted: Option<(Vec<KeyedRecord>, ByName)>,
+    /// Snapshot markers in arrival order.
+    pub markers: Vec<MarkerSeen>,
+    /// The snapshots requested of the deployment.
+    pub requested: Vec<Requested>,
+    /// Whether [`Evidence::seen`] is in publishing order per watch (NATS, HTTP): markers can
+    /// then be placed among the events; not with several Kafka partitions.
+    pub ordered: bool,
 }
 
 /// Objects by `namespace/name`: (uid, resourceVersion).

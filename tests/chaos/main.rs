@@ -22,6 +22,7 @@ mod observe;
 mod receiver;
 mod report;
 mod round;
+mod snapshots;
 #[path = "../integration/support.rs"]
 mod support;
 mod workload;

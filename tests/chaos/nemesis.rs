@@ -94,6 +94,11 @@ impl Nemesis {
         self.started
     }
 
+    /// Set while the API server is down on purpose.
+    pub fn hold(&self) -> Arc<AtomicBool> {
+        self.hold.clone()
+    }
+
     fn note(&mut self, kind: &str, detail: String) {
         let at_secs = (self.started.elapsed().as_millis() as f64) / 1000.0;
         println!("chaos: {at_secs:7.1}s {kind}: {detail}");

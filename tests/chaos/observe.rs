@@ -7,20 +7,25 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use kube_event_bridge_consumer::event::{Binding, decode};
-use kube_event_bridge_consumer::{ChangeType, Event, Origin, Record, Writer};
+use kube_event_bridge_consumer::event::{Binding, decode_message, decode_structured_message};
+use kube_event_bridge_consumer::{
+    ChangeType, Event, Marker, MarkerKind, Message as Decoded, Origin, Record, SnapshotResult,
+    Writer,
+};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Headers};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use tokio::task::JoinHandle;
 
-use crate::history::{Change, KeyedRecord, Seen, WatchKey};
+use crate::history::{Change, KeyedRecord, MarkerSeen, Seen, WatchKey};
 use crate::receiver::Receiver;
 
 /// Everything received so far.
 pub struct Observed {
     /// Events in arrival order.
     pub seen: Vec<Seen>,
+    /// Snapshot markers in arrival order, each placed among [`Observed::seen`].
+    pub markers: Vec<MarkerSeen>,
     /// The consumer crate's store, fed every record.
     pub writer: Writer,
     /// The records of the compacted topic, in arrival order.
@@ -42,6 +47,7 @@ impl Observed {
     fn new(started: Instant) -> Self {
         Observed {
             seen: Vec::new(),
+            markers: Vec::new(),
             writer: Writer::new(),
             compacted: Vec::new(),
             last_new: HashMap::new(),
@@ -89,11 +95,55 @@ impl Observed {
                 ChangeType::Deleted => Change::Deleted,
             },
             repaired: event.origin == Origin::Repaired,
+            snapshot: event
+                .snapshot_id
+                .clone()
+                .filter(|_| event.origin == Origin::Snapshot),
         });
         self.writer.apply(Record::Event {
             destination,
             event: Box::new(event),
         });
+    }
+
+    /// Records a snapshot marker. It is not applied to the store: a store fed from several
+    /// Kafka partitions in reading order would judge a completion wrongly, and the store's
+    /// handling of markers has tests of its own.
+    fn marker(&mut self, marker: Marker) {
+        if !self.cluster.is_empty() && marker.cluster != self.cluster {
+            return;
+        }
+        let (end, sent, skipped) = match marker.kind {
+            MarkerKind::Begin { .. } => (None, 0, 0),
+            MarkerKind::End {
+                result,
+                sent,
+                skipped,
+            } => {
+                let result = match result {
+                    SnapshotResult::Complete => Ok(()),
+                    SnapshotResult::Failed(message) => Err(message),
+                };
+                (Some(result), sent, skipped)
+            }
+        };
+        self.markers.push(MarkerSeen {
+            at_ms: self.started.elapsed().as_millis() as u64,
+            after: self.seen.len(),
+            id: marker.id,
+            snapshot: marker.snapshot_id,
+            end,
+            sent,
+            skipped,
+        });
+    }
+
+    /// Records a decoded message read from `destination`.
+    fn message(&mut self, destination: String, message: Decoded, compacted_key: Option<String>) {
+        match message {
+            Decoded::Event(e) => self.event(destination, *e, compacted_key),
+            Decoded::Marker(m) => self.marker(*m),
+        }
     }
 
     fn tombstone(&mut self, destination: String, key: String, compacted: bool) {
@@ -211,10 +261,10 @@ impl Observer {
                     .flat_map(|h| h.iter())
                     .filter_map(|(k, v)| Some((k.as_ref(), v.first()?.as_str().as_bytes())))
                     .collect();
-                let decoded = decode(Binding::Nats, pairs, &m.payload);
+                let decoded = decode_message(Binding::Nats, pairs, &m.payload);
                 let mut o = sink.lock().unwrap();
                 match decoded {
-                    Ok(e) => o.event(m.subject.to_string(), e, None),
+                    Ok(message) => o.message(m.subject.to_string(), message, None),
                     Err(e) => o.undecodable.push(format!("{}: {e}", m.subject)),
                 }
             }
@@ -234,6 +284,22 @@ impl Observer {
                     continue;
                 };
                 next += 1;
+                // A structured-mode request (a snapshot marker, always) is read back whole.
+                let structured = r.headers.iter().any(|(k, v)| {
+                    k.eq_ignore_ascii_case("content-type")
+                        && v.starts_with("application/cloudevents+json")
+                });
+                if structured {
+                    let decoded = serde_json::to_vec(&r.event)
+                        .map_err(|e| e.to_string())
+                        .and_then(|b| decode_structured_message(&b).map_err(|e| e.to_string()));
+                    let mut o = sink.lock().unwrap();
+                    match decoded {
+                        Ok(message) => o.message(r.destination.clone(), message, None),
+                        Err(e) => o.undecodable.push(format!("{}: {e}", r.destination)),
+                    }
+                    continue;
+                }
                 let body = match r.event.data() {
                     Some(cloudevents::Data::Json(v)) => serde_json::to_vec(v).unwrap_or_default(),
                     Some(cloudevents::Data::String(s)) => s.clone().into_bytes(),
@@ -245,10 +311,10 @@ impl Observer {
                     .iter()
                     .map(|(k, v)| (k.as_str(), v.as_bytes()))
                     .collect();
-                let decoded = decode(Binding::Nats, pairs, &body);
+                let decoded = decode_message(Binding::Nats, pairs, &body);
                 let mut o = sink.lock().unwrap();
                 match decoded {
-                    Ok(e) => o.event(r.destination.clone(), e, None),
+                    Ok(message) => o.message(r.destination.clone(), message, None),
                     Err(e) => o.undecodable.push(format!("{}: {e}", r.destination)),
                 }
             }
@@ -291,8 +357,8 @@ fn record(sink: &Mutex<Observed>, m: &BorrowedMessage<'_>, compacted: &str) {
                 .collect()
         })
         .unwrap_or_default();
-    match decode(Binding::Kafka, headers, payload) {
-        Ok(e) => o.event(topic, e, key.filter(|_| in_compacted)),
+    match decode_message(Binding::Kafka, headers, payload) {
+        Ok(message) => o.message(topic, message, key.filter(|_| in_compacted)),
         Err(e) => o.undecodable.push(format!("{topic}: {e}")),
     }
 }

@@ -77,6 +77,21 @@ impl Report {
                 r.writes,
                 r.settled_secs
             ));
+            let mut phases: BTreeMap<&str, usize> = BTreeMap::new();
+            for (_, phase, _, _) in r.snapshots.values().flatten() {
+                *phases.entry(phase.as_str()).or_default() += 1;
+            }
+            if !phases.is_empty() {
+                out.push_str(&format!(", snapshots {phases:?}"));
+            }
+            // Not an anomaly (a marker may be sent again after a crash), but worth seeing.
+            for (deployment, asked) in &r.snapshots {
+                for (name, phase, begins, ends) in asked.iter().filter(|a| a.3 > 1) {
+                    out.push_str(&format!(
+                        "\n  snapshot {deployment} {name} {phase}: its markers arrived {begins} (begin) and {ends} (end) times"
+                    ));
+                }
+            }
             for a in &r.anomalies {
                 out.push_str(&format!(
                     "\n  ANOMALY {} {} {} {} {}: {} {:?}",

@@ -18,6 +18,7 @@ use crate::history::{Evidence, WatchKey};
 use crate::nemesis::{Injected, Nemesis};
 use crate::observe::Observer;
 use crate::receiver::Receiver;
+use crate::snapshots::{Asker, Target};
 use crate::workload::{CRD_GROUP, CRD_PLURAL, Layout, SELECT_LABEL, Workload};
 
 /// How long the bridge may make no progress before `/readyz` must name why (the stall
@@ -49,6 +50,10 @@ pub struct RoundReport {
     pub settled_secs: BTreeMap<String, Option<f64>>,
     /// Replicas that exited by design (a leader that lost its Lease), per deployment.
     pub designed_exits: BTreeMap<String, usize>,
+    /// The snapshots on demand asked of each deployment: request name, final phase, and how
+    /// many begin and end markers of it the consumer received (copies of one marker id
+    /// included: more than one end marker means the snapshot was published again).
+    pub snapshots: BTreeMap<String, Vec<(String, String, usize, usize)>>,
 }
 
 /// An anomaly of one deployment, with the bridge's log lines about it.
@@ -83,6 +88,7 @@ pub async fn run(
     let mut receivers = BTreeMap::new();
     let mut deployments = Vec::new();
     let mut observers = Vec::new();
+    let mut targets = Vec::new();
     for (i, (sink, mode)) in pairs.iter().enumerate() {
         let cluster = crate::support::unique_name(&format!("chaos-{}", sink.name()));
         let fleet = bystanders.as_ref().filter(|_| *mode == Mode::Fleet);
@@ -94,10 +100,15 @@ pub async fn run(
         }
         let sub = dir.join(format!("{}-{}", sink.name(), mode.name()));
         let secrets = fleet.map(|b| b.namespace.as_str());
+        let requests = crate::support::unique_namespace(&client, "chaos-req").await;
         deployments.push(Deployment::start(
-            *sink, *mode, &cluster, &layout, &sink_yaml, &sub, secrets,
+            *sink, *mode, &cluster, &layout, &sink_yaml, &sub, secrets, &requests,
         ));
         observers.push(observer);
+        targets.push(Target {
+            namespace: requests,
+            cluster,
+        });
     }
     let watches = layout.watches().len();
     for d in &mut deployments {
@@ -112,6 +123,7 @@ pub async fn run(
 
     let mut workload = Workload::new(client.clone(), layout.clone(), seed, started);
     let ledger = workload.ledger.clone();
+    let mut asker = Asker::new(client.clone(), &layout, targets, seed ^ 0x5a4b, started);
     let mut nemesis = Nemesis::new(seed ^ 0x5eed, started, workload.hold.clone());
     nemesis.bystanders = bystanders;
     let quiet_tail = Duration::from_secs(15).min(length / 4);
@@ -127,6 +139,7 @@ pub async fn run(
         end,
         seed,
         &mut stuck,
+        &mut asker,
     )
     .await;
     writer.await.expect("workload task");
@@ -142,6 +155,7 @@ pub async fn run(
     }
 
     let settled = settle(&client, &layout, &mut deployments, &observers).await;
+    asker.finish(&observers).await;
     if let Some(b) = &nemesis.bystanders {
         let fleets: Vec<(usize, &Observer)> = deployments
             .iter()
@@ -166,6 +180,12 @@ pub async fn run(
             live: settled.live.clone(),
             store: o.store(),
             compacted,
+            markers: o.markers.clone(),
+            requested: asker.requested[i].clone(),
+            // NATS: one stream. HTTP: a chunk is acknowledged before the next is read and
+            // before the end marker is sent, and the begin marker before any object is read.
+            // Kafka: several partitions, read in no common order.
+            ordered: d.sink != Sink::Kafka,
         };
         let mut found = check(&evidence);
         found.extend(
@@ -220,6 +240,28 @@ pub async fn run(
         designed_exits: deployments
             .iter()
             .map(|d| (d.name.clone(), d.designed_exits.len()))
+            .collect(),
+        snapshots: deployments
+            .iter()
+            .zip(&asker.requested)
+            .zip(&observers)
+            .map(|((d, asked), o)| {
+                let markers = &o.observed.lock().unwrap().markers;
+                let count = |uid: &str, end: bool| {
+                    markers
+                        .iter()
+                        .filter(|m| m.snapshot == uid && m.end.is_some() == end)
+                        .count()
+                };
+                let phases = asked
+                    .iter()
+                    .map(|r| {
+                        let (begins, ends) = (count(&r.uid, false), count(&r.uid, true));
+                        (r.name.clone(), r.phase.clone(), begins, ends)
+                    })
+                    .collect();
+                (d.name.clone(), phases)
+            })
             .collect(),
     }
 }
@@ -330,7 +372,9 @@ async fn drive(
     end: Instant,
     seed: u64,
     stuck: &mut Vec<(usize, Anomaly)>,
+    asker: &mut Asker,
 ) {
+    let hold = nemesis.hold();
     let mut rng = StdRng::seed_from_u64(seed ^ 0xfa17);
     let mut next = Instant::now() + Duration::from_secs(3);
     let mut flagged = BTreeSet::new();
@@ -356,6 +400,7 @@ async fn drive(
         for d in deployments.iter_mut() {
             d.reap();
         }
+        asker.maybe_ask(ledger, &hold).await;
         if Instant::now() >= next {
             nemesis.strike(deployments, receivers).await;
             next = Instant::now() + Duration::from_millis(rng.random_range(2_000..7_000));
