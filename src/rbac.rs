@@ -335,22 +335,29 @@ pub fn render_needs(
         let rule = policy(LEASE_GROUP, "leases", verbs);
         docs.extend(granted(&role, lease_ns, rule, &subject));
     }
-    if let Some(secrets_ns) = &needs.cluster_secrets {
-        let role = cluster_secrets_role_name(service_account, namespace);
-        let rule = policy("", "secrets", &CLUSTER_SECRET_VERBS);
-        docs.extend(granted(&role, secrets_ns, rule, &subject));
+    // Core objects read in one namespace alone: the fleet's kubeconfig Secrets, the requests.
+    let core = [
+        (
+            &needs.cluster_secrets,
+            cluster_secrets_role_name(service_account, namespace),
+            "secrets",
+            &CLUSTER_SECRET_VERBS[..],
+            "the kubeconfig Secrets of the fleet's clusters",
+        ),
+        (
+            &needs.snapshot_requests,
+            snapshot_requests_role_name(service_account, namespace),
+            "configmaps",
+            &SNAPSHOT_REQUEST_VERBS[..],
+            "snapshot requests (snapshotRequests)",
+        ),
+    ];
+    for (ns, role, plural, verbs, what) in core {
+        let Some(ns) = ns else { continue };
+        docs.extend(granted(&role, ns, policy("", plural, verbs), &subject));
         out.push_str(&format!(
-            "# {} on secrets in {secrets_ns} alone: the kubeconfig Secrets of the fleet's clusters.\n",
-            CLUSTER_SECRET_VERBS.join(", ")
-        ));
-    }
-    if let Some(requests_ns) = &needs.snapshot_requests {
-        let role = snapshot_requests_role_name(service_account, namespace);
-        let rule = policy("", "configmaps", &SNAPSHOT_REQUEST_VERBS);
-        docs.extend(granted(&role, requests_ns, rule, &subject));
-        out.push_str(&format!(
-            "# {} on configmaps in {requests_ns} alone: snapshot requests (snapshotRequests).\n",
-            SNAPSHOT_REQUEST_VERBS.join(", ")
+            "# {} on {plural} in {ns} alone: {what}.\n",
+            verbs.join(", ")
         ));
     }
     if needs.identity {
