@@ -128,6 +128,60 @@ fn never_backwards(events: &[Received]) {
     }
 }
 
+/// What a snapshot requested during changes published.
+struct Framed {
+    /// Everything read, to a little after the end marker.
+    events: Vec<Received>,
+    /// The snapshot's id.
+    uid: String,
+    /// The request's recorded progress.
+    status: serde_json::Value,
+    /// Changes written meanwhile.
+    writes: u64,
+    /// Where the begin and end markers are in `events`.
+    begin: usize,
+    end: usize,
+}
+
+/// Requests a snapshot of `ns`'s `count` ConfigMaps in chunks of `chunk` while they change, waits
+/// until it is complete and reads what `reader` received to its end marker: never backwards
+/// per object, the begin marker before the end marker.
+async fn during_churn(
+    client: &kube::Client,
+    ns: &str,
+    requests: &str,
+    reader: &mut Reader,
+    count: usize,
+    chunk: u32,
+) -> Framed {
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = churn(client.clone(), ns.to_string(), count, stop.clone());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (name, uid) = request(client, requests, ns, chunk).await;
+    let (phase, status) = ended(client, requests, &name).await;
+    stop.store(true, Ordering::Relaxed);
+    let writes = writer.await.unwrap();
+    assert_eq!(phase, "Complete", "{status}");
+    let mut events = reader
+        .read_until(Duration::from_secs(60), |got| {
+            got.iter().any(|e| e.event.ty() == END)
+        })
+        .await;
+    events.extend(reader.drain(Duration::from_secs(2)).await);
+    never_backwards(&events);
+    let at = |ty: &str| events.iter().position(|e| e.event.ty() == ty).unwrap();
+    let (begin, end) = (at(BEGIN), at(END));
+    assert!(begin < end);
+    Framed {
+        events,
+        uid,
+        status,
+        writes,
+        begin,
+        end,
+    }
+}
+
 /// On NATS (one order for the whole stream), with changes going on, a snapshot in chunks:
 /// framed by its markers, every object covered between them, never backwards, and the counts on
 /// the request and in the end marker agree with what was published.
@@ -139,25 +193,14 @@ async fn a_snapshot_during_changes_covers_every_object_and_never_goes_backwards(
     let mut bridge = Bridge::start(&config(&cluster, &ns, &requests, SinkKind::Nats));
     bridge.wait_synced(1).await;
     let mut reader = Reader::nats(&cluster).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer = churn(client.clone(), ns.clone(), count, stop.clone());
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let (name, uid) = request(&client, &requests, &ns, 25).await;
-    let (phase, status) = ended(&client, &requests, &name).await;
-    stop.store(true, Ordering::Relaxed);
-    let writes = writer.await.unwrap();
-    assert_eq!(phase, "Complete", "{status}");
-    let events = reader
-        .read_until(Duration::from_secs(60), |got| {
-            got.iter().any(|e| e.event.ty() == END)
-        })
-        .await;
-    let mut events = events;
-    events.extend(reader.drain(Duration::from_secs(2)).await);
-    never_backwards(&events);
-    let at = |ty: &str| events.iter().position(|e| e.event.ty() == ty).unwrap();
-    let (begin, end) = (at(BEGIN), at(END));
-    assert!(begin < end);
+    let Framed {
+        events,
+        uid,
+        status,
+        writes,
+        begin,
+        end,
+    } = during_churn(&client, &ns, &requests, &mut reader, count, 25).await;
     assert_eq!(events[begin].ext("snapshotid"), uid);
     assert_eq!(events[begin].data()["expected"], count);
     let covered: BTreeSet<String> = events[begin..end]
@@ -340,23 +383,13 @@ async fn http_snapshot_posts_every_object_between_its_markers() {
     reader
         .read_until(Duration::from_secs(60), |got| got.len() >= count)
         .await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer = churn(client.clone(), ns.clone(), count, stop.clone());
-    let (name, uid) = request(&client, &requests, &ns, 10).await;
-    let (phase, status) = ended(&client, &requests, &name).await;
-    stop.store(true, Ordering::Relaxed);
-    writer.await.unwrap();
-    assert_eq!(phase, "Complete", "{status}");
-    let mut events = reader
-        .read_until(Duration::from_secs(60), |got| {
-            got.iter().any(|e| e.event.ty() == END)
-        })
-        .await;
-    events.extend(reader.drain(Duration::from_secs(2)).await);
-    never_backwards(&events);
-    let at = |ty: &str| events.iter().position(|e| e.event.ty() == ty).unwrap();
-    let (begin, end) = (at(BEGIN), at(END));
-    assert!(begin < end);
+    let Framed {
+        events,
+        uid,
+        begin,
+        end,
+        ..
+    } = during_churn(&client, &ns, &requests, &mut reader, count, 10).await;
     for marker in [&events[begin], &events[end]] {
         assert_eq!(marker.ext("snapshotid"), uid);
         assert_eq!(
