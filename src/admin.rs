@@ -58,7 +58,7 @@ pub struct SnapshotCounters {
     /// Snapshots ended, by [`SNAPSHOT_RESULTS`].
     pub ended: [AtomicU64; 2],
     /// Objects decided, by [`SNAPSHOT_OUTCOMES`].
-    pub objects: [AtomicU64; 2],
+    pub objects: [AtomicU64; 3],
     /// Walks going on now.
     pub running: AtomicU64,
 }
@@ -66,7 +66,7 @@ pub struct SnapshotCounters {
 /// The `result` label of `snapshots_total`.
 pub const SNAPSHOT_RESULTS: [&str; 2] = ["complete", "failed"];
 /// The `outcome` label of `snapshot_objects_total`.
-pub const SNAPSHOT_OUTCOMES: [&str; 2] = ["emitted", "skipped"];
+pub const SNAPSHOT_OUTCOMES: [&str; 3] = ["emitted", "skipped", "pruned"];
 
 /// Validity as the admin server reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -32,8 +32,11 @@ pub struct Scope {
     pub namespace: Option<String>,
     /// The label selector the snapshot is limited to, if any (beside the watch's own).
     pub label_selector: Option<String>,
-    /// Objects the API server reported when the snapshot began.
-    pub expected: u64,
+    /// Objects the API server reported when the snapshot began; `None` when it could not say
+    /// (it gives no count for a list narrowed by a label selector).
+    pub expected: Option<u64>,
+    /// Whether keys of the compacted destination that the cluster no longer has get tombstones.
+    pub prune: bool,
 }
 
 /// What the pipeline did with a snapshot's objects since the last [`Demand::Mark`].
@@ -43,6 +46,9 @@ pub struct Tally {
     pub emitted: u64,
     /// Not published: a newer state, or the object's delete, was published since it was read.
     pub skipped: u64,
+    /// Keys a compacted destination still held for objects the cluster no longer has: a
+    /// tombstone was published for each (`prune`).
+    pub pruned: u64,
 }
 
 impl Tally {
@@ -50,6 +56,7 @@ impl Tally {
     pub fn add(&mut self, other: Tally) {
         self.emitted += other.emitted;
         self.skipped += other.skipped;
+        self.pruned += other.pruned;
     }
 }
 
@@ -69,6 +76,10 @@ pub enum Demand {
     Begin(Arc<Scope>),
     /// One object read by the walk, and when.
     Listed(Arc<Scope>, Box<DynamicObject>, SystemTime),
+    /// Keys the compacted destination held for the scope when the walk read it: a tombstone is
+    /// published for each that the watch's index does not hold once everything before was
+    /// decided (`prune`).
+    Prune(Arc<Scope>, Vec<String>),
     /// Answered with the tally since the last mark once everything before it was decided and
     /// acknowledged by the broker (committed, in a Kafka transaction): the walk saves its
     /// progress and reads the next chunk only then. A marker that could not be published is
@@ -76,4 +87,25 @@ pub enum Demand {
     Mark(Arc<str>, oneshot::Sender<Result<Tally, String>>),
     /// The snapshot ends: the end marker is published with the total.
     End(Arc<Scope>, Tally, Outcome),
+}
+
+/// Why a snapshot's markers and tombstones have no destination.
+pub const NO_DESTINATION: &str = "the destination of this watch's events names the object ({name}, or {namespace} without a namespace): a snapshot's markers have no single destination";
+
+/// The one destination of the events of `info`'s objects in `namespace` (all when `None`):
+/// `None` when it names the object.
+pub fn destination(
+    sink: &crate::sink::AnySink,
+    info: &crate::encode::ResourceInfo,
+    namespace: Option<&str>,
+) -> Option<String> {
+    let values = crate::template::Values {
+        cluster: &info.cluster,
+        group: &info.group,
+        version: &info.version,
+        resource: &info.resource,
+        namespace,
+        name: "",
+    };
+    sink.watch_destination(info, &values)
 }

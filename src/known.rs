@@ -480,6 +480,17 @@ impl KnownObjects {
         self.relisting = Some(previous);
     }
 
+    /// The namespace (`None`: cluster-scoped) and name of every object of the index, in no
+    /// particular order.
+    pub fn names(&self) -> impl Iterator<Item = (Option<&str>, &str)> {
+        self.buckets.iter().flat_map(Bucket::slots).map(|slot| {
+            let namespace = slot
+                .namespace
+                .map(|id| &*self.namespaces[id.get() as usize - 1]);
+            (namespace, slot.name.as_str())
+        })
+    }
+
     /// Ends a relist: every object known before but not listed, as (uid, entry), sorted by uid so
     /// synthetic deletes come out in a stable order. They are removed from the index.
     pub fn finish_relist(&mut self) -> Vec<(Box<str>, Entry)> {

@@ -123,6 +123,11 @@ enum Command {
         /// With --wait: give up after this many seconds.
         #[arg(long, default_value_t = 600)]
         timeout_secs: u64,
+        /// Also publish a tombstone for every key the compacted Kafka topic still holds for an
+        /// object the cluster no longer has (resources with `key: namespacedName` and
+        /// `tombstones: true`; not with --selector).
+        #[arg(long, conflicts_with_all = ["reset", "selector"])]
+        prune: bool,
         /// Delete the watches' checkpoints instead of asking the running bridge.
         #[arg(long)]
         reset: bool,
@@ -332,6 +337,7 @@ async fn command(command: Command) -> anyhow::Result<()> {
             cluster,
             wait,
             timeout_secs,
+            prune,
             reset,
         } => {
             let config = load(&config)?;
@@ -348,6 +354,7 @@ async fn command(command: Command) -> anyhow::Result<()> {
                 namespace,
                 selector,
                 cluster,
+                prune,
             };
             let written = snapshot::ask::ask(&config, &ask).await?;
             for name in &written.names {

@@ -194,8 +194,13 @@ pub struct BeginData {
     /// The label selector the snapshot is limited to (beside the watch's own), or `null`.
     pub label_selector: Option<String>,
     /// How many objects the API server reported when the snapshot began (an estimate: objects
-    /// come and go while it runs).
-    pub expected: u64,
+    /// come and go while it runs); `null` when it gave no count, as for a list narrowed by a
+    /// selector (a label selector, or a namespace within a cluster-wide watch).
+    #[schemars(required)]
+    pub expected: Option<u64>,
+    /// Whether the snapshot also publishes a tombstone for every key the compacted topic holds
+    /// for an object the cluster no longer has (Kafka, before the end marker).
+    pub prune: bool,
 }
 
 /// The `data` of an end marker: how the snapshot ended.
@@ -213,6 +218,9 @@ pub struct EndData {
     /// Objects read but not published: a newer state, or the object's delete, was published
     /// after the begin marker.
     pub skipped: u64,
+    /// Tombstones published for keys the compacted topic held for objects the cluster no longer
+    /// has (`prune`; 0 otherwise).
+    pub pruned: u64,
     /// `complete`: the events from the begin marker to this one hold the scope's complete
     /// state. `failed`: they do not.
     pub result: MarkerResult,
@@ -302,7 +310,8 @@ mod tests {
             resource: "apps/v1/deployments".into(),
             namespace: None,
             label_selector: None,
-            expected: 3,
+            expected: None,
+            prune: true,
         };
         let watch = Watch {
             id: "dev.00aa",
@@ -312,6 +321,7 @@ mod tests {
         let tally = Tally {
             emitted: 2,
             skipped: 1,
+            pruned: 4,
         };
         let failed = Outcome::Failed("the request was deleted".into());
         (
@@ -332,7 +342,11 @@ mod tests {
         let MarkerData::Begin(data) = &begin.data else {
             panic!("begin data: {:?}", begin.data);
         };
-        assert_eq!((data.expected, data.label_selector.as_deref()), (3, None));
+        assert_eq!(
+            (data.expected, data.label_selector.as_deref(), data.prune),
+            (None, None, true),
+            "an unknown count is null"
+        );
         let end: SnapshotMarker = serde_json::from_slice(&end).expect("an end marker");
         assert_eq!(end.marker_type, MarkerType::End);
         let MarkerData::End(data) = &end.data else {
@@ -340,7 +354,7 @@ mod tests {
         };
         assert_eq!(data.result, MarkerResult::Failed);
         assert_eq!(data.message.as_deref(), Some("the request was deleted"));
-        assert_eq!((data.sent, data.skipped), (2, 1));
+        assert_eq!((data.sent, data.skipped, data.pruned), (2, 1, 4));
     }
 
     #[test]

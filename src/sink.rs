@@ -194,6 +194,12 @@ pub trait Sink: std::fmt::Debug + Send + Sync {
         None
     }
 
+    /// What this sink can do for a destination compacted by record key (a snapshot's `prune`);
+    /// `None` when its destinations keep no keys.
+    fn compaction(&self) -> Option<&dyn Compaction> {
+        None
+    }
+
     /// Waits until everything handed over is acknowledged, or `timeout`.
     fn flush(&self, timeout: Duration) -> BoxFuture<'_, ()>;
 
@@ -264,6 +270,61 @@ pub trait Transactions: Send + Sync {
     /// transactions commit on this cadence, each carrying the checkpoint, independently of the
     /// checkpoint interval.
     fn commit_interval(&self) -> Duration;
+}
+
+/// The records of a compacted destination that a snapshot of one watch may prune: the events of
+/// the objects of one cluster's resource, in one namespace when given, as their CloudEvents
+/// attributes say (records of other resources or clusters sharing the destination, and the
+/// snapshots' markers, are never theirs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    /// The `cluster` attribute.
+    pub cluster: String,
+    /// The `apiversion` attribute.
+    pub api_version: String,
+    /// The `resource` attribute.
+    pub resource: String,
+    /// The `namespace` attribute, when the snapshot is limited to one.
+    pub namespace: Option<String>,
+}
+
+impl Owner {
+    /// Whether the record whose attribute `name` is `attribute(name)` is the event of one of
+    /// these objects: it names an object (`uid`), and this cluster, resource and namespace.
+    pub fn owns<'a>(&self, attribute: impl Fn(&str) -> Option<&'a str>) -> bool {
+        use crate::attribute::{APIVERSION, CLUSTER, NAMESPACE, RESOURCE, UID};
+        attribute(UID).is_some()
+            && attribute(CLUSTER) == Some(self.cluster.as_str())
+            && attribute(APIVERSION) == Some(self.api_version.as_str())
+            && attribute(RESOURCE) == Some(self.resource.as_str())
+            && self
+                .namespace
+                .as_deref()
+                .is_none_or(|ns| attribute(NAMESPACE) == Some(ns))
+    }
+}
+
+/// A sink whose destinations are compacted by record key (Kafka with `cleanup.policy=compact`):
+/// a snapshot can tombstone the keys of objects the cluster no longer has, so that the
+/// destination converges to the cluster's state.
+pub trait Compaction: Send + Sync {
+    /// The keys `destination` holds for `owner`: those whose latest record, read up to the end
+    /// of every partition as it was when called (committed records only), is an event of one of
+    /// `owner`'s objects (not a tombstone, not another's record).
+    fn held_keys<'a>(
+        &'a self,
+        destination: &'a str,
+        owner: &'a Owner,
+    ) -> BoxFuture<'a, Result<Vec<String>>>;
+
+    /// Publishes a tombstone (the key, no value) for each of `keys` to `destination` in the
+    /// watch's stream (in a transaction: the open one), and waits until the broker
+    /// acknowledged them all.
+    fn tombstones<'a>(
+        &'a self,
+        destination: &'a str,
+        keys: &'a [String],
+    ) -> BoxFuture<'a, Result<()>>;
 }
 
 /// Where the checkpoints of a sink's watches live.

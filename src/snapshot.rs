@@ -11,6 +11,7 @@
 //! checkpoints ([`reset`]).
 
 pub mod ask;
+pub mod prune;
 pub mod record;
 pub mod request;
 pub mod requests;

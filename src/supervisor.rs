@@ -145,6 +145,10 @@ pub struct DemandPort {
     pub queue: mpsc::WeakSender<watch::Item>,
     /// Cancelled when the watch stops here (a hand-off, a shutdown).
     pub stopped: CancellationToken,
+    /// The watch's sink (a snapshot's `prune` reads the keys of its destination).
+    pub sink: Arc<AnySink>,
+    /// What the watch's events say of its resource, and where they go.
+    pub info: Arc<ResourceInfo>,
 }
 
 /// A desired watch: its key, resource and namespace scope (`None`: all or cluster scope).
@@ -748,6 +752,8 @@ impl Supervisor {
             target: target.clone(),
             queue: tx.downgrade(),
             stopped: cancel.clone(),
+            sink: sink.clone(),
+            info: info.clone(),
         };
         self.generation += 1;
         let generation = self.generation;

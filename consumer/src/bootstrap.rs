@@ -82,7 +82,7 @@ mod tests {
     fn begin(order: i64, watch: &str, id: &str) -> Found {
         let kind = MarkerKind::Begin {
             label_selector: None,
-            expected: 1,
+            expected: Some(1),
         };
         found(order, watch, id, kind)
     }
@@ -91,6 +91,7 @@ mod tests {
         let kind = MarkerKind::End {
             sent: 1,
             skipped: 0,
+            pruned: 0,
             result,
         };
         found(order, watch, id, kind)

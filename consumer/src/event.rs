@@ -176,8 +176,9 @@ pub enum MarkerKind {
     Begin {
         /// The label selector the snapshot is limited to, beside the watch's own.
         label_selector: Option<String>,
-        /// The count the API server reported when the snapshot began.
-        expected: u64,
+        /// The count the API server reported when the snapshot began; `None` when it gave none
+        /// (a list narrowed by a selector).
+        expected: Option<u64>,
     },
     /// `io.kubeeventbridge.snapshot.end`.
     End {
@@ -185,6 +186,9 @@ pub enum MarkerKind {
         sent: u64,
         /// Objects not published: a newer state or their delete was published since.
         skipped: u64,
+        /// Tombstones published for keys the compacted topic held for objects the cluster no
+        /// longer has (a snapshot with `prune`); 0 otherwise.
+        pruned: u64,
         /// Whether the events since the begin marker hold the complete state.
         result: SnapshotResult,
     },
@@ -360,6 +364,7 @@ struct MarkerData {
     expected: Option<u64>,
     sent: Option<u64>,
     skipped: Option<u64>,
+    pruned: Option<u64>,
     result: Option<String>,
     message: Option<String>,
 }
@@ -386,7 +391,7 @@ fn marker_from(mut a: HashMap<String, String>, ty: &str, data: Value) -> Result<
     let kind = if ty == SNAPSHOT_BEGIN {
         MarkerKind::Begin {
             label_selector: d.label_selector,
-            expected: required(d.expected, "expected")?,
+            expected: d.expected,
         }
     } else {
         let result = match d.result.as_deref() {
@@ -398,6 +403,7 @@ fn marker_from(mut a: HashMap<String, String>, ty: &str, data: Value) -> Result<
         MarkerKind::End {
             sent: required(d.sent, "sent")?,
             skipped: required(d.skipped, "skipped")?,
+            pruned: d.pruned.unwrap_or(0),
             result,
         }
     };
@@ -613,7 +619,7 @@ mod tests {
             m.kind,
             MarkerKind::Begin {
                 label_selector: Some("app=web".into()),
-                expected: 42
+                expected: Some(42)
             }
         );
         let mut end = begin_marker();
@@ -629,6 +635,7 @@ mod tests {
             MarkerKind::End {
                 sent: 40,
                 skipped: 2,
+                pruned: 0,
                 result: SnapshotResult::Failed("the request was deleted".into())
             }
         );

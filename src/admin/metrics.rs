@@ -411,7 +411,7 @@ fn snapshots(encoder: &mut DescriptorEncoder, c: &crate::admin::SnapshotCounters
     }
     let mut family = encoder.encode_descriptor(
         "snapshot_objects",
-        "Objects read by snapshots on demand, by outcome: emitted (published with origin=snapshot, acknowledged) or skipped (a newer state or the delete was published since).",
+        "Objects read by snapshots on demand, by outcome: emitted (published with origin=snapshot, acknowledged) or skipped (a newer state or the delete was published since); and keys pruned (a tombstone published, acknowledged, for a key the compacted topic held and the cluster no longer has).",
         None,
         MetricType::Counter,
     )?;

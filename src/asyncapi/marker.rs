@@ -68,7 +68,8 @@ pub(super) fn messages(
         resource: format!("{}/{}", r.api.api_version, r.api.plural),
         namespace,
         label_selector: None,
-        expected: 42,
+        expected: Some(42),
+        prune: false,
     };
     let watch = Watch {
         id: &key.id,
@@ -78,6 +79,7 @@ pub(super) fn messages(
     let total = Tally {
         emitted: 41,
         skipped: 1,
+        pruned: 0,
     };
     let begin = marker::begin(info, &scope, watch, now);
     let end = marker::end(info, &scope, watch, total, &Outcome::Complete, now);

@@ -37,6 +37,7 @@ pub fn begin(info: &ResourceInfo, scope: &Scope, watch: Watch<'_>, now: OffsetDa
         "namespace": scope.namespace,
         "labelSelector": scope.label_selector,
         "expected": scope.expected,
+        "prune": scope.prune,
     });
     document(info, scope, watch, BEGIN, now, data)
 }
@@ -60,6 +61,7 @@ pub fn end(
         "watch": watch.description,
         "sent": total.emitted,
         "skipped": total.skipped,
+        "pruned": total.pruned,
         "result": result,
         "message": message,
     });
@@ -119,7 +121,8 @@ mod tests {
             resource: "v1/configmaps".into(),
             namespace: Some("shop".into()),
             label_selector: Some("app=web".into()),
-            expected: 42,
+            expected: Some(42),
+            prune: false,
         }
     }
 
@@ -157,14 +160,19 @@ mod tests {
         let total = Tally {
             emitted: 40,
             skipped: 2,
+            pruned: 3,
         };
         let now = OffsetDateTime::UNIX_EPOCH;
         let done = parse(&end(&info, &scope(), WATCH, total, &Outcome::Complete, now));
         assert_eq!(done["type"], END);
         assert_eq!(done["id"], "5f0c:prod.0123456789abcdef:end");
         assert_eq!(
-            (&done["data"]["sent"], &done["data"]["skipped"]),
-            (&json!(40), &json!(2))
+            (
+                &done["data"]["sent"],
+                &done["data"]["skipped"],
+                &done["data"]["pruned"]
+            ),
+            (&json!(40), &json!(2), &json!(3))
         );
         assert_eq!(done["data"]["result"], "complete");
         assert!(done["data"]["message"].is_null());

@@ -102,6 +102,11 @@ impl Classifier {
         &mut self.known
     }
 
+    /// The index as it stands.
+    pub fn index(&self) -> &KnownObjects {
+        &self.known
+    }
+
     /// The resourceVersion the index holds for `uid`.
     pub fn version_of(&self, uid: &str) -> Option<Box<str>> {
         self.known.get(uid).map(|e| e.resource_version)

@@ -371,6 +371,7 @@ impl Pipeline {
         let Some(transactions) = self.sink.transactions() else {
             return Ok(());
         };
+        st.demands.aborted();
         loop {
             match awaiting_broker(&self.status, "transaction abort", transactions.recover()).await {
                 Ok(()) => return Ok(()),
@@ -393,7 +394,10 @@ impl Pipeline {
         };
         let started = Instant::now();
         match awaiting_broker(&self.status, "transaction commit", transactions.commit()).await {
-            Ok(()) => st.flight.committed(&self.status.visible_latency),
+            Ok(()) => {
+                st.flight.committed(&self.status.visible_latency);
+                st.demands.committed();
+            }
             Err(e) => {
                 let broken = !matches!(e, sink::Error::TransactionAborted);
                 let e = self.transaction_failed(e)?;

@@ -4,7 +4,7 @@
 //! object only stops the snapshot's queue, and the queue moves again after every item that
 //! moves the position.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use kube::api::DynamicObject;
@@ -15,8 +15,8 @@ use crate::budget::Reservation;
 use crate::change::{Change, ChangeKind, Origin};
 use crate::demand::marker::{self, Watch};
 use crate::demand::watermark::{Decision, decide};
-use crate::demand::{Demand, Outcome, Scope, Tally};
-use crate::template::Values;
+use crate::demand::{self, Demand, Outcome, Scope, Tally};
+use crate::known::KnownObjects;
 
 /// The queue of a watch's snapshot items and what was done with them.
 #[derive(Debug, Default)]
@@ -26,12 +26,40 @@ pub(super) struct Demands {
     tallies: HashMap<Arc<str>, Tally>,
     /// Per snapshot: why a marker could not be published, told at its next mark.
     failed: HashMap<Arc<str>, String>,
+    /// The snapshots with markers or tombstones in the open Kafka transaction.
+    uncommitted: Vec<Arc<str>>,
 }
 
 impl Demands {
     /// Whether snapshot items wait.
     pub fn is_empty(&self) -> bool {
         self.queue.is_empty()
+    }
+
+    /// The open transaction committed: the markers and tombstones in it are visible.
+    pub fn committed(&mut self) {
+        self.uncommitted.clear();
+    }
+
+    /// The open transaction was aborted: the markers and tombstones in it are lost, and each
+    /// snapshot that sent one is told so at its next mark (its walk sends them again).
+    pub fn aborted(&mut self) {
+        for id in self.uncommitted.drain(..) {
+            self.failed.entry(id).or_insert_with(|| {
+                "the Kafka transaction holding its marker or tombstones was aborted".into()
+            });
+        }
+    }
+
+    /// What `id` sent out of band was acknowledged (`Ok`) or not (why), in a transaction or not.
+    fn sent(&mut self, id: &Arc<str>, sent: std::result::Result<(), String>, transaction: bool) {
+        match sent {
+            Ok(()) if transaction => self.uncommitted.push(id.clone()),
+            Ok(()) => {}
+            Err(why) => {
+                self.failed.insert(id.clone(), why);
+            }
+        }
     }
 }
 
@@ -50,9 +78,13 @@ impl Pipeline {
     /// Takes snapshot items from the front of the queue until one must wait for the stream.
     pub(super) async fn advance_demands(&mut self, st: &mut State) -> Result<()> {
         while let Some((front, _)) = st.demands.queue.front() {
-            if let Demand::Listed(_, object, _) = front
-                && decision(object, st) == Decision::Hold
-            {
+            let hold = match front {
+                Demand::Listed(_, object, _) => decision(object, st) == Decision::Hold,
+                // The index is complete only once a (re)list is over.
+                Demand::Prune(..) => st.classifier.listing(),
+                _ => false,
+            };
+            if hold {
                 return Ok(());
             }
             let Some((demand, reservation)) = st.demands.queue.pop_front() else {
@@ -66,9 +98,16 @@ impl Pipeline {
                             marker::begin(info, &scope, watch, now)
                         })
                         .await;
-                    if let Err(why) = sent {
-                        st.demands.failed.insert(scope.id.clone(), why);
+                    st.demands.sent(&scope.id, sent, self.transactional());
+                }
+                Demand::Prune(scope, keys) => {
+                    let absent = absent(keys, st.classifier.index());
+                    let pruned = self.prune(&scope, &absent).await;
+                    if pruned.is_ok() {
+                        let tally = st.demands.tallies.entry(scope.id.clone()).or_default();
+                        tally.pruned += absent.len() as u64;
                     }
+                    st.demands.sent(&scope.id, pruned, self.transactional());
                 }
                 Demand::Listed(scope, object, observed) => {
                     let decision = decision(&object, st);
@@ -98,16 +137,15 @@ impl Pipeline {
                     let _ = answer.send(answered);
                 }
                 Demand::End(scope, total, outcome) => {
-                    info!(snapshot = %scope.id, sent = total.emitted, skipped = total.skipped, complete = outcome == Outcome::Complete, "snapshot ends");
+                    info!(snapshot = %scope.id, sent = total.emitted, skipped = total.skipped, pruned = total.pruned, complete = outcome == Outcome::Complete, "snapshot ends");
                     st.demands.tallies.remove(&scope.id);
                     st.demands.failed.remove(&scope.id);
-                    // Nothing follows an end marker that failed: its absence tells consumers.
-                    let _ = self
+                    let sent = self
                         .send_marker(&scope, marker::END, |info, watch, now| {
                             marker::end(info, &scope, watch, total, &outcome, now)
                         })
                         .await;
-                    self.acknowledge_all(st).await?;
+                    st.demands.sent(&scope.id, sent, self.transactional());
                 }
             }
         }
@@ -117,10 +155,45 @@ impl Pipeline {
     /// Waits until everything sent is acknowledged, and in a Kafka transaction committed.
     async fn acknowledge_all(&mut self, st: &mut State) -> Result<()> {
         while self.settle_next(st).await? {}
-        if self.sink.transactions().is_some() {
+        if self.transactional() {
             self.commit_events(st).await?;
         }
         Ok(())
+    }
+
+    fn transactional(&self) -> bool {
+        self.sink.transactions().is_some()
+    }
+
+    /// The one destination of the events of `scope` (a snapshot's markers and tombstones go
+    /// there); why there is none, logged.
+    fn snapshot_destination(&self, scope: &Scope) -> std::result::Result<String, String> {
+        let namespace = scope.namespace.as_deref();
+        demand::destination(
+            &*self.sink,
+            &self.info,
+            namespace.or(self.watch.namespace.as_deref()),
+        )
+        .ok_or_else(|| {
+            let why = demand::NO_DESTINATION;
+            warn!(snapshot = %scope.id, "snapshot marker not published: {why}");
+            why.to_string()
+        })
+    }
+
+    /// Publishes a tombstone for each of `keys` to the destination of `scope`'s events; why it
+    /// could not, logged.
+    async fn prune(&self, scope: &Scope, keys: &[String]) -> std::result::Result<(), String> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let destination = self.snapshot_destination(scope)?;
+        let Some(compaction) = self.sink.compaction() else {
+            return Err(format!("sink {} keeps no keys to prune", self.sink.name()));
+        };
+        info!(snapshot = %scope.id, destination = %destination, keys = keys.len(), "snapshot prunes keys the cluster no longer has");
+        let sent = compaction.tombstones(&destination, keys).await;
+        sent.map_err(|e| not_published(scope, &destination, "tombstones", &e))
     }
 
     /// Publishes the marker of type `kind` of `scope` to the destination of the watch's events,
@@ -133,22 +206,7 @@ impl Pipeline {
         build: impl FnOnce(&crate::encode::ResourceInfo, Watch<'_>, time::OffsetDateTime) -> Vec<u8>,
     ) -> std::result::Result<(), String> {
         let info = &self.info;
-        let values = Values {
-            cluster: &info.cluster,
-            group: &info.group,
-            version: &info.version,
-            resource: &info.resource,
-            namespace: scope
-                .namespace
-                .as_deref()
-                .or(self.watch.namespace.as_deref()),
-            name: "",
-        };
-        let Some(destination) = self.sink.watch_destination(info, &values) else {
-            let why = "the destination of this watch's events names the object ({name}, or {namespace} without a namespace): a snapshot's markers have no single destination";
-            warn!(snapshot = %scope.id, "snapshot marker not published: {why}");
-            return Err(why.to_string());
-        };
+        let destination = self.snapshot_destination(scope)?;
         let watch = Watch {
             id: &self.watch.key.id,
             description: &self.watch.key.description,
@@ -162,14 +220,49 @@ impl Pipeline {
                 payload,
             )
             .await;
-        sent.map_err(|e| {
-            // The broker client's own message says why.
-            let cause =
-                std::error::Error::source(&e).map_or_else(|| e.to_string(), |c| c.to_string());
-            warn!(snapshot = %scope.id, destination = %destination, error = %cause, "snapshot marker not published");
-            format!("the marker to {destination} was not published: {cause}")
-        })
+        sent.map_err(|e| not_published(scope, &destination, "marker", &e))
     }
+}
+
+/// Logs why `what` (a marker, tombstones) of `scope` was not published to `destination`, and
+/// says it for the walk.
+fn not_published(scope: &Scope, destination: &str, what: &str, e: &crate::sink::Error) -> String {
+    // The broker client's own message says why.
+    let cause = std::error::Error::source(e).map_or_else(|| e.to_string(), |c| c.to_string());
+    warn!(snapshot = %scope.id, destination = %destination, error = %cause, "snapshot {what} not published");
+    format!("the {what} to {destination} not published: {cause}")
+}
+
+/// The keys among `keys` (`namespace/name`, or `name` for a cluster-scoped object) that name no
+/// object of `index`, in their order.
+fn absent(keys: Vec<String>, index: &KnownObjects) -> Vec<String> {
+    let mut unheld: HashMap<&str, HashSet<&str>> = HashMap::new();
+    for key in &keys {
+        let (namespace, name) = split(key);
+        unheld.entry(namespace).or_default().insert(name);
+    }
+    for (namespace, name) in index.names() {
+        if let Some(names) = unheld.get_mut(namespace.unwrap_or("")) {
+            names.remove(name);
+        }
+    }
+    let gone: Vec<bool> = keys
+        .iter()
+        .map(|key| {
+            let (namespace, name) = split(key);
+            unheld
+                .get(namespace)
+                .is_some_and(|names| names.contains(name))
+        })
+        .collect();
+    drop(unheld);
+    let kept = keys.into_iter().zip(gone);
+    kept.filter_map(|(key, gone)| gone.then_some(key)).collect()
+}
+
+/// A key's namespace (empty for a cluster-scoped object's) and name.
+fn split(key: &str) -> (&str, &str) {
+    key.split_once('/').unwrap_or(("", key))
 }
 
 /// The decision for a listed object now.
@@ -186,4 +279,36 @@ fn decision(object: &DynamicObject, st: &State) -> Decision {
         st.classifier.listing(),
         st.classifier.version_of(uid).as_deref(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn index(objects: &[(&str, Option<&str>, &str)]) -> KnownObjects {
+        let mut index = KnownObjects::default();
+        for (uid, namespace, name) in objects {
+            index.observe(uid, "1", *namespace, name, 0);
+        }
+        index
+    }
+
+    #[test]
+    fn only_keys_naming_no_object_of_the_index_are_pruned_in_their_order() {
+        let index = index(&[
+            ("u1", Some("shop"), "a"),
+            ("u2", Some("shop"), "c"),
+            ("u3", None, "node-1"),
+        ]);
+        let keys = [
+            "shop/z", "shop/a", "shop/b", "node-1", "node-2", "other/a", "shop/c",
+        ];
+        let keys = keys.iter().map(|k| k.to_string()).collect();
+        assert_eq!(
+            absent(keys, &index),
+            ["shop/z", "shop/b", "node-2", "other/a"],
+            "a name held in another namespace, or cluster-scoped, is not the key's object"
+        );
+        assert!(absent(Vec::new(), &index).is_empty());
+    }
 }

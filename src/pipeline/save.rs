@@ -111,6 +111,7 @@ impl Pipeline {
                 self.status.set_checkpointed(&resource_version);
                 st.committed = Some(resource_version);
                 st.flight.committed(&self.status.visible_latency);
+                st.demands.committed();
                 Ok(None)
             }
             Err(e @ checkpoint::Error::Fenced { .. }) => {

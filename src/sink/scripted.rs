@@ -11,8 +11,9 @@ use futures::future::BoxFuture;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{Delivered, Outcome, Pending, Result, Sink, Transactions};
-use crate::encode::Event;
+use super::{Compaction, Delivered, Outcome, Owner, Pending, Result, Sink, Transactions};
+use crate::encode::{Event, ResourceInfo};
+use crate::template::Values;
 
 /// The commit cadence of the scripted transactions (Kafka's default).
 pub(crate) const COMMIT_INTERVAL: Duration = Duration::from_millis(10);
@@ -89,6 +90,8 @@ pub(crate) struct ScriptedSink {
     released: watch::Sender<u64>,
     /// Aborted transactions so far: held events are purged.
     aborted: watch::Sender<u64>,
+    /// Whether it offers [`Compaction`] (holding no keys, taking every tombstone).
+    compacted: bool,
 }
 
 impl ScriptedSink {
@@ -103,7 +106,14 @@ impl ScriptedSink {
             voided: Arc::new(watch::channel(false).0),
             released: watch::channel(0).0,
             aborted: watch::channel(0).0,
+            compacted: false,
         }
+    }
+
+    /// The same sink, compacted by key.
+    pub fn compacted(mut self) -> Self {
+        self.compacted = true;
+        self
     }
 
     /// Scripts the next sends of the events of object `uid`, in order.
@@ -238,12 +248,42 @@ impl Sink for ScriptedSink {
         Box::pin(std::future::ready(()))
     }
 
+    fn watch_destination(&self, info: &ResourceInfo, values: &Values<'_>) -> Option<String> {
+        Some(format!(
+            "{}.{}",
+            info.resource,
+            values.namespace.unwrap_or("all")
+        ))
+    }
+
+    fn compaction(&self) -> Option<&dyn Compaction> {
+        self.compacted.then_some(self as &dyn Compaction)
+    }
+
     fn ordered_in_flight(&self) -> bool {
         self.ordered_in_flight
     }
 
     fn transactions(&self) -> Option<&dyn Transactions> {
         self.transactional.then_some(self as &dyn Transactions)
+    }
+}
+
+impl Compaction for ScriptedSink {
+    fn held_keys<'a>(
+        &'a self,
+        _destination: &'a str,
+        _owner: &'a Owner,
+    ) -> BoxFuture<'a, Result<Vec<String>>> {
+        Box::pin(std::future::ready(Ok(Vec::new())))
+    }
+
+    fn tombstones<'a>(
+        &'a self,
+        _destination: &'a str,
+        _keys: &'a [String],
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(std::future::ready(Ok(())))
     }
 }
 

@@ -10,6 +10,7 @@ use kube::api::PostParams;
 
 use super::record::{self, Phase, Progress};
 use super::request;
+pub use super::request::Ask;
 use super::reset::{self, reach, watched_scopes};
 use crate::config::Config;
 use crate::kubernetes;
@@ -55,19 +56,6 @@ pub enum Error {
     },
 }
 
-/// What to snapshot.
-#[derive(Debug, Clone, Default)]
-pub struct Ask {
-    /// `apiVersion/plural`.
-    pub resource: String,
-    /// Only this namespace.
-    pub namespace: Option<String>,
-    /// Only the objects matching this label selector.
-    pub selector: Option<String>,
-    /// The fleet member.
-    pub cluster: Option<String>,
-}
-
 /// The requests written, in the requests' namespace.
 pub struct Written {
     /// The requests' namespace.
@@ -96,13 +84,7 @@ pub async fn ask(config: &Config, ask: &Ask) -> Result<Written, Error> {
     let api: Api<ConfigMap> = Api::namespaced(home.clone(), &requests_ns);
     let mut names = Vec::new();
     for scope in &wanted {
-        let cm = request::build(
-            &requests_ns,
-            &ask.resource,
-            scope.as_deref(),
-            ask.selector.as_deref(),
-            ask.cluster.as_deref(),
-        );
+        let cm = request::build(&requests_ns, scope.as_deref(), ask);
         let created = api
             .create(&PostParams::default(), &cm)
             .await
@@ -165,13 +147,18 @@ pub async fn wait(written: &Written, timeout: Duration) -> Result<(), Error> {
 
 /// One line of progress.
 fn line(name: &str, p: &Progress) -> String {
+    let expected = p
+        .expected
+        .map_or("an unknown number".to_string(), |n| n.to_string());
     let mut text = format!(
-        "{name}: {} sent {} skipped {} of {} expected",
+        "{name}: {} sent {} skipped {} of {expected} expected",
         p.phase.as_str(),
         p.sent,
         p.skipped,
-        p.expected
     );
+    if p.pruned > 0 {
+        text.push_str(&format!(", pruned {}", p.pruned));
+    }
     if let Some(watch) = &p.watch {
         text.push_str(&format!(" ({watch})"));
     }
@@ -190,7 +177,7 @@ mod tests {
         let p = Progress {
             phase: Phase::Failed,
             watch: Some("dev/v1/configmaps/*".into()),
-            expected: 3,
+            expected: Some(3),
             sent: 2,
             skipped: 1,
             message: Some("cannot list".into()),

@@ -50,15 +50,20 @@ pub struct Progress {
     /// The watch serving it, as its markers name it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watch: Option<String>,
-    /// Objects the API server reported when the snapshot began.
-    #[serde(default)]
-    pub expected: u64,
+    /// Objects the API server reported when the snapshot began; absent when it could not say
+    /// (it gives no count for a list narrowed by a selector).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected: Option<u64>,
     /// Objects published with `origin=snapshot`, acknowledged.
     #[serde(default)]
     pub sent: u64,
     /// Objects left out because a newer state or their delete was published since.
     #[serde(default)]
     pub skipped: u64,
+    /// Tombstones published for keys the compacted destination held and the cluster no longer
+    /// has (`prune`), acknowledged.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pruned: u64,
     /// Whether the begin marker was acknowledged.
     #[serde(default)]
     pub begun: bool,
@@ -71,6 +76,10 @@ pub struct Progress {
     /// Why it failed, or what it is waiting for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The progress recorded in `annotations`; a request without one (or with one that cannot be
@@ -101,9 +110,10 @@ mod tests {
         let progress = Progress {
             phase: Phase::Running,
             watch: Some("dev/v1/configmaps/*".into()),
-            expected: 10,
+            expected: Some(10),
             sent: 4,
             skipped: 1,
+            pruned: 2,
             begun: true,
             continue_token: Some("eyJ2Ijo".into()),
             restarts: 0,

@@ -13,6 +13,7 @@
 //!   labelSelector: app=web      # optional, on top of the watch's own
 //!   cluster: prod-eu1           # the fleet member; optional outside a fleet
 //!   chunkSize: "500"            # optional: objects per LIST page, 1 to 10000
+//!   prune: "true"               # optional: tombstones for keys the cluster no longer has
 //! ```
 
 use std::collections::BTreeMap;
@@ -25,12 +26,13 @@ use kube::api::ObjectMeta;
 pub const LABEL: &str = "kube-event-bridge.dev/snapshot-request";
 
 /// The data keys a request may hold.
-pub const KEYS: [&str; 5] = [
+pub const KEYS: [&str; 6] = [
     "resource",
     "namespace",
     "labelSelector",
     "cluster",
     "chunkSize",
+    "prune",
 ];
 
 /// Objects per LIST page when the request does not say.
@@ -82,6 +84,9 @@ pub struct Request {
     pub cluster: Option<String>,
     /// Objects per LIST page.
     pub chunk: u32,
+    /// Whether keys the compacted destination holds and the cluster no longer has get a
+    /// tombstone.
+    pub prune: bool,
 }
 
 /// Parses the request `config_map`.
@@ -117,15 +122,38 @@ pub fn parse(config_map: &ConfigMap) -> Result<Request, Error> {
             why: "is not a namespace name (a DNS label)",
         });
     }
+    let label_selector = get("labelSelector");
+    let prune = prune(get("prune"))?;
+    if prune && label_selector.is_some() {
+        return Err(Error::Invalid {
+            key: "prune",
+            value: "true".into(),
+            why: "cannot be combined with labelSelector: every key outside the selector would be pruned",
+        });
+    }
     Ok(Request {
         id: id.into(),
         name,
         resource,
         namespace,
-        label_selector: get("labelSelector"),
+        label_selector,
         cluster: get("cluster"),
         chunk: chunk(get("chunkSize"))?,
+        prune,
     })
+}
+
+/// `prune`: `true` or `false`, `false` when absent.
+fn prune(value: Option<String>) -> Result<bool, Error> {
+    match value.as_deref() {
+        None | Some("false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(_) => Err(Error::Invalid {
+            key: "prune",
+            value: value.unwrap_or_default(),
+            why: "is not true or false",
+        }),
+    }
 }
 
 /// `chunkSize`: a number from 1 to 10,000, [`DEFAULT_CHUNK`] when absent.
@@ -143,19 +171,30 @@ fn chunk(value: Option<String>) -> Result<u32, Error> {
     }
 }
 
-/// A request ConfigMap for `request`'s fields (its id and name are the API server's).
-pub fn build(
-    namespace: &str,
-    resource: &str,
-    scope: Option<&str>,
-    label_selector: Option<&str>,
-    cluster: Option<&str>,
-) -> ConfigMap {
-    let mut data = BTreeMap::from([("resource".to_string(), resource.to_string())]);
+/// What the `snapshot` command asks for.
+#[derive(Debug, Clone, Default)]
+pub struct Ask {
+    /// `apiVersion/plural`.
+    pub resource: String,
+    /// Only this namespace.
+    pub namespace: Option<String>,
+    /// Only the objects matching this label selector.
+    pub selector: Option<String>,
+    /// The fleet member.
+    pub cluster: Option<String>,
+    /// Tombstones for the keys the compacted destination holds and the cluster no longer has.
+    pub prune: bool,
+}
+
+/// A request ConfigMap in `namespace` asking `ask` of the namespace `scope` (or every one),
+/// its id and name left to the API server.
+pub fn build(namespace: &str, scope: Option<&str>, ask: &Ask) -> ConfigMap {
+    let mut data = BTreeMap::from([("resource".to_string(), ask.resource.clone())]);
     let optional = [
         ("namespace", scope),
-        ("labelSelector", label_selector),
-        ("cluster", cluster),
+        ("labelSelector", ask.selector.as_deref()),
+        ("cluster", ask.cluster.as_deref()),
+        ("prune", ask.prune.then_some("true")),
     ];
     for (key, value) in optional {
         if let Some(v) = value {
@@ -214,6 +253,7 @@ mod tests {
                 label_selector: Some("app=web".into()),
                 cluster: Some("prod".into()),
                 chunk: 50,
+                prune: false,
             }
         );
     }
@@ -241,14 +281,32 @@ mod tests {
                 .starts_with("data.chunkSize: \"0\"")
         );
         assert!(
-            refused(&[("resource", "v1/configmaps"), ("prune", "true")])
-                .starts_with("data.prune: unknown key")
+            refused(&[("resource", "v1/configmaps"), ("prune", "yes")])
+                .starts_with("data.prune: \"yes\" is not true or false")
+        );
+        assert!(
+            refused(&[
+                ("resource", "v1/configmaps"),
+                ("prune", "true"),
+                ("labelSelector", "a=b")
+            ])
+            .starts_with("data.prune: \"true\" cannot be combined with labelSelector")
+        );
+        assert!(
+            refused(&[("resource", "v1/configmaps"), ("flavour", "x")])
+                .starts_with("data.flavour: unknown key")
         );
     }
 
     #[test]
     fn a_built_request_parses_back() {
-        let mut built = build("bridge", "v1/configmaps", Some("shop"), None, Some("prod"));
+        let ask = Ask {
+            resource: "v1/configmaps".into(),
+            cluster: Some("prod".into()),
+            prune: true,
+            ..Ask::default()
+        };
+        let mut built = build("bridge", Some("shop"), &ask);
         assert_eq!(built.metadata.labels.as_ref().unwrap()[LABEL], "true");
         built.metadata.name = Some("snapshot-abc".into());
         built.metadata.uid = Some("u-2".into());
@@ -256,5 +314,6 @@ mod tests {
         assert_eq!(parsed.namespace.as_deref(), Some("shop"));
         assert_eq!(parsed.cluster.as_deref(), Some("prod"));
         assert_eq!(parsed.label_selector, None);
+        assert!(parsed.prune);
     }
 }

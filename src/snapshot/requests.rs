@@ -20,6 +20,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::prune::{self, Prune};
 use super::record::{self, Phase, Progress};
 use super::request::{self, LABEL, Request};
 use super::walk::Walk;
@@ -185,10 +186,13 @@ impl Requests {
                 }
             };
             match route(&request, &handles, self.fleet) {
-                Route::Here(handle) => {
-                    let walk = self.walk(handle, request, progress);
-                    self.walks.insert(uid.clone(), walk);
-                }
+                Route::Here(handle) => match pruning(handle, &request) {
+                    Ok(prune) => {
+                        let walk = self.walk(handle, request, progress, prune);
+                        self.walks.insert(uid.clone(), walk);
+                    }
+                    Err(why) => refusals.push(refused(why)),
+                },
                 Route::Elsewhere => {}
                 Route::Refused(why) => refusals.push(refused(why)),
             }
@@ -225,7 +229,13 @@ impl Requests {
     }
 
     /// Starts the walk of `request` on the watch of `handle`.
-    fn walk(&self, handle: &WatchHandle, request: Request, progress: Progress) -> JoinHandle<()> {
+    fn walk(
+        &self,
+        handle: &WatchHandle,
+        request: Request,
+        progress: Progress,
+        prune: Option<Prune>,
+    ) -> JoinHandle<()> {
         let port = handle
             .demand
             .clone()
@@ -237,6 +247,7 @@ impl Requests {
             request,
             requests: self.api.clone(),
             progress,
+            prune,
             admin: self.admin.clone(),
         };
         let uid = walk.request.id.to_string();
@@ -254,6 +265,13 @@ impl Requests {
             let _ = ended.send((uid, phase));
         })
     }
+}
+
+/// What `request` prunes on the watch of `handle`: nothing unless it asks to; why it may not.
+fn pruning(handle: &WatchHandle, request: &Request) -> Result<Option<Prune>, String> {
+    let port = handle.demand.as_ref().filter(|_| request.prune);
+    port.map(|port| prune::plan(port, handle.namespace.as_deref(), request))
+        .transpose()
 }
 
 /// Where `request` goes, given this replica's running watches.
@@ -285,6 +303,7 @@ fn route<'a>(request: &Request, handles: &'a [WatchHandle], fleet: bool) -> Rout
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sink::scripted::ScriptedSink;
     use crate::status::Status;
 
     fn handle(cluster: &str, resource: &str, namespace: Option<&str>) -> WatchHandle {
@@ -306,6 +325,7 @@ mod tests {
             label_selector: None,
             cluster: cluster.map(Into::into),
             chunk: 10,
+            prune: false,
         }
     }
 
@@ -342,6 +362,8 @@ mod tests {
             target,
             queue: tx.downgrade(),
             stopped: CancellationToken::new(),
+            sink: Arc::new(ScriptedSink::new(true, false)),
+            info: crate::encode::tests::info("", "v1", "ConfigMap", "configmaps", true),
         });
         h
     }
@@ -408,5 +430,49 @@ mod tests {
         let handles = vec![handle("dev", "v1/configmaps", None)];
         let r = route(&request("v1/configmaps", None, None), &handles, false);
         assert_eq!(routed_to(r), None);
+    }
+
+    /// `h` with its port's sink and resource replaced.
+    fn serving(mut h: WatchHandle, sink: ScriptedSink, extra: &str) -> WatchHandle {
+        let port = h.demand.as_mut().expect("a port");
+        port.sink = Arc::new(sink);
+        port.info = crate::encode::tests::configmaps(extra);
+        h
+    }
+
+    #[tokio::test]
+    async fn prune_is_planned_only_where_the_topic_keeps_the_objects_keys() {
+        let h = with_port(handle("dev", "v1/configmaps", Some("shop")));
+        let mut asked = request("v1/configmaps", None, None);
+        assert_eq!(pruning(&h, &asked), Ok(None), "not asked for");
+        asked.prune = true;
+        let refused = |h: &WatchHandle| pruning(h, &asked).unwrap_err();
+        let why = refused(&h);
+        assert!(
+            why.starts_with("data.prune: the scripted sink keeps no keys"),
+            "{why}"
+        );
+        let compacted = || ScriptedSink::new(true, true).compacted();
+        let why = refused(&serving(h.clone(), compacted(), ""));
+        assert!(why.contains("keyed by uid"), "{why}");
+        let by_name = ", key: namespacedName";
+        let why = refused(&serving(h.clone(), compacted(), by_name));
+        assert!(why.contains("`tombstones: false`"), "{why}");
+        let keyed = ", key: namespacedName, tombstones: true";
+        let ready = serving(h.clone(), compacted(), keyed);
+        let planned = pruning(&ready, &asked).unwrap().expect("a plan");
+        assert_eq!(planned.destination, "configmaps.shop");
+        assert_eq!(
+            (
+                planned.owner.cluster.as_str(),
+                planned.owner.resource.as_str()
+            ),
+            ("dev", "configmaps")
+        );
+        assert_eq!(planned.owner.namespace.as_deref(), Some("shop"));
+        let mut selected = ready;
+        selected.demand.as_mut().unwrap().target.label_selector = Some("app=web".into());
+        let why = refused(&selected);
+        assert!(why.contains("label or field selector"), "{why}");
     }
 }

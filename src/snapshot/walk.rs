@@ -21,6 +21,7 @@ use kube::api::{ListParams, Patch, PatchParams};
 use tokio::sync::oneshot;
 use tracing::{info, warn};
 
+use super::prune::Prune;
 use super::record::{self, Phase, Progress};
 use super::request::Request;
 use crate::backoff::Backoff;
@@ -28,8 +29,12 @@ use crate::demand::{Demand, Outcome, Scope, Tally};
 use crate::supervisor::DemandPort;
 use crate::watch::Item;
 
-/// Failed attempts at one API call before the snapshot fails.
+/// Failed attempts at one API call, or at publishing a marker, before the snapshot fails.
 const ATTEMPTS: u32 = 6;
+
+/// Keys the pipeline compares with its index at a time when pruning (each comparison walks the
+/// whole index once).
+const PRUNE_CHUNK: usize = 5_000;
 
 /// Why a walk stopped before its end.
 #[derive(Debug, thiserror::Error)]
@@ -53,9 +58,12 @@ pub enum Error {
         /// The last failure.
         source: kube::Error,
     },
-    /// The pipeline could not publish a marker.
+    /// The pipeline could not publish a marker or tombstones.
     #[error("{0}")]
     Marker(String),
+    /// The keys to prune could not be read.
+    #[error("{0}")]
+    Prune(String),
 }
 
 /// One walk: what it reads, where it queues, where it records.
@@ -71,6 +79,8 @@ pub struct Walk {
     pub requests: Api<ConfigMap>,
     /// The progress recorded so far.
     pub progress: Progress,
+    /// What it prunes once every object was decided (`prune: true`).
+    pub prune: Option<Prune>,
     /// Where the objects decided are counted.
     pub admin: Arc<crate::admin::State>,
 }
@@ -100,8 +110,7 @@ impl Walk {
         if !self.progress.begun {
             self.progress.expected = self.count().await?;
             let scope = self.scope();
-            self.queue(Demand::Begin(scope)).await?;
-            self.mark().await?;
+            self.deliver(|| Demand::Begin(scope.clone())).await?;
             self.progress.begun = true;
             self.record().await?;
         }
@@ -117,21 +126,19 @@ impl Walk {
                     .await?;
             }
             let tally = self.mark().await?;
-            let counted = &self.admin.snapshots.objects;
-            counted[0].fetch_add(tally.emitted, Ordering::Relaxed);
-            counted[1].fetch_add(tally.skipped, Ordering::Relaxed);
-            self.progress.sent += tally.emitted;
-            self.progress.skipped += tally.skipped;
+            self.count_in(tally);
             self.progress.continue_token = page.metadata.continue_.filter(|c| !c.is_empty());
             if self.progress.continue_token.is_none() {
                 break;
             }
             self.record().await?;
         }
+        if let Some(prune) = self.prune.clone() {
+            self.prune(&scope, &prune).await?;
+        }
         let total = self.total();
-        self.queue(Demand::End(scope, total, Outcome::Complete))
+        self.deliver(|| Demand::End(scope.clone(), total, Outcome::Complete))
             .await?;
-        self.mark().await?;
         self.progress.phase = Phase::Complete;
         self.progress.message = None;
         info!(request = %self.request.name, sent = total.emitted, skipped = total.skipped, "snapshot complete");
@@ -143,10 +150,9 @@ impl Walk {
         let message = error.to_string();
         warn!(request = %self.request.name, error = %message, "snapshot failed");
         if self.progress.begun {
-            let end = Demand::End(self.scope(), self.total(), Outcome::Failed(message.clone()));
-            if self.queue(end).await.is_ok() {
-                let _ = self.mark().await;
-            }
+            let (scope, total) = (self.scope(), self.total());
+            let failed = || Demand::End(scope.clone(), total, Outcome::Failed(message.clone()));
+            let _ = self.deliver(failed).await;
         }
         self.progress.phase = Phase::Failed;
         self.progress.message = Some(message);
@@ -156,10 +162,52 @@ impl Walk {
         Phase::Failed
     }
 
+    /// Adds what the pipeline did since the last mark to the progress and the metrics.
+    fn count_in(&mut self, tally: Tally) {
+        let counted = &self.admin.snapshots.objects;
+        counted[0].fetch_add(tally.emitted, Ordering::Relaxed);
+        counted[1].fetch_add(tally.skipped, Ordering::Relaxed);
+        counted[2].fetch_add(tally.pruned, Ordering::Relaxed);
+        self.progress.sent += tally.emitted;
+        self.progress.skipped += tally.skipped;
+        self.progress.pruned += tally.pruned;
+    }
+
+    /// Reads the keys the destination holds for the scope and has the pipeline tombstone those
+    /// its index does not hold, [`PRUNE_CHUNK`] keys at a time.
+    async fn prune(&mut self, scope: &Arc<Scope>, prune: &Prune) -> Result<(), Error> {
+        let Some(compaction) = self.port.sink.compaction() else {
+            return Err(Error::Prune(format!(
+                "the {} sink keeps no keys",
+                self.port.sink.name()
+            )));
+        };
+        let keys = compaction
+            .held_keys(&prune.destination, &prune.owner)
+            .await
+            .map_err(|e| {
+                let cause =
+                    std::error::Error::source(&e).map_or_else(|| e.to_string(), |c| c.to_string());
+                Error::Prune(format!(
+                    "cannot read the keys of {}: {cause}",
+                    prune.destination
+                ))
+            })?;
+        info!(request = %self.request.name, destination = %prune.destination, keys = keys.len(), "snapshot compares the keys the destination holds with the cluster's objects");
+        for chunk in keys.chunks(PRUNE_CHUNK) {
+            let tally = self
+                .deliver(|| Demand::Prune(scope.clone(), chunk.to_vec()))
+                .await?;
+            self.count_in(tally);
+        }
+        Ok(())
+    }
+
     fn total(&self) -> Tally {
         Tally {
             emitted: self.progress.sent,
             skipped: self.progress.skipped,
+            pruned: self.progress.pruned,
         }
     }
 
@@ -171,6 +219,7 @@ impl Walk {
             namespace: self.request.namespace.clone(),
             label_selector: self.request.label_selector.clone(),
             expected: self.progress.expected,
+            prune: self.prune.is_some(),
         })
     }
 
@@ -193,14 +242,24 @@ impl Walk {
         params
     }
 
-    /// How many objects the snapshot covers now: one object's page and the count of the rest.
-    async fn count(&self) -> Result<u64, Error> {
+    /// How many objects the snapshot covers now: one object's page and the count of the rest;
+    /// `None` when the API server does not say (it gives no count for a list narrowed by a
+    /// selector).
+    async fn count(&self) -> Result<Option<u64>, Error> {
         let params = self.params(1);
         let page = self
             .retry(|| self.port.target.api.list_metadata(&params))
             .await?;
-        let rest = page.metadata.remaining_item_count.unwrap_or(0).max(0) as u64;
-        Ok(page.items.len() as u64 + rest)
+        let more = page
+            .metadata
+            .continue_
+            .as_deref()
+            .is_some_and(|c| !c.is_empty());
+        Ok(count(
+            page.items.len(),
+            more,
+            page.metadata.remaining_item_count,
+        ))
     }
 
     /// The next chunk. An expired continue token is replaced by the one the API server offers
@@ -255,6 +314,26 @@ impl Walk {
             .send(Item::Demand(demand))
             .await
             .map_err(|_| Error::Stopped)
+    }
+
+    /// Queues the demand `make` makes and waits until the broker acknowledged it (a marker,
+    /// tombstones); one the broker refused, or lost in an aborted transaction, is queued again,
+    /// at most [`ATTEMPTS`] times with backoff (a marker sent again is a duplicate under its own
+    /// id, a tombstone sent again changes nothing).
+    async fn deliver(&self, make: impl Fn() -> Demand) -> Result<Tally, Error> {
+        let mut backoff = Backoff::default();
+        let mut attempt = 1;
+        loop {
+            self.queue(make()).await?;
+            match self.mark().await {
+                Err(Error::Marker(why)) if attempt < ATTEMPTS => {
+                    warn!(request = %self.request.name, error = %why, "snapshot marker or tombstones not published, sending again");
+                    tokio::time::sleep(backoff.next_delay().min(Duration::from_secs(5))).await;
+                    attempt += 1;
+                }
+                marked => return marked,
+            }
+        }
     }
 
     /// Waits until the pipeline decided everything queued and the broker acknowledged it.
@@ -312,6 +391,16 @@ where
     }
 }
 
+/// The count of a LIST of one object: `items`, and the `remaining` count the API server gave
+/// when there are `more`; `None` when it gave none.
+fn count(items: usize, more: bool, remaining: Option<i64>) -> Option<u64> {
+    match (more, remaining) {
+        (false, _) => Some(items as u64),
+        (true, Some(rest)) => Some(items as u64 + rest.max(0) as u64),
+        (true, None) => None,
+    }
+}
+
 /// The selectors that are set, joined with commas (each a conjunction).
 fn join(selectors: &[&Option<String>]) -> Option<String> {
     let set: Vec<&str> = selectors
@@ -336,5 +425,17 @@ mod tests {
         );
         assert_eq!(join(&[&None, &asked]).as_deref(), Some("tier in (a,b)"));
         assert_eq!(join(&[&None, &Some(String::new())]), None);
+    }
+
+    #[test]
+    fn the_count_is_unknown_when_the_api_server_gives_none() {
+        assert_eq!(count(1, true, Some(41)), Some(42));
+        assert_eq!(count(1, false, None), Some(1));
+        assert_eq!(count(0, false, None), Some(0));
+        assert_eq!(
+            count(1, true, None),
+            None,
+            "a selected list has no remainingItemCount"
+        );
     }
 }

@@ -119,6 +119,7 @@ impl Observed {
                 result,
                 sent,
                 skipped,
+                ..
             } => {
                 let result = match result {
                     SnapshotResult::Complete => Ok(()),

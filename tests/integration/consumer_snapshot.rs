@@ -117,7 +117,8 @@ fn scenario(cluster: &str, snapshot: &str) -> Vec<Published> {
         resource: "v1/configmaps".into(),
         namespace: None,
         label_selector: None,
-        expected: 3,
+        expected: Some(3),
+        prune: false,
     };
     // Keyed as the bridge keys a marker: by its own id.
     let marker_at = |ago: i64, body: Vec<u8>| Published {
@@ -132,6 +133,7 @@ fn scenario(cluster: &str, snapshot: &str) -> Vec<Published> {
     let total = Tally {
         emitted: 1,
         skipped: 1,
+        pruned: 0,
     };
     vec![
         object(&info, ("a", "ua", 10), ChangeKind::Added, None, 120),

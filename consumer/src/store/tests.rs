@@ -544,7 +544,7 @@ fn marker(id: &str, kind: crate::event::MarkerKind, namespaced: bool) -> Record 
 fn begin(id: &str, selector: Option<&str>) -> Record {
     let kind = crate::event::MarkerKind::Begin {
         label_selector: selector.map(Into::into),
-        expected: 3,
+        expected: Some(3),
     };
     marker(id, kind, false)
 }
@@ -553,6 +553,7 @@ fn end(id: &str, result: crate::event::SnapshotResult) -> Record {
     let kind = crate::event::MarkerKind::End {
         sent: 2,
         skipped: 1,
+        pruned: 0,
         result,
     };
     marker(id, kind, false)
@@ -632,12 +633,13 @@ fn a_snapshot_prunes_only_its_scope() {
     });
     let kind = crate::event::MarkerKind::Begin {
         label_selector: None,
-        expected: 0,
+        expected: Some(0),
     };
     w.apply(marker("s1", kind, true));
     let kind = crate::event::MarkerKind::End {
         sent: 0,
         skipped: 0,
+        pruned: 0,
         result: Complete,
     };
     assert_eq!(

@@ -3,6 +3,7 @@
 //! topic, written in the transactions of the watches' events.
 
 mod asyncapi;
+mod compaction;
 mod config;
 mod error;
 mod group;

@@ -25,7 +25,7 @@ use crate::config::ContentMode;
 use crate::encode::{DATA_CONTENT_TYPE, Event, ResourceInfo, STRUCTURED_CONTENT_TYPE, ce_header};
 use crate::lease::Validity;
 use crate::sink::{
-    Checkpoints, Delivered, Error, Outcome, Pending, Result, Sink, Transactions, ready,
+    Checkpoints, Compaction, Delivered, Error, Outcome, Pending, Result, Sink, Transactions, ready,
 };
 use crate::template::{Template, Values};
 
@@ -368,15 +368,35 @@ impl KafkaSink {
             .key(key)
             .payload(payload)
             .headers(headers);
-        let failed = |error: KafkaError| Error::Publish {
-            destination: topic.to_string(),
-            source: Box::new(error),
-        };
-        let (txn, delivery) = match self.enqueue(record).await {
-            Ok(Some(sent)) => sent,
-            Ok(None) => return Err(Error::TransactionAborted),
-            Err(e) => return Err(failed(e)),
-        };
+        let (txn, delivery) = self.enqueue_out_of_band(topic, record).await?;
+        self.settle_out_of_band(topic, txn, delivery).await
+    }
+
+    /// Hands one out-of-band record for `topic` to librdkafka (in a transaction: the open one).
+    pub(super) async fn enqueue_out_of_band<K, P>(
+        &self,
+        topic: &str,
+        record: FutureRecord<'_, K, P>,
+    ) -> Result<(Option<u64>, DeliveryFuture)>
+    where
+        K: rdkafka::message::ToBytes + ?Sized,
+        P: rdkafka::message::ToBytes + ?Sized,
+    {
+        match self.enqueue(record).await {
+            Ok(Some(sent)) => Ok(sent),
+            Ok(None) => Err(Error::TransactionAborted),
+            Err(e) => Err(failed(topic, e)),
+        }
+    }
+
+    /// Waits for the acknowledgement of an out-of-band record; a failure voids the transaction
+    /// it was sent in.
+    pub(super) async fn settle_out_of_band(
+        &self,
+        topic: &str,
+        txn: Option<u64>,
+        delivery: DeliveryFuture,
+    ) -> Result<()> {
         let error = match delivery.await {
             Ok(Ok(_)) => return Ok(()),
             Ok(Err((e, _))) => e,
@@ -385,7 +405,7 @@ impl KafkaSink {
         if let (Some(m), Some(txn)) = (&self.member, txn) {
             m.voider()(txn);
         }
-        Err(failed(error))
+        Err(failed(topic, error))
     }
 
     /// Flushes the producer's queue.
@@ -401,6 +421,14 @@ impl KafkaSink {
         if let Ok(Err(error)) = flushed {
             warn!(error = %error, "kafka flush incomplete");
         }
+    }
+}
+
+/// An out-of-band record to `topic` was not published.
+fn failed(topic: &str, error: KafkaError) -> Error {
+    Error::Publish {
+        destination: topic.to_string(),
+        source: Box::new(error),
     }
 }
 
@@ -436,6 +464,10 @@ impl Sink for KafkaSink {
     /// The idempotent producer keeps order within a partition across its own retries.
     fn ordered_in_flight(&self) -> bool {
         true
+    }
+
+    fn compaction(&self) -> Option<&dyn Compaction> {
+        Some(self)
     }
 
     fn transactions(&self) -> Option<&dyn Transactions> {
