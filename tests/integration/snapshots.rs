@@ -441,6 +441,26 @@ async fn a_request_that_cannot_be_served_fails_naming_why() {
             .starts_with("data.chunkSize: \"lots\""),
         "{status}"
     );
+    let prune = json!({
+        "metadata": {"generateName": "snapshot-", "labels": {"kube-event-bridge.dev/snapshot-request": "true"}},
+        "data": {"resource": "v1/configmaps", "namespace": ns, "prune": "true"},
+    });
+    let created = api
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(prune).unwrap(),
+        )
+        .await
+        .unwrap();
+    let (phase, status) = ended(&client, &requests, &created.metadata.name.unwrap()).await;
+    assert_eq!(phase, "Failed");
+    assert!(
+        status["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("data.prune: the stdout sink keeps no keys"),
+        "{status}"
+    );
     let path = bridge.dir().join("bridge.yaml");
     let args = [
         "snapshot",
@@ -456,4 +476,189 @@ async fn a_request_that_cannot_be_served_fails_naming_why() {
         err.contains("--resource v1/secrets: no configured watch matches"),
         "{err}"
     );
+}
+
+/// Every record of `topic` from the beginning to its end (committed ones): key, and the value
+/// (`None`: a tombstone), in each partition's order.
+fn topic_records(topic: &str) -> Vec<(String, Option<Vec<u8>>)> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{Message, Offset, TopicPartitionList};
+    let consumer: BaseConsumer = crate::support::kafka_config()
+        .set("group.id", unique_name("prune-check"))
+        .set("isolation.level", "read_committed")
+        .create()
+        .unwrap();
+    let timeout = Duration::from_secs(10);
+    let metadata = consumer.fetch_metadata(Some(topic), timeout).unwrap();
+    let mut assigned = TopicPartitionList::new();
+    let mut ends = BTreeMap::new();
+    for p in metadata.topics()[0].partitions() {
+        assigned
+            .add_partition_offset(topic, p.id(), Offset::Beginning)
+            .unwrap();
+        ends.insert(
+            p.id(),
+            consumer.fetch_watermarks(topic, p.id(), timeout).unwrap().1,
+        );
+    }
+    consumer.assign(&assigned).unwrap();
+    let mut records = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let done = |consumer: &BaseConsumer| {
+        let at = consumer.position().unwrap();
+        ends.iter().all(|(p, end)| {
+            *end == 0
+                || at
+                    .find_partition(topic, *p)
+                    .is_some_and(|e| matches!(e.offset(), Offset::Offset(o) if o >= *end))
+        })
+    };
+    while !done(&consumer) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{topic} not read to its end"
+        );
+        if let Some(m) = consumer.poll(Duration::from_millis(200)) {
+            let m = m.unwrap();
+            let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+            records.push((key, m.payload().map(<[u8]>::to_vec)));
+        }
+    }
+    records
+}
+
+/// `prune: true` on a compacted topic keyed by `namespace/name`: keys the topic holds for
+/// objects the cluster no longer has (written here as a bridge of an earlier life would have,
+/// in binary and structured mode) get a tombstone after the snapshot's objects; keys of live
+/// objects, of another resource sharing the topic and already tombstoned ones do not; the
+/// counts agree in the CLI, the end marker and the metrics; a resource keyed by uid is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_prune_tombstones_the_keys_the_cluster_no_longer_has() {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+
+    let count = 5;
+    let (_client, ns, requests) = objects("snapprune", count).await;
+    let cluster = unique_name("c");
+    let topic = format!("state.{cluster}.configmaps");
+    crate::store_check::compacted_topic(&topic, 3).await;
+    let config = format!(
+        "cluster: {cluster}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}], topic: \"state.{{cluster}}.{{resource}}\", key: namespacedName, tombstones: true}}\nsnapshotRequests: {{namespace: {requests}}}\ncheckpoint: {{enabled: true{}}}\n{}",
+        checkpoint_extra(SinkKind::Kafka, &cluster),
+        sink_yaml(SinkKind::Kafka, &cluster)
+    );
+    let mut bridge = Bridge::start(&config);
+    bridge.wait_synced(1).await;
+
+    // What an earlier life left in the topic.
+    let producer: FutureProducer = crate::support::kafka_config().create().unwrap();
+    let binary = |key: &str, resource: &str| {
+        let attributes = [
+            ("ce_specversion", "1.0"),
+            ("ce_cluster", cluster.as_str()),
+            ("ce_apiversion", "v1"),
+            ("ce_resource", resource),
+            ("ce_namespace", ns.as_str()),
+            ("ce_uid", "0000-stale"),
+        ];
+        let headers = attributes.iter().fold(OwnedHeaders::new(), |h, (k, v)| {
+            h.insert(Header {
+                key: k,
+                value: Some(*v),
+            })
+        });
+        (format!("{ns}/{key}"), Some(b"{}".to_vec()), Some(headers))
+    };
+    let structured = json!({"specversion": "1.0", "cluster": cluster, "apiversion": "v1",
+        "resource": "configmaps", "namespace": ns, "uid": "0001-stale", "data": {}});
+    let stale = [
+        binary("gone-binary", "configmaps"),
+        (
+            format!("{ns}/gone-structured"),
+            Some(structured.to_string().into_bytes()),
+            None,
+        ),
+        binary("a-secret", "secrets"),
+        binary("tombstoned", "configmaps"),
+        (format!("{ns}/tombstoned"), None, None),
+    ];
+    for (key, value, headers) in &stale {
+        let mut record = FutureRecord::<str, [u8]>::to(&topic).key(key);
+        if let Some(value) = value {
+            record = record.payload(value);
+        }
+        if let Some(headers) = headers {
+            record = record.headers(headers.clone());
+        }
+        producer
+            .send(record, Duration::from_secs(10))
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+
+    let path = bridge.dir().join("bridge.yaml");
+    let args = [
+        "snapshot",
+        "--config",
+        path.to_str().unwrap(),
+        "--resource",
+        "v1/configmaps",
+        "--prune",
+        "--wait",
+    ];
+    let (status, out, err) = run_cli(&args);
+    assert!(status.success(), "{out}\n{err}\n{}", bridge.log_text());
+    assert!(out.contains("Complete sent 5"), "{out}");
+    assert!(out.contains("pruned 2"), "{out}");
+
+    let records = topic_records(&topic);
+    let mut tombstones: BTreeMap<&str, usize> = BTreeMap::new();
+    for (key, _) in records.iter().filter(|(_, value)| value.is_none()) {
+        *tombstones.entry(key.as_str()).or_default() += 1;
+    }
+    let want: BTreeMap<String, usize> = [
+        ("gone-binary", 1),
+        ("gone-structured", 1),
+        ("tombstoned", 1),
+    ]
+    .iter()
+    .map(|(k, n)| (format!("{ns}/{k}"), *n))
+    .collect();
+    assert_eq!(
+        tombstones,
+        want.iter().map(|(k, n)| (k.as_str(), *n)).collect(),
+        "the stale keys pruned once; the one already tombstoned has only the tombstone written here; live objects and another resource's key none"
+    );
+    let end = records
+        .iter()
+        .filter_map(|(_, v)| serde_json::from_slice::<serde_json::Value>(v.as_deref()?).ok())
+        .find(|doc| doc["type"] == END)
+        .expect("an end marker");
+    assert_eq!(end["data"]["pruned"], 2, "{end}");
+    assert_eq!(end["data"]["result"], "complete", "{end}");
+    let (_, metrics) = get(&bridge.admin_address().await, "/metrics").await;
+    let pruned = [("outcome", "pruned")];
+    assert_eq!(
+        sample(
+            &metrics,
+            "kube_event_bridge_snapshot_objects_total",
+            &pruned
+        ),
+        2.0
+    );
+
+    // The topic now converges to the cluster: each key's last record is a tombstone exactly
+    // for the objects the cluster does not have.
+    let last: BTreeMap<&str, bool> = records
+        .iter()
+        .map(|(key, value)| (key.as_str(), value.is_none()))
+        .collect();
+    for key in want.keys() {
+        assert_eq!(last.get(key.as_str()), Some(&true), "{key}");
+    }
+    assert_eq!(last.get(format!("{ns}/a-secret").as_str()), Some(&false));
+    for i in 0..count {
+        assert_eq!(last.get(format!("{ns}/cm-{i:04}").as_str()), Some(&false));
+    }
 }
