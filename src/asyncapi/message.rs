@@ -127,14 +127,17 @@ pub(super) fn message(
     Ok(message)
 }
 
-/// The Kafka tombstone that follows each delete with `tombstones: true`.
+/// The Kafka tombstone that follows each delete with `tombstones: true`, and that a snapshot
+/// with `prune` publishes for a key the cluster no longer has.
 pub(super) fn tombstone(r: &ResolvedResource) -> Value {
     json!({
         "name": format!("{}Tombstone", message_name(r)),
         "title": format!("{} {} tombstone", r.api.api_version, r.api.kind),
         "summary": "A record with the deleted object's key, no value and no headers, right \
                     after its delete event (same partition, same transaction): a compacted \
-                    topic then forgets the object.",
+                    topic then forgets the object. A snapshot on demand with `prune` also \
+                    publishes one, before its end marker, for each key the topic held for an \
+                    object the cluster no longer has.",
         "payload": {"type": "null"},
     })
 }
