@@ -186,7 +186,7 @@ impl Requests {
                 }
             };
             match route(&request, &handles, self.fleet) {
-                Route::Here(handle) => match pruning(handle, &request) {
+                Route::Here(handle) => match serving(handle, &request) {
                     Ok(prune) => {
                         let walk = self.walk(handle, request, progress, prune);
                         self.walks.insert(uid.clone(), walk);
@@ -267,10 +267,19 @@ impl Requests {
     }
 }
 
-/// What `request` prunes on the watch of `handle`: nothing unless it asks to; why it may not.
-fn pruning(handle: &WatchHandle, request: &Request) -> Result<Option<Prune>, String> {
-    let port = handle.demand.as_ref().filter(|_| request.prune);
-    port.map(|port| prune::plan(port, handle.namespace.as_deref(), request))
+/// Whether the watch of `handle` can serve `request`, and what it prunes (nothing unless
+/// asked to); why it cannot, naming the setting.
+fn serving(handle: &WatchHandle, request: &Request) -> Result<Option<Prune>, String> {
+    let Some(port) = &handle.demand else {
+        return Ok(None);
+    };
+    let namespace = request.namespace.as_deref().or(handle.namespace.as_deref());
+    if crate::demand::destination(&*port.sink, &port.info, namespace).is_none() {
+        return Err(crate::demand::NO_DESTINATION.to_string());
+    }
+    let asked = request.prune.then_some(port);
+    asked
+        .map(|port| prune::plan(port, handle.namespace.as_deref(), request))
         .transpose()
 }
 
@@ -433,7 +442,7 @@ mod tests {
     }
 
     /// `h` with its port's sink and resource replaced.
-    fn serving(mut h: WatchHandle, sink: ScriptedSink, extra: &str) -> WatchHandle {
+    fn with_sink(mut h: WatchHandle, sink: ScriptedSink, extra: &str) -> WatchHandle {
         let port = h.demand.as_mut().expect("a port");
         port.sink = Arc::new(sink);
         port.info = crate::encode::tests::configmaps(extra);
@@ -444,23 +453,23 @@ mod tests {
     async fn prune_is_planned_only_where_the_topic_keeps_the_objects_keys() {
         let h = with_port(handle("dev", "v1/configmaps", Some("shop")));
         let mut asked = request("v1/configmaps", None, None);
-        assert_eq!(pruning(&h, &asked), Ok(None), "not asked for");
+        assert_eq!(serving(&h, &asked), Ok(None), "not asked for");
         asked.prune = true;
-        let refused = |h: &WatchHandle| pruning(h, &asked).unwrap_err();
+        let refused = |h: &WatchHandle| serving(h, &asked).unwrap_err();
         let why = refused(&h);
         assert!(
             why.starts_with("data.prune: the scripted sink keeps no keys"),
             "{why}"
         );
         let compacted = || ScriptedSink::new(true, true).compacted();
-        let why = refused(&serving(h.clone(), compacted(), ""));
+        let why = refused(&with_sink(h.clone(), compacted(), ""));
         assert!(why.contains("keyed by uid"), "{why}");
         let by_name = ", key: namespacedName";
-        let why = refused(&serving(h.clone(), compacted(), by_name));
+        let why = refused(&with_sink(h.clone(), compacted(), by_name));
         assert!(why.contains("`tombstones: false`"), "{why}");
         let keyed = ", key: namespacedName, tombstones: true";
-        let ready = serving(h.clone(), compacted(), keyed);
-        let planned = pruning(&ready, &asked).unwrap().expect("a plan");
+        let ready = with_sink(h.clone(), compacted(), keyed);
+        let planned = serving(&ready, &asked).unwrap().expect("a plan");
         assert_eq!(planned.destination, "configmaps.shop");
         assert_eq!(
             (
@@ -474,5 +483,20 @@ mod tests {
         selected.demand.as_mut().unwrap().target.label_selector = Some("app=web".into());
         let why = refused(&selected);
         assert!(why.contains("label or field selector"), "{why}");
+    }
+
+    #[tokio::test]
+    async fn a_watch_whose_destination_names_the_object_serves_no_snapshot() {
+        let per_namespace = ", topic: \"k8s.{namespace}\"";
+        let wide = with_sink(
+            with_port(handle("dev", "v1/configmaps", None)),
+            ScriptedSink::new(true, false),
+            per_namespace,
+        );
+        let every = request("v1/configmaps", None, None);
+        let why = serving(&wide, &every).unwrap_err();
+        assert!(why.contains("names the object"), "{why}");
+        let one = request("v1/configmaps", Some("shop"), None);
+        assert_eq!(serving(&wide, &one), Ok(None), "one namespace: one topic");
     }
 }

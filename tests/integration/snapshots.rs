@@ -18,6 +18,7 @@ use crate::admin::sample;
 use crate::harness::{
     Bridge, Reader, Received, SinkKind, checkpoint_extra, get, run_cli, sink_yaml, summary,
 };
+use crate::receiver::Reply;
 use crate::support::{kube_client, unique_name, unique_namespace, wait_until};
 
 const BEGIN: &str = "io.kubeeventbridge.snapshot.begin";
@@ -383,6 +384,16 @@ async fn http_snapshot_posts_every_object_between_its_markers() {
     reader
         .read_until(Duration::from_secs(60), |got| got.len() >= count)
         .await;
+    // The receiver refuses each marker once: the walk sends it again, the snapshot completes.
+    let receiver = crate::receiver::for_cluster(&cluster);
+    receiver.script(|seen| {
+        let marker = seen.id.ends_with(":begin") || seen.id.ends_with(":end");
+        if marker && seen.attempt == 0 {
+            Reply::Status(503)
+        } else {
+            Reply::Accept
+        }
+    });
     let Framed {
         events,
         uid,
@@ -390,6 +401,12 @@ async fn http_snapshot_posts_every_object_between_its_markers() {
         end,
         ..
     } = during_churn(&client, &ns, &requests, &mut reader, count, 10).await;
+    let refused = receiver
+        .seen()
+        .iter()
+        .filter(|s| s.id.starts_with(&format!("{uid}:")) && s.attempt == 1)
+        .count();
+    assert_eq!(refused, 2, "both markers were sent again once");
     for marker in [&events[begin], &events[end]] {
         assert_eq!(marker.ext("snapshotid"), uid);
         assert_eq!(
