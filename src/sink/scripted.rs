@@ -248,12 +248,16 @@ impl Sink for ScriptedSink {
         Box::pin(std::future::ready(()))
     }
 
+    /// The resource's own destination as Kafka renders it, else `{resource}.{namespace}`.
     fn watch_destination(&self, info: &ResourceInfo, values: &Values<'_>) -> Option<String> {
-        Some(format!(
-            "{}.{}",
-            info.resource,
-            values.namespace.unwrap_or("all")
-        ))
+        match &info.destination {
+            Some(t) => t.per_watch(values).then(|| t.render_topic(values)),
+            None => Some(format!(
+                "{}.{}",
+                info.resource,
+                values.namespace.unwrap_or("all")
+            )),
+        }
     }
 
     fn compaction(&self) -> Option<&dyn Compaction> {

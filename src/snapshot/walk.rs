@@ -141,7 +141,7 @@ impl Walk {
             .await?;
         self.progress.phase = Phase::Complete;
         self.progress.message = None;
-        info!(request = %self.request.name, sent = total.emitted, skipped = total.skipped, "snapshot complete");
+        info!(request = %self.request.name, sent = total.emitted, skipped = total.skipped, pruned = total.pruned, "snapshot complete");
         self.record().await
     }
 
