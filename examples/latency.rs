@@ -9,7 +9,14 @@
 //!
 //! The ConfigMaps `cm-000000` … must exist (`loadgen create`). Prints one JSON line: patches
 //! sent, events received, the achieved patch rate, and p50 / p99 / max of patch → receipt in
-//! milliseconds; with `LATENCY_SAMPLES` set, every sample too (`samples_ms`).
+//! milliseconds; with `LATENCY_SAMPLES` set, every sample too (`samples_ms`), and with
+//! `LATENCY_SAMPLES=timed` each sample's patch time as well (`sent_s`, seconds since the epoch,
+//! in the order of `samples_ms`), for a caller measuring a window of the run (`scripts/bench
+//! snapshot`).
+//!
+//! Only live events count: an event with `origin: snapshot` (a snapshot on demand's, which
+//! carries the object's newest stamp again) is not a receipt of a patch; such events are counted
+//! in `snapshot_events`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -29,19 +36,26 @@ const CONCURRENCY: usize = 64;
 
 struct Probe {
     run: String,
-    /// Patch → receipt, nanoseconds, of this run's events.
-    samples: Mutex<Vec<u64>>,
+    /// (patch time, patch → receipt), nanoseconds, of this run's live events.
+    samples: Mutex<Vec<(u64, u64)>>,
     received: AtomicU64,
+    /// Events with `origin: snapshot` seen (not samples).
+    snapshot_events: AtomicU64,
 }
 
 impl Probe {
-    /// Records an event's payload if it carries a stamp of this run.
-    async fn observe(&self, payload: &[u8]) {
+    /// Records an event's payload if it carries a stamp of this run and is a live event (its
+    /// `origin`, from the binary-mode header, is not `snapshot`).
+    async fn observe(&self, payload: &[u8], origin: Option<&[u8]>) {
+        if origin == Some(b"snapshot") {
+            self.snapshot_events.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         let Some(sent) = stamp(payload, &self.run) else {
             return;
         };
         let latency = now_nanos().saturating_sub(sent);
-        self.samples.lock().await.push(latency);
+        self.samples.lock().await.push((sent, latency));
         self.received.fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -115,6 +129,7 @@ async fn consume_kafka(
     ready: Arc<AtomicBool>,
 ) -> anyhow::Result<()> {
     use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::message::Headers;
     use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
     let consumer: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", &bootstrap)
@@ -138,8 +153,15 @@ async fn consume_kafka(
     let mut stream = consumer.stream();
     ready.store(true, Ordering::Relaxed);
     while let Some(message) = stream.next().await {
-        if let Some(payload) = message?.payload() {
-            probe.observe(payload).await;
+        let message = message?;
+        let origin = message.headers().and_then(|headers| {
+            headers
+                .iter()
+                .find(|h| h.key == "ce_origin")
+                .and_then(|h| h.value)
+        });
+        if let Some(payload) = message.payload() {
+            probe.observe(payload, origin).await;
         }
     }
     Ok(())
@@ -170,7 +192,12 @@ async fn consume_nats(
     ready.store(true, Ordering::Relaxed);
     while let Some(message) = messages.next().await {
         let message = message.map_err(|e| anyhow::anyhow!(e))?;
-        probe.observe(&message.payload).await;
+        let origin = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("ce-origin"))
+            .map(|v| v.as_str().as_bytes());
+        probe.observe(&message.payload, origin).await;
     }
     Ok(())
 }
@@ -203,6 +230,7 @@ async fn main() -> anyhow::Result<()> {
         run: format!("{:x}", now_nanos()),
         samples: Mutex::new(Vec::new()),
         received: AtomicU64::new(0),
+        snapshot_events: AtomicU64::new(0),
     });
     let ready = Arc::new(AtomicBool::new(false));
     let consumer = match sink.as_str() {
@@ -240,7 +268,8 @@ async fn main() -> anyhow::Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut samples = probe.samples.lock().await.clone();
+    let timed = probe.samples.lock().await.clone();
+    let mut samples: Vec<u64> = timed.iter().map(|(_, latency)| *latency).collect();
     samples.sort_unstable();
     let mut figures = serde_json::json!({
         "patches": applied,
@@ -249,10 +278,17 @@ async fn main() -> anyhow::Result<()> {
         "p50_ms": percentile(&samples, 0.50),
         "p99_ms": percentile(&samples, 0.99),
         "max_ms": percentile(&samples, 1.0),
+        "snapshot_events": probe.snapshot_events.load(Ordering::Relaxed),
     });
     // Every sample, for a caller pooling several probes' (`scripts/bench fleet`).
-    if std::env::var_os("LATENCY_SAMPLES").is_some() {
-        figures["samples_ms"] = samples.iter().map(|n| *n as f64 / 1e6).collect();
+    match std::env::var("LATENCY_SAMPLES").as_deref() {
+        // In receipt order, each with its patch time (seconds since the epoch).
+        Ok("timed") => {
+            figures["samples_ms"] = timed.iter().map(|(_, n)| *n as f64 / 1e6).collect();
+            figures["sent_s"] = timed.iter().map(|(t, _)| *t as f64 / 1e9).collect();
+        }
+        Ok(_) => figures["samples_ms"] = samples.iter().map(|n| *n as f64 / 1e6).collect(),
+        Err(_) => {}
     }
     println!("{figures}");
     Ok(())
