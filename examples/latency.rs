@@ -17,6 +17,11 @@
 //! Only live events count: an event with `origin: snapshot` (a snapshot on demand's, which
 //! carries the object's newest stamp again) is not a receipt of a patch; such events are counted
 //! in `snapshot_events`.
+//!
+//! NATS also gives the bridge's part alone, without the API server's and the consumer's: for each
+//! live event of a patch, its `time` (when the bridge read the change) to the stream's store time
+//! of the message (`stored_p50_ms`, `stored_p99_ms`; with `LATENCY_SAMPLES=timed` every one as
+//! `stored_ms`, with its read time `read_s`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -41,12 +46,15 @@ struct Probe {
     received: AtomicU64,
     /// Events with `origin: snapshot` seen (not samples).
     snapshot_events: AtomicU64,
+    /// (read time, read → stored in the stream), nanoseconds, of this run's live events (NATS).
+    stored: Mutex<Vec<(u64, u64)>>,
 }
 
 impl Probe {
     /// Records an event's payload if it carries a stamp of this run and is a live event (its
     /// `origin`, from the binary-mode header, is not `snapshot`).
-    async fn observe(&self, payload: &[u8], origin: Option<&[u8]>) {
+    /// `stored`: when the bridge read the change and when the stream stored its event (NATS).
+    async fn observe(&self, payload: &[u8], origin: Option<&[u8]>, stored: Option<(u64, u64)>) {
         if origin == Some(b"snapshot") {
             self.snapshot_events.fetch_add(1, Ordering::Relaxed);
             return;
@@ -54,6 +62,12 @@ impl Probe {
         let Some(sent) = stamp(payload, &self.run) else {
             return;
         };
+        if let Some((read, at)) = stored {
+            self.stored
+                .lock()
+                .await
+                .push((read, at.saturating_sub(read)));
+        }
         let latency = now_nanos().saturating_sub(sent);
         self.samples.lock().await.push((sent, latency));
         self.received.fetch_add(1, Ordering::Relaxed);
@@ -161,7 +175,7 @@ async fn consume_kafka(
                 .and_then(|h| h.value)
         });
         if let Some(payload) = message.payload() {
-            probe.observe(payload, origin).await;
+            probe.observe(payload, origin, None).await;
         }
     }
     Ok(())
@@ -197,7 +211,26 @@ async fn consume_nats(
             .as_ref()
             .and_then(|h| h.get("ce-origin"))
             .map(|v| v.as_str().as_bytes());
-        probe.observe(&message.payload, origin).await;
+        // The bridge's read (the event's `time`) and the stream's store time.
+        let read = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("ce-time"))
+            .and_then(|v| {
+                time::OffsetDateTime::parse(
+                    v.as_str(),
+                    &time::format_description::well_known::Rfc3339,
+                )
+                .ok()
+            });
+        let stored = match (read, message.info()) {
+            (Some(read), Ok(info)) => Some((
+                read.unix_timestamp_nanos() as u64,
+                info.published.unix_timestamp_nanos() as u64,
+            )),
+            _ => None,
+        };
+        probe.observe(&message.payload, origin, stored).await;
     }
     Ok(())
 }
@@ -231,6 +264,7 @@ async fn main() -> anyhow::Result<()> {
         samples: Mutex::new(Vec::new()),
         received: AtomicU64::new(0),
         snapshot_events: AtomicU64::new(0),
+        stored: Mutex::new(Vec::new()),
     });
     let ready = Arc::new(AtomicBool::new(false));
     let consumer = match sink.as_str() {
@@ -280,12 +314,21 @@ async fn main() -> anyhow::Result<()> {
         "max_ms": percentile(&samples, 1.0),
         "snapshot_events": probe.snapshot_events.load(Ordering::Relaxed),
     });
+    let stored = probe.stored.lock().await.clone();
+    if !stored.is_empty() {
+        let mut sorted: Vec<u64> = stored.iter().map(|(_, n)| *n).collect();
+        sorted.sort_unstable();
+        figures["stored_p50_ms"] = percentile(&sorted, 0.50).into();
+        figures["stored_p99_ms"] = percentile(&sorted, 0.99).into();
+    }
     // Every sample, for a caller pooling several probes' (`scripts/bench fleet`).
     match std::env::var("LATENCY_SAMPLES").as_deref() {
         // In receipt order, each with its patch time (seconds since the epoch).
         Ok("timed") => {
             figures["samples_ms"] = timed.iter().map(|(_, n)| *n as f64 / 1e6).collect();
             figures["sent_s"] = timed.iter().map(|(t, _)| *t as f64 / 1e9).collect();
+            figures["stored_ms"] = stored.iter().map(|(_, n)| *n as f64 / 1e6).collect();
+            figures["read_s"] = stored.iter().map(|(t, _)| *t as f64 / 1e9).collect();
         }
         Ok(_) => figures["samples_ms"] = samples.iter().map(|n| *n as f64 / 1e6).collect(),
         Err(_) => {}
