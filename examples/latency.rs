@@ -9,7 +9,19 @@
 //!
 //! The ConfigMaps `cm-000000` … must exist (`loadgen create`). Prints one JSON line: patches
 //! sent, events received, the achieved patch rate, and p50 / p99 / max of patch → receipt in
-//! milliseconds; with `LATENCY_SAMPLES` set, every sample too (`samples_ms`).
+//! milliseconds; with `LATENCY_SAMPLES` set, every sample too (`samples_ms`), and with
+//! `LATENCY_SAMPLES=timed` each sample's patch time as well (`sent_s`, seconds since the epoch,
+//! in the order of `samples_ms`), for a caller measuring a window of the run (`scripts/bench
+//! snapshot`).
+//!
+//! Only live events count: an event with `origin: snapshot` (a snapshot on demand's, which
+//! carries the object's newest stamp again) is not a receipt of a patch; such events are counted
+//! in `snapshot_events`.
+//!
+//! NATS also gives the bridge's part alone, without the API server's and the consumer's: for each
+//! live event of a patch, its `time` (when the bridge read the change) to the stream's store time
+//! of the message (`stored_p50_ms`, `stored_p99_ms`; with `LATENCY_SAMPLES=timed` every one as
+//! `stored_ms`, with its read time `read_s`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -29,19 +41,35 @@ const CONCURRENCY: usize = 64;
 
 struct Probe {
     run: String,
-    /// Patch → receipt, nanoseconds, of this run's events.
-    samples: Mutex<Vec<u64>>,
+    /// (patch time, patch → receipt), nanoseconds, of this run's live events.
+    samples: Mutex<Vec<(u64, u64)>>,
     received: AtomicU64,
+    /// Events with `origin: snapshot` seen (not samples).
+    snapshot_events: AtomicU64,
+    /// (read time, read → stored in the stream), nanoseconds, of this run's live events (NATS).
+    stored: Mutex<Vec<(u64, u64)>>,
 }
 
 impl Probe {
-    /// Records an event's payload if it carries a stamp of this run.
-    async fn observe(&self, payload: &[u8]) {
+    /// Records an event's payload if it carries a stamp of this run and is a live event (its
+    /// `origin`, from the binary-mode header, is not `snapshot`).
+    /// `stored`: when the bridge read the change and when the stream stored its event (NATS).
+    async fn observe(&self, payload: &[u8], origin: Option<&[u8]>, stored: Option<(u64, u64)>) {
+        if origin == Some(b"snapshot") {
+            self.snapshot_events.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         let Some(sent) = stamp(payload, &self.run) else {
             return;
         };
+        if let Some((read, at)) = stored {
+            self.stored
+                .lock()
+                .await
+                .push((read, at.saturating_sub(read)));
+        }
         let latency = now_nanos().saturating_sub(sent);
-        self.samples.lock().await.push(latency);
+        self.samples.lock().await.push((sent, latency));
         self.received.fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -115,6 +143,7 @@ async fn consume_kafka(
     ready: Arc<AtomicBool>,
 ) -> anyhow::Result<()> {
     use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::message::Headers;
     use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
     let consumer: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", &bootstrap)
@@ -138,8 +167,15 @@ async fn consume_kafka(
     let mut stream = consumer.stream();
     ready.store(true, Ordering::Relaxed);
     while let Some(message) = stream.next().await {
-        if let Some(payload) = message?.payload() {
-            probe.observe(payload).await;
+        let message = message?;
+        let origin = message.headers().and_then(|headers| {
+            headers
+                .iter()
+                .find(|h| h.key == "ce_origin")
+                .and_then(|h| h.value)
+        });
+        if let Some(payload) = message.payload() {
+            probe.observe(payload, origin, None).await;
         }
     }
     Ok(())
@@ -170,7 +206,31 @@ async fn consume_nats(
     ready.store(true, Ordering::Relaxed);
     while let Some(message) = messages.next().await {
         let message = message.map_err(|e| anyhow::anyhow!(e))?;
-        probe.observe(&message.payload).await;
+        let origin = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("ce-origin"))
+            .map(|v| v.as_str().as_bytes());
+        // The bridge's read (the event's `time`) and the stream's store time.
+        let read = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("ce-time"))
+            .and_then(|v| {
+                time::OffsetDateTime::parse(
+                    v.as_str(),
+                    &time::format_description::well_known::Rfc3339,
+                )
+                .ok()
+            });
+        let stored = match (read, message.info()) {
+            (Some(read), Ok(info)) => Some((
+                read.unix_timestamp_nanos() as u64,
+                info.published.unix_timestamp_nanos() as u64,
+            )),
+            _ => None,
+        };
+        probe.observe(&message.payload, origin, stored).await;
     }
     Ok(())
 }
@@ -203,6 +263,8 @@ async fn main() -> anyhow::Result<()> {
         run: format!("{:x}", now_nanos()),
         samples: Mutex::new(Vec::new()),
         received: AtomicU64::new(0),
+        snapshot_events: AtomicU64::new(0),
+        stored: Mutex::new(Vec::new()),
     });
     let ready = Arc::new(AtomicBool::new(false));
     let consumer = match sink.as_str() {
@@ -240,7 +302,8 @@ async fn main() -> anyhow::Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut samples = probe.samples.lock().await.clone();
+    let timed = probe.samples.lock().await.clone();
+    let mut samples: Vec<u64> = timed.iter().map(|(_, latency)| *latency).collect();
     samples.sort_unstable();
     let mut figures = serde_json::json!({
         "patches": applied,
@@ -249,10 +312,26 @@ async fn main() -> anyhow::Result<()> {
         "p50_ms": percentile(&samples, 0.50),
         "p99_ms": percentile(&samples, 0.99),
         "max_ms": percentile(&samples, 1.0),
+        "snapshot_events": probe.snapshot_events.load(Ordering::Relaxed),
     });
+    let stored = probe.stored.lock().await.clone();
+    if !stored.is_empty() {
+        let mut sorted: Vec<u64> = stored.iter().map(|(_, n)| *n).collect();
+        sorted.sort_unstable();
+        figures["stored_p50_ms"] = percentile(&sorted, 0.50).into();
+        figures["stored_p99_ms"] = percentile(&sorted, 0.99).into();
+    }
     // Every sample, for a caller pooling several probes' (`scripts/bench fleet`).
-    if std::env::var_os("LATENCY_SAMPLES").is_some() {
-        figures["samples_ms"] = samples.iter().map(|n| *n as f64 / 1e6).collect();
+    match std::env::var("LATENCY_SAMPLES").as_deref() {
+        // In receipt order, each with its patch time (seconds since the epoch).
+        Ok("timed") => {
+            figures["samples_ms"] = timed.iter().map(|(_, n)| *n as f64 / 1e6).collect();
+            figures["sent_s"] = timed.iter().map(|(t, _)| *t as f64 / 1e9).collect();
+            figures["stored_ms"] = stored.iter().map(|(_, n)| *n as f64 / 1e6).collect();
+            figures["read_s"] = stored.iter().map(|(t, _)| *t as f64 / 1e9).collect();
+        }
+        Ok(_) => figures["samples_ms"] = samples.iter().map(|n| *n as f64 / 1e6).collect(),
+        Err(_) => {}
     }
     println!("{figures}");
     Ok(())
