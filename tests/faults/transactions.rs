@@ -27,6 +27,8 @@ const COMMIT_INTERVAL_MS: u64 = 3_000;
 const RESUMED: &str = "kafka transaction call did not finish in time: resuming it";
 const TIMED_OUT: &str = "kafka transaction outlived the transaction timeout and the broker aborted it: creating a new producer";
 const CANNOT_ABORT: &str = "kafka transaction cannot be aborted: creating a new producer";
+const COMMIT_UNANSWERED: &str = "kafka transaction commit went unanswered: creating a new producer";
+const ABORT_UNANSWERED: &str = "kafka transaction abort went unanswered: creating a new producer";
 const FENCED: &str = "fenced: another instance owns this watch now";
 const FENCED_DELIVERY: &str = "producer fenced or broken: stopping this watch";
 
@@ -52,9 +54,23 @@ impl Scene {
             "cluster: {cluster}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{ns}]}}\n{}    transactionTimeoutSecs: {timeout_secs}\n    commitIntervalMs: {COMMIT_INTERVAL_MS}\ncheckpoint: {{intervalMs: {COMMIT_INTERVAL_MS}}}\n",
             sink_yaml(SinkKind::Kafka, &cluster)
         );
+        // Investigations: `KEB_KAFKA_DEBUG=broker,eos` has librdkafka log those contexts (its
+        // `debug` property) into the bridge's log (kept with `KEB_KEEP_LOGS`).
+        let debug = std::env::var("KEB_KAFKA_DEBUG").ok();
+        let config = match &debug {
+            Some(contexts) => config.replace(
+                "    transactionTimeoutSecs",
+                &format!("    properties: {{debug: \"{contexts}\"}}\n    transactionTimeoutSecs"),
+            ),
+            None => config,
+        };
         let topics = vec![format!("k8s.{cluster}.core.configmaps")];
         support::create_topic(&topics[0], 3).await;
-        let mut bridge = Bridge::start(&config);
+        let filter = match debug {
+            Some(_) => "info,kube_event_bridge=debug,librdkafka=debug",
+            None => "info,kube_event_bridge=debug",
+        };
+        let mut bridge = Bridge::start_with_env(&config, &[("RUST_LOG", filter)]);
         bridge.wait_synced(1).await;
         let cms: Api<ConfigMap> = Api::namespaced(client, &ns);
         let mut written = Vec::new();
@@ -209,8 +225,10 @@ impl Scene {
         }
         let want: BTreeSet<u64> = self.written.iter().map(|(_, rv)| *rv).collect();
         let mut reader = Reader::kafka(&self.topics).await;
+        // Room for the slowest recovery: a commit unanswered for its three calls (90 s), then a
+        // new producer and the transaction sent again.
         let mut events = reader
-            .read_until(Duration::from_secs(120), |got| {
+            .read_until(Duration::from_secs(180), |got| {
                 want.is_subset(&got.iter().map(Received::rv).collect())
             })
             .await;
@@ -247,11 +265,13 @@ impl Scene {
     /// One line saying which way the bridge got through.
     fn report(&self, fault: &str, duplicates: usize) {
         eprintln!(
-            "{fault}: {} changes, {duplicates} duplicates before dedup; calls resumed {}, producers replaced after the broker's timeout {}, after a refused abort {}",
+            "{fault}: {} changes, {duplicates} duplicates before dedup; calls resumed {}, producers replaced after the broker's timeout {}, after a refused abort {}, after an unanswered commit {}, after an unanswered abort {}",
             self.written.len(),
             self.bridge.count_log(RESUMED),
             self.bridge.count_log(TIMED_OUT),
             self.bridge.count_log(CANNOT_ABORT),
+            self.bridge.count_log(COMMIT_UNANSWERED),
+            self.bridge.count_log(ABORT_UNANSWERED),
         );
     }
 }

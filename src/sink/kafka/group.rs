@@ -102,6 +102,9 @@ struct State {
     txn: u64,
     /// The open transaction cannot commit any more: it is aborted before the next use.
     doomed: bool,
+    /// The open transaction's commit was given up unanswered ([`COMMIT_ATTEMPTS`] calls): it is
+    /// not aborted but the producer replaced ([`Group::recover`]).
+    unanswered: bool,
     /// When the open transaction was handed its first record (the coordinator's timer starts
     /// later, when that record reaches it).
     opened: Option<Instant>,
@@ -155,6 +158,7 @@ impl State {
         }
         self.participants.clear();
         self.doomed = false;
+        self.unanswered = false;
         self.opened = None;
         self.txn += 1;
     }
@@ -322,6 +326,7 @@ impl Group {
                 // `recover`, which aborts it.
                 warn!(transactional_id = %self.id, transaction = txn, error = %e, "kafka transaction did not commit");
                 state.doomed = true;
+                state.unanswered = matches!(e, CommitError::Kafka(k) if recovery::failure(k) == Failure::Unfinished);
             }
         }
         drop(state);
@@ -386,8 +391,9 @@ impl Group {
     }
 
     /// Aborts a doomed transaction and opens the next; nothing to do when no transaction is
-    /// doomed (another member aborted it). A producer that failed fatally, or cannot abort, is
-    /// replaced; one fenced by a rival is not ([`recovery`]).
+    /// doomed (another member aborted it). A producer that failed fatally, whose commit went
+    /// unanswered, or that cannot abort (refused, or unanswered call after call) is replaced;
+    /// one fenced by a rival is not ([`recovery`]).
     async fn recover(&self) -> Result<(), CommitError> {
         let _alone = self.gate.write().await;
         let producer = self.producer();
@@ -402,8 +408,20 @@ impl Group {
             }
             return self.replace_producer().await;
         }
-        if !self.lock().doomed {
+        let (doomed, unanswered, txn) = {
+            let state = self.lock();
+            (state.doomed, state.unanswered, state.txn)
+        };
+        if !doomed {
             return Ok(());
+        }
+        if unanswered {
+            // Its commit went unanswered call after call: either the commit is still under way
+            // in librdkafka (an abort is refused, `_CONFLICT`) or the producer no longer moves
+            // the transaction at all (its flush waits for records never sent, and an abort
+            // would wait for them too). Only a new producer gets out of both.
+            warn!(transactional_id = %self.id, transaction = txn, "kafka transaction commit went unanswered: creating a new producer");
+            return self.replace_producer().await;
         }
         debug!(
             transaction = self.lock().txn,
@@ -426,6 +444,10 @@ impl Group {
         match recovery::after_abort(failure, self.fence()) {
             AfterAbort::Replace if failure == Failure::Fenced => {
                 self.log_timed_out(&e.to_string());
+                self.replace_producer().await
+            }
+            AfterAbort::Replace if failure == Failure::Unfinished => {
+                warn!(error = %e, "kafka transaction abort went unanswered: creating a new producer");
                 self.replace_producer().await
             }
             AfterAbort::Replace => {
@@ -717,7 +739,7 @@ mod tests {
 
     use rdkafka::ClientConfig;
     use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-    use rdkafka::mocking::MockCluster;
+    use rdkafka::mocking::{MockCluster, MockCoordinator};
     use rdkafka::producer::{DefaultProducerContext, FutureRecord};
     use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 
@@ -829,6 +851,57 @@ mod tests {
             assert!(tries < 40, "{e:?}");
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
+        member.settled_voided();
+        send_and_commit(&member).await.unwrap();
+    }
+
+    /// What the fault suite saw once Kafka resumed from a pause: a producer whose transaction no
+    /// longer moves (most likely librdkafka lost its transaction coordinator and stopped looking
+    /// for it, see the `recovery` module), so its records stay unacknowledged, the commit's flush
+    /// goes unanswered call after call, and an abort waits for the same records. Here the
+    /// partition's leader answers late and the coordinator at once: recovering replaces the
+    /// producer without trying to abort first.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_commit_whose_records_go_unanswered_is_given_up_and_the_producer_replaced() {
+        let cluster = MockCluster::new(2).unwrap();
+        cluster.create_topic(TOPIC, 1, 1).unwrap();
+        cluster.partition_leader(TOPIC, 0, Some(1)).unwrap();
+        cluster
+            .coordinator(MockCoordinator::Transaction(ID.into()), 2)
+            .unwrap();
+        let g = group(
+            &cluster,
+            Duration::from_secs(30),
+            None,
+            Duration::from_secs(1),
+        )
+        .await;
+        let member = g.join();
+        send(&member).await.unwrap();
+        // The next record is acknowledged after the commit's attempts and an abort's together.
+        cluster
+            .broker_round_trip_time(1, Duration::from_secs(10))
+            .unwrap();
+        let unanswered = {
+            let sending = member.sending().await.expect("may send");
+            let record = FutureRecord::to(TOPIC).key("k").payload("v");
+            let delivery = sending.producer().send_result(record).map_err(|(e, _)| e);
+            sending.sent();
+            delivery.unwrap()
+        };
+        let gave_up = member.commit("", Vec::new()).await;
+        assert!(matches!(gave_up, Err(CommitError::Kafka(_))), "{gave_up:?}");
+        let old = g.producer();
+        member.recover().await.unwrap();
+        assert!(
+            !std::ptr::eq(
+                old.client().native_ptr(),
+                g.producer().client().native_ptr()
+            ),
+            "the producer was replaced"
+        );
+        drop((old, unanswered));
+        cluster.broker_round_trip_time(1, Duration::ZERO).unwrap();
         member.settled_voided();
         send_and_commit(&member).await.unwrap();
     }

@@ -11,6 +11,18 @@
 //! them) leaves the producer unusable. In all three cases only a new producer goes on: its
 //! `init_transactions` completes or aborts whatever the old one left open.
 //!
+//! A commit left unanswered for [`COMMIT_ATTEMPTS`] calls is given up, and the producer replaced
+//! without trying to abort: the abort is refused while librdkafka still runs the commit, and when
+//! what went unanswered is the commit's flush, the producer may no longer move the transaction at
+//! all. librdkafka 2.12 can end up there after a pause of Kafka past the broker's session timeout:
+//! the broker comes back fenced by its controller, so a metadata response leaves it out and
+//! librdkafka decommissions the broker it knew (then reports all brokers down and re-bootstraps).
+//! A request in flight to that broker ends with `_DESTROY`, and a transaction coordinator query
+//! ending so is dropped without being asked again (`rd_kafka_txn_handle_FindCoordinator`): with
+//! no coordinator, the partitions of the next transaction are never registered, so its records
+//! are never sent, its commit's flush times out call after call, and an abort does too. An abort
+//! left unanswered for [`ABORT_ATTEMPTS`] calls replaces the producer for the same reason.
+//!
 //! # Fencing: a rival, or the coordinator's timeout
 //!
 //! The coordinator refuses a producer's epoch (`_FENCED`, from `PRODUCER_FENCED` or
@@ -49,8 +61,10 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 /// aborts it.
 pub(super) const COMMIT_ATTEMPTS: u32 = 3;
 
-/// An abort that did not finish is resumed this many times at most before the caller is told to
-/// try again later (the next attempt resumes it too).
+/// An abort that did not finish is resumed this many times at most; past that the producer is
+/// replaced (an abort left unanswered for so long waits for what the producer no longer moves,
+/// or for a broker that is away: then the new producer's `init_transactions` fails too, and the
+/// caller tries again later).
 pub(super) const ABORT_ATTEMPTS: u32 = 2;
 
 /// How a transactional call failed, as far as what comes next is concerned.
@@ -131,7 +145,7 @@ pub(super) enum AfterAbort {
     Replace,
     /// Another instance owns the transactional id.
     Fenced,
-    /// The broker did not answer: try again later (the abort resumes).
+    /// The abort failed otherwise: try again later.
     Later,
 }
 
@@ -139,10 +153,9 @@ pub(super) enum AfterAbort {
 pub(super) fn after_abort(failure: Failure, fence: Fence) -> AfterAbort {
     match (failure, fence) {
         (Failure::Fenced, Fence::Rival) => AfterAbort::Fenced,
-        (Failure::Fenced, Fence::Timeout) | (Failure::Stuck | Failure::Broken, _) => {
-            AfterAbort::Replace
-        }
-        (Failure::Unfinished | Failure::Failed, _) => AfterAbort::Later,
+        (Failure::Fenced, Fence::Timeout)
+        | (Failure::Stuck | Failure::Broken | Failure::Unfinished, _) => AfterAbort::Replace,
+        (Failure::Failed, _) => AfterAbort::Later,
     }
 }
 
@@ -222,14 +235,14 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_abort_replaces_the_producer_unless_a_rival_owns_it_or_the_broker_is_away() {
+    fn a_failed_abort_replaces_the_producer_unless_a_rival_owns_it() {
         let table = [
             // (failure, fence) → next
             ((Failure::Stuck, Fence::Rival), AfterAbort::Replace),
             ((Failure::Broken, Fence::Rival), AfterAbort::Replace),
             ((Failure::Fenced, Fence::Timeout), AfterAbort::Replace),
             ((Failure::Fenced, Fence::Rival), AfterAbort::Fenced),
-            ((Failure::Unfinished, Fence::Rival), AfterAbort::Later),
+            ((Failure::Unfinished, Fence::Rival), AfterAbort::Replace),
             ((Failure::Failed, Fence::Timeout), AfterAbort::Later),
         ];
         for ((failure, fence), want) in table {
