@@ -438,46 +438,33 @@ async fn a_request_that_cannot_be_served_fails_naming_why() {
     let mut bridge = Bridge::start(&config(&cluster, &ns, &requests, SinkKind::Stdout));
     bridge.wait_synced(1).await;
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &requests);
-    let bad = json!({
-        "metadata": {"generateName": "snapshot-", "labels": {"kube-event-bridge.dev/snapshot-request": "true"}},
-        "data": {"resource": "v1/configmaps", "chunkSize": "lots"},
-    });
-    let created = api
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(bad).unwrap(),
-        )
-        .await
-        .unwrap();
-    let (phase, status) = ended(&client, &requests, &created.metadata.name.unwrap()).await;
-    assert_eq!(phase, "Failed");
-    assert!(
-        status["message"]
-            .as_str()
-            .unwrap()
-            .starts_with("data.chunkSize: \"lots\""),
-        "{status}"
-    );
-    let prune = json!({
-        "metadata": {"generateName": "snapshot-", "labels": {"kube-event-bridge.dev/snapshot-request": "true"}},
-        "data": {"resource": "v1/configmaps", "namespace": ns, "prune": "true"},
-    });
-    let created = api
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(prune).unwrap(),
-        )
-        .await
-        .unwrap();
-    let (phase, status) = ended(&client, &requests, &created.metadata.name.unwrap()).await;
-    assert_eq!(phase, "Failed");
-    assert!(
-        status["message"]
-            .as_str()
-            .unwrap()
-            .starts_with("data.prune: the stdout sink keeps no keys"),
-        "{status}"
-    );
+    let refused = [
+        (
+            json!({"resource": "v1/configmaps", "chunkSize": "lots"}),
+            "data.chunkSize: \"lots\"",
+        ),
+        (
+            json!({"resource": "v1/configmaps", "namespace": ns, "prune": "true"}),
+            "data.prune: the stdout sink keeps no keys",
+        ),
+    ];
+    for (data, why) in refused {
+        let bad = json!({
+            "metadata": {"generateName": "snapshot-", "labels": {"kube-event-bridge.dev/snapshot-request": "true"}},
+            "data": data,
+        });
+        let created = api
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(bad).unwrap(),
+            )
+            .await
+            .unwrap();
+        let (phase, status) = ended(&client, &requests, &created.metadata.name.unwrap()).await;
+        assert_eq!(phase, "Failed");
+        let message = status["message"].as_str().unwrap();
+        assert!(message.starts_with(why), "{status}");
+    }
     let path = bridge.dir().join("bridge.yaml");
     let args = [
         "snapshot",
