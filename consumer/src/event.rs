@@ -656,9 +656,26 @@ mod tests {
     #[test]
     fn a_marker_without_its_count_names_the_member() {
         let mut marker = begin_marker();
-        marker["data"].as_object_mut().unwrap().remove("expected");
+        marker["type"] = json!(SNAPSHOT_END);
+        marker["data"] = json!({"snapshotId": "5f0c", "request": "bridge/snap-1", "watch": "w",
+            "skipped": 0, "result": "complete"});
         let error = decode_structured_message(marker.to_string().as_bytes()).unwrap_err();
         let source = std::error::Error::source(&error).unwrap().to_string();
-        assert!(source.contains("expected"), "{error}: {source}");
+        assert!(source.contains("sent"), "{error}: {source}");
+    }
+
+    #[test]
+    fn a_begin_marker_with_no_count_has_none() {
+        let mut marker = begin_marker();
+        marker["data"]["expected"] = json!(null);
+        let Message::Marker(m) = decode_structured_message(marker.to_string().as_bytes()).unwrap()
+        else {
+            panic!("a marker");
+        };
+        assert!(
+            matches!(m.kind, MarkerKind::Begin { expected: None, .. }),
+            "{:?}",
+            m.kind
+        );
     }
 }
