@@ -768,6 +768,18 @@ mod tests {
             .unwrap()
     }
 
+    /// A group whose transactions may stay open 30 s and whose calls time out after
+    /// `call_timeout`, with one member that sent a record into the open transaction.
+    async fn sending_member(
+        cluster: &MockCluster<'static, DefaultProducerContext>,
+        call_timeout: Duration,
+    ) -> (std::sync::Arc<Group>, Member) {
+        let g = group(cluster, Duration::from_secs(30), None, call_timeout).await;
+        let member = g.join();
+        send(&member).await.unwrap();
+        (g, member)
+    }
+
     /// Sends one record into the open transaction and waits for its acknowledgement.
     async fn send(member: &Member) -> Result<(), KafkaError> {
         let delivery = {
@@ -793,15 +805,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread")]
     async fn a_commit_that_did_not_finish_in_time_is_resumed() {
         let cluster = cluster();
-        let g = group(
-            &cluster,
-            Duration::from_secs(30),
-            None,
-            Duration::from_secs(1),
-        )
-        .await;
-        let member = g.join();
-        send(&member).await.unwrap();
+        let (_group, member) = sending_member(&cluster, Duration::from_secs(1)).await;
         // The coordinator answers after the first call's timeout, within the second's.
         cluster
             .broker_round_trip_time(-1, Duration::from_millis(1500))
@@ -816,15 +820,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread")]
     async fn a_commit_that_never_finishes_is_given_up_and_the_producer_replaced() {
         let cluster = cluster();
-        let g = group(
-            &cluster,
-            Duration::from_secs(30),
-            None,
-            Duration::from_secs(1),
-        )
-        .await;
-        let member = g.join();
-        send(&member).await.unwrap();
+        let (g, member) = sending_member(&cluster, Duration::from_secs(1)).await;
         // Longer than the commit's attempts together.
         cluster
             .broker_round_trip_time(-1, Duration::from_secs(4))
@@ -869,15 +865,7 @@ mod tests {
         cluster
             .coordinator(MockCoordinator::Transaction(ID.into()), 2)
             .unwrap();
-        let g = group(
-            &cluster,
-            Duration::from_secs(30),
-            None,
-            Duration::from_secs(1),
-        )
-        .await;
-        let member = g.join();
-        send(&member).await.unwrap();
+        let (g, member) = sending_member(&cluster, Duration::from_secs(1)).await;
         // The next record is acknowledged after the commit's attempts and an abort's together.
         cluster
             .broker_round_trip_time(1, Duration::from_secs(10))
@@ -909,15 +897,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread")]
     async fn an_abort_that_did_not_finish_in_time_is_resumed() {
         let cluster = cluster();
-        let g = group(
-            &cluster,
-            Duration::from_secs(30),
-            None,
-            Duration::from_secs(1),
-        )
-        .await;
-        let member = g.join();
-        send(&member).await.unwrap();
+        let (g, member) = sending_member(&cluster, Duration::from_secs(1)).await;
         let txn = g.lock().txn;
         g.void(txn);
         cluster
@@ -944,15 +924,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread")]
     async fn a_fence_within_the_transaction_timeout_is_a_rivals_and_stops_the_producer() {
         let cluster = cluster();
-        let g = group(
-            &cluster,
-            Duration::from_secs(30),
-            None,
-            Duration::from_secs(5),
-        )
-        .await;
-        let member = g.join();
-        send(&member).await.unwrap();
+        let (_group, member) = sending_member(&cluster, Duration::from_secs(5)).await;
         fence_the_next_commit(&cluster);
         let fenced = member.commit("", Vec::new()).await;
         assert!(matches!(fenced, Err(CommitError::Fenced)), "{fenced:?}");
