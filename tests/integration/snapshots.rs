@@ -66,6 +66,26 @@ async fn request(client: &kube::Client, requests: &str, ns: &str, chunk: u32) ->
     )
 }
 
+/// Runs `kube-event-bridge snapshot --wait` for `resource` with `bridge`'s configuration and
+/// `flags`: its exit status, standard output and standard error.
+fn snapshot_cli(
+    bridge: &Bridge,
+    resource: &str,
+    flags: &[&str],
+) -> (std::process::ExitStatus, String, String) {
+    let path = bridge.dir().join("bridge.yaml");
+    let mut args = vec![
+        "snapshot",
+        "--config",
+        path.to_str().unwrap(),
+        "--resource",
+        resource,
+    ];
+    args.extend(flags);
+    args.push("--wait");
+    run_cli(&args)
+}
+
 /// Waits until the request `name` reaches a final phase; returns it and the status document.
 async fn ended(client: &kube::Client, requests: &str, name: &str) -> (String, serde_json::Value) {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), requests);
@@ -271,16 +291,7 @@ async fn kafka_snapshot_command_waits_for_a_complete_snapshot() {
     bridge.wait_synced(1).await;
     let topic = format!("k8s.{cluster}.core.configmaps");
     let mut reader = Reader::kafka(&[topic]).await;
-    let path = bridge.dir().join("bridge.yaml");
-    let args = [
-        "snapshot",
-        "--config",
-        path.to_str().unwrap(),
-        "--resource",
-        "v1/configmaps",
-        "--wait",
-    ];
-    let (status, out, err) = run_cli(&args);
+    let (status, out, err) = snapshot_cli(&bridge, "v1/configmaps", &[]);
     assert!(status.success(), "{out}\n{err}");
     assert!(out.contains("snapshot requested:"), "{out}");
     assert!(out.contains("Complete sent 30"), "{out}");
@@ -465,16 +476,7 @@ async fn a_request_that_cannot_be_served_fails_naming_why() {
         let message = status["message"].as_str().unwrap();
         assert!(message.starts_with(why), "{status}");
     }
-    let path = bridge.dir().join("bridge.yaml");
-    let args = [
-        "snapshot",
-        "--config",
-        path.to_str().unwrap(),
-        "--resource",
-        "v1/secrets",
-        "--wait",
-    ];
-    let (status, _, err) = run_cli(&args);
+    let (status, _, err) = snapshot_cli(&bridge, "v1/secrets", &[]);
     assert!(!status.success());
     assert!(
         err.contains("--resource v1/secrets: no configured watch matches"),
@@ -601,17 +603,7 @@ async fn kafka_prune_tombstones_the_keys_the_cluster_no_longer_has() {
             .unwrap();
     }
 
-    let path = bridge.dir().join("bridge.yaml");
-    let args = [
-        "snapshot",
-        "--config",
-        path.to_str().unwrap(),
-        "--resource",
-        "v1/configmaps",
-        "--prune",
-        "--wait",
-    ];
-    let (status, out, err) = run_cli(&args);
+    let (status, out, err) = snapshot_cli(&bridge, "v1/configmaps", &["--prune"]);
     assert!(status.success(), "{out}\n{err}\n{}", bridge.log_text());
     assert!(out.contains("Complete sent 5"), "{out}");
     assert!(out.contains("pruned 2"), "{out}");
