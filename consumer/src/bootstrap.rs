@@ -9,8 +9,9 @@ use crate::event::{Marker, MarkerKind, SnapshotResult};
 /// A marker found while looking back.
 #[derive(Debug, Clone)]
 pub(crate) struct Found {
-    /// Its place in its watch's order (Kafka: offset in its partition, all of a watch's markers
-    /// sharing one partition; NATS: stream sequence).
+    /// Its place in its watch's order (Kafka: its record timestamp, since each marker is keyed
+    /// by its own id and a watch's markers are spread over the partitions; NATS: stream
+    /// sequence). A begin and an end marker may share one timestamp.
     pub order: i64,
     /// Where reading starts to include it (Kafka: its timestamp; NATS: its stream sequence).
     pub start: i64,
@@ -51,7 +52,7 @@ fn latest_complete_begin(markers: &[&Found]) -> Option<i64> {
         }
         markers
             .iter()
-            .filter(|b| b.order < end.order && b.marker.snapshot_id == end.marker.snapshot_id)
+            .filter(|b| b.order <= end.order && b.marker.snapshot_id == end.marker.snapshot_id)
             .find(|b| matches!(b.marker.kind, MarkerKind::Begin { .. }))
             .map(|b| b.start)
     })
@@ -121,6 +122,17 @@ mod tests {
         ];
         assert_eq!(start(&markers), Some(10));
         assert_eq!(start(&markers[2..]), None, "no begin marker at all");
+    }
+
+    #[test]
+    fn a_begin_and_its_end_marker_stamped_in_one_millisecond_are_a_snapshot() {
+        let markers = [
+            begin(1, "w", "old"),
+            end(2, "w", "old", SnapshotResult::Complete),
+            begin(3, "w", "new"),
+            end(3, "w", "new", SnapshotResult::Complete),
+        ];
+        assert_eq!(start(&markers), Some(30));
     }
 
     #[test]

@@ -81,13 +81,15 @@ fn latest_snapshot(
 ) -> Result<Option<i64>, KafkaError> {
     let mut window = FIRST_WINDOW;
     loop {
-        let mut found = Vec::new();
-        let mut whole = true;
-        for (partition, low, high) in ends {
-            let from = (*high - window).max(*low);
-            whole &= from == *low;
-            found.extend(markers(consumer, topic, *partition, from, *high)?);
-        }
+        let ranges: Vec<(i32, i64, i64)> = ends
+            .iter()
+            .map(|(partition, low, high)| (*partition, (*high - window).max(*low), *high))
+            .collect();
+        let whole = ranges
+            .iter()
+            .zip(ends)
+            .all(|((_, from, _), (_, low, _))| from == low);
+        let found = markers(consumer, topic, &ranges)?;
         if let Some(start) = bootstrap::start(&found) {
             return Ok(Some(start));
         }
@@ -98,40 +100,66 @@ fn latest_snapshot(
     }
 }
 
-/// The markers of `partition` between offsets `from` and `to`.
+/// The markers between offsets `from` and `to` of every `(partition, from, to)` in `ranges`,
+/// read under one assignment. A partition is done at its `to`, or when the client reports its
+/// end (a `read_committed` end before `to`, or transaction markers at the end). Events of
+/// partitions not in `ranges`, or already done, are ignored: an end-of-partition report from an
+/// earlier assignment must never end the reading of another partition.
 fn markers(
     consumer: &BaseConsumer,
     topic: &str,
-    partition: i32,
-    from: i64,
-    to: i64,
+    ranges: &[(i32, i64, i64)],
 ) -> Result<Vec<Found>, KafkaError> {
     let mut found = Vec::new();
-    if from >= to {
+    let mut assignment = TopicPartitionList::new();
+    let mut open: HashMap<i32, i64> = HashMap::new();
+    for (partition, from, to) in ranges.iter().filter(|(_, from, to)| from < to) {
+        assignment.add_partition_offset(topic, *partition, Offset::Offset(*from))?;
+        open.insert(*partition, *to);
+    }
+    if open.is_empty() {
         return Ok(found);
     }
-    let mut assignment = TopicPartitionList::new();
-    assignment.add_partition_offset(topic, partition, Offset::Offset(from))?;
     consumer.assign(&assignment)?;
-    loop {
+    while !open.is_empty() {
         match consumer.poll(POLL_TIMEOUT) {
             Some(Ok(message)) => {
-                let offset = message.offset();
+                let (partition, offset) = (message.partition(), message.offset());
+                let Some(&to) = open.get(&partition) else {
+                    continue;
+                };
                 // Records that are not the bridge's are skipped here; reading reports them.
-                if let Ok(Record::Marker { marker, .. }) = record(topic, &message) {
+                if offset < to
+                    && let Ok(Record::Marker { marker, .. }) = record(topic, &message)
+                {
+                    // A watch's markers are keyed by their own ids, so spread over the
+                    // partitions: their offsets do not order them, their timestamps do.
+                    let start = message.timestamp().to_millis().unwrap_or_default();
                     found.push(Found {
-                        order: offset,
-                        start: message.timestamp().to_millis().unwrap_or_default(),
+                        order: start,
+                        start,
                         marker: *marker,
                     });
                 }
                 if offset + 1 >= to {
-                    break;
+                    open.remove(&partition);
                 }
             }
-            Some(Err(KafkaError::PartitionEOF(_))) | None => break,
+            Some(Err(KafkaError::PartitionEOF(partition))) => {
+                open.remove(&partition);
+            }
             Some(Err(error)) => return Err(error),
+            None => {
+                tracing::warn!(
+                    topic,
+                    partitions = ?open.keys().collect::<Vec<_>>(),
+                    "no record nor end of partition within {POLL_TIMEOUT:?} while looking for \
+                     snapshot markers: these partitions count as read"
+                );
+                break;
+            }
         }
     }
+    consumer.unassign()?;
     Ok(found)
 }
