@@ -880,7 +880,17 @@ mod tests {
         let gave_up = member.commit("", Vec::new()).await;
         assert!(matches!(gave_up, Err(CommitError::Kafka(_))), "{gave_up:?}");
         let old = g.producer();
-        member.recover().await.unwrap();
+        // The new producer's first call waits while the coordinator aborts the old transaction,
+        // whose partition's broker answers only after 10 s: it may time out, and is made again
+        // as long as that lasts, as the pipeline does (`recover_transaction`).
+        let mut recovered = member.recover().await;
+        for _ in 0..30 {
+            if recovered.is_ok() {
+                break;
+            }
+            recovered = member.recover().await;
+        }
+        recovered.expect("a new producer within 30 attempts");
         assert!(
             !std::ptr::eq(
                 old.client().native_ptr(),
