@@ -187,6 +187,7 @@ async fn run(config: &str, file: &str, runs: usize) -> anyhow::Result<()> {
                 key: key.clone(),
                 namespace: None,
             },
+            demands: None,
         };
         let (cpu, wall) = (cpu_seconds()?, Instant::now());
         let feeder = tokio::spawn(feed(recording.list_rv.clone(), recording.lines.clone(), tx));

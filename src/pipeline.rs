@@ -98,6 +98,9 @@ pub struct Pipeline {
     pub heartbeat: Option<Heartbeat>,
     /// The watch this pipeline publishes for.
     pub watch: WatchIdentity,
+    /// The items of snapshots on demand of the watch, taken only when no item of the watch
+    /// waits.
+    pub demands: Option<mpsc::Receiver<Demand>>,
 }
 
 /// The watch a pipeline publishes for, as a snapshot's markers name it.
@@ -153,8 +156,10 @@ impl Pipeline {
     pub async fn run(mut self, mut rx: mpsc::Receiver<(Item, Reservation)>) -> Result<()> {
         let mut st = self.start();
         let transactional = self.sink.transactions().is_some();
+        let mut demands = self.demands.take();
         loop {
             self.check_leadership()?;
+            self.answer_marks(&mut st);
             self.status
                 .queue_depth
                 .store((st.flight.queue.len() + rx.len()) as u64, Ordering::Relaxed);
@@ -174,11 +179,13 @@ impl Pipeline {
                 requested: st.requested,
                 commit_due: st.commit_due,
                 in_flight: !st.flight.queue.is_empty(),
+                mark_waits: transactional
+                    && st.demands.waits_for_commit(!st.flight.held.is_empty()),
             });
             st.commit_due = turn.commit_due;
             let (due, saving) = (turn.due(), st.saving.is_some());
             let idle = st.flight.queue.is_empty();
-            if idle && self.settle(&mut st, due, listing).await? {
+            if idle && self.settle(&mut st, due, turn.pending).await? {
                 st.commit_due = false;
                 st.requested = false;
                 st.sent_now = false;
@@ -226,6 +233,11 @@ impl Pipeline {
                     let Some((item, reservation)) = item else { break };
                     self.take(item, reservation, &mut rx, &mut st).await?;
                 }
+                // Last: a snapshot's item is taken only when none of the watch's waits.
+                demand = next_demand(&mut demands), if room && !due && demands.is_some() => match demand {
+                    Some(demand) => self.demand(demand, Reservation::none(), &mut st).await?,
+                    None => demands = None,
+                },
             }
         }
         while self.settle_next(&mut st).await? {}
@@ -356,15 +368,16 @@ impl Pipeline {
         Ok(())
     }
 
-    /// With nothing in flight: a due checkpoint is saved (during a list, the open transaction
-    /// is committed instead), and the watch is synced once its initial state is acknowledged
-    /// and, with durable checkpoints, saved. Returns whether it committed.
-    async fn settle(&mut self, st: &mut State, due: bool, listing: bool) -> Result<bool> {
+    /// With nothing in flight: a due commit is made, with a checkpoint when it carries progress
+    /// (`checkpoint`; otherwise, during a list or for a snapshot's mark, the open transaction is
+    /// committed alone), and the watch is synced once its initial state is acknowledged and,
+    /// with durable checkpoints, saved. Returns whether it committed.
+    async fn settle(&mut self, st: &mut State, due: bool, checkpoint: bool) -> Result<bool> {
         if due {
-            if listing {
-                self.commit_events(st).await?;
-            } else {
+            if checkpoint {
                 self.commit(st).await?;
+            } else {
+                self.commit_events(st).await?;
             }
         }
         if st.sync_pending
@@ -499,11 +512,18 @@ impl Pipeline {
     }
 }
 
+/// The next item of a snapshot on demand; never, once there is no queue.
+async fn next_demand(demands: &mut Option<mpsc::Receiver<Demand>>) -> Option<Demand> {
+    match demands {
+        Some(demands) => demands.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// The bytes an item weighs in the watch's budget: its object's JSON size.
 pub fn item_bytes(item: &Item) -> usize {
     match item {
         Item::Event(_, object, _) | Item::Listed(object, _) => budget::object_size(object),
-        Item::Demand(Demand::Listed(_, object, _)) => budget::object_size(object),
         _ => 0,
     }
 }

@@ -28,6 +28,7 @@ use crate::budget::{self, Budget};
 use crate::checkpoint::{self, Checkpoint, Store, WatchKey};
 use crate::config::Config;
 use crate::crd;
+use crate::demand::Demand;
 use crate::discovery::{self, ResolvedResource};
 use crate::encode::ResourceInfo;
 use crate::lease::Validity;
@@ -142,7 +143,7 @@ pub struct DemandPort {
     pub target: watch::Target,
     /// The watch's queue to its pipeline: weak, so that the pipeline still ends once the watch
     /// does.
-    pub queue: mpsc::WeakSender<watch::Item>,
+    pub queue: mpsc::WeakSender<Demand>,
     /// Cancelled when the watch stops here (a hand-off, a shutdown).
     pub stopped: CancellationToken,
     /// The watch's sink (a snapshot's `prune` reads the keys of its destination).
@@ -150,6 +151,10 @@ pub struct DemandPort {
     /// What the watch's events say of its resource, and where they go.
     pub info: Arc<ResourceInfo>,
 }
+
+/// Items of a snapshot's walk queued to the pipeline at most; the walk waits for room, so a
+/// chunk enters the pipeline as fast as it takes them between the watch's items.
+const DEMAND_QUEUE: usize = 64;
 
 /// A desired watch: its key, resource and namespace scope (`None`: all or cluster scope).
 type Scope = (WatchKey, ResolvedResource, Option<String>);
@@ -747,10 +752,13 @@ impl Supervisor {
         );
         let resource_deleted = target.resource_deleted.clone();
         let cancel = self.stop.child_token();
+        // A snapshot's walk queues beside the watch; the watch task holds the queue open, so
+        // that it closes (and a walk stops here) when the watch does.
+        let (demand_tx, demand_rx) = mpsc::channel(DEMAND_QUEUE);
         let demand = DemandPort {
             key: key.clone(),
             target: target.clone(),
-            queue: tx.downgrade(),
+            queue: demand_tx.downgrade(),
             stopped: cancel.clone(),
             sink: sink.clone(),
             info: info.clone(),
@@ -760,6 +768,7 @@ impl Supervisor {
         let (stop, watch_status, id) = (cancel.clone(), status.clone(), key.id.clone());
         self.tasks.spawn(
             async move {
+                let _demands = demand_tx;
                 watch::run(target, start_rv, tx, stop, watch_status).await;
                 (id, generation, Ok(()))
             }
@@ -784,6 +793,7 @@ impl Supervisor {
                 key: key.clone(),
                 namespace: namespace.clone(),
             },
+            demands: Some(demand_rx),
         };
         let epoch = self.spawn_pipeline(&key.id, generation, pipeline, rx, ownership, span);
         self.running.insert(

@@ -27,7 +27,6 @@ use tracing::{error, info, warn};
 
 use crate::backoff::Backoff;
 use crate::change::ChangeKind;
-use crate::demand::Demand;
 use crate::status::{STALL_AFTER, Status, count};
 
 #[cfg(test)]
@@ -194,8 +193,6 @@ pub enum Item {
     /// The resource itself was deleted (its CRD is gone), so every object still known was
     /// deleted; sent last, as the watch stops, with the last resourceVersion reached.
     Vanished(Option<String>),
-    /// An item of a snapshot on demand, queued by its walk behind what the watch sent.
-    Demand(Demand),
 }
 
 /// What one watch looks at.

@@ -36,13 +36,7 @@ impl Pipeline {
         rx: &mut mpsc::Receiver<(Item, Reservation)>,
         st: &mut State,
     ) -> Result<()> {
-        let item = match item {
-            Item::Demand(demand) => return self.demand(demand, reservation, st).await,
-            item => item,
-        };
         let mut taken = vec![(self.classify(item, st), reservation)];
-        // A snapshot's item met while gathering, taken after what was gathered.
-        let mut demand = None;
         if self.store.announces() && self.first(&taken[0].0).is_some() {
             // A list's items come as fast as its pages decode: it waits a little for more, so
             // that its objects are announced in few writes; live events never wait.
@@ -58,10 +52,6 @@ impl Pipeline {
                     }
                     Err(_) => break,
                 };
-                if let (Item::Demand(d), reservation) = next {
-                    demand = Some((d, reservation));
-                    break;
-                }
                 taken.push((self.classify(next.0, st), next.1));
             }
             let entries: Vec<StoredEntry> = taken
@@ -73,9 +63,7 @@ impl Pipeline {
         for (step, reservation) in taken {
             self.apply(step, reservation, st).await?;
         }
-        if let Some((d, reservation)) = demand {
-            self.demand(d, reservation, st).await?;
-        } else if !st.demands.is_empty() {
+        if !st.demands.is_empty() {
             // The stream moved: a held snapshot object may be decided now.
             self.advance_demands(st).await?;
         }

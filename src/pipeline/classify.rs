@@ -158,8 +158,6 @@ impl Classifier {
                 position: Some(rv),
                 ..Step::default()
             },
-            // A snapshot's items are decided by the pipeline, never classified.
-            Item::Demand(_) => Step::default(),
             Item::Vanished(rv) => {
                 // Every object still known is gone, also one a list in progress had found.
                 self.listing = None;

@@ -49,6 +49,8 @@ pub(super) struct Flight {
     pub progress: Instant,
     /// Whether the broker's silence past [`STALL_AFTER`] has been reported.
     pub silence_reported: bool,
+    /// Deliveries handed to the sink since the pipeline started.
+    pub pushed: u64,
 }
 
 impl Default for Flight {
@@ -60,6 +62,7 @@ impl Default for Flight {
             held_bytes: 0,
             progress: Instant::now(),
             silence_reported: false,
+            pushed: 0,
         }
     }
 }
@@ -71,6 +74,13 @@ impl Flight {
             self.progress = Instant::now();
         }
         self.queue.push_back(pending);
+        self.pushed += 1;
+    }
+
+    /// Deliveries handed to the sink since the pipeline started whose acknowledgement was
+    /// taken (acknowledgements are taken in the order the events were sent).
+    pub fn settled_count(&self) -> u64 {
+        self.pushed - self.queue.len() as u64
     }
 
     /// The open transaction committed: what it held is durable, and visible to `read_committed`

@@ -2,12 +2,15 @@
 //! and each listed object is decided against the stream's position and the index
 //! ([`crate::demand::watermark`]) as soon as it can be. Live items never wait for them: a held
 //! object only stops the snapshot's queue, and the queue moves again after every item that
-//! moves the position.
+//! moves the position. A mark does not stop the pipeline either: it is answered once what was
+//! sent before it is acknowledged (and, in a Kafka transaction, committed), while live items go
+//! on ([`Demands::answer_marks`]).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use kube::api::DynamicObject;
+use tokio::sync::oneshot;
 use tracing::{info, warn};
 
 use super::{Pipeline, Result, State};
@@ -28,6 +31,44 @@ pub(super) struct Demands {
     failed: HashMap<Arc<str>, String>,
     /// The snapshots with markers or tombstones in the open Kafka transaction.
     uncommitted: Vec<Arc<str>>,
+    /// Marks taken, in order, waiting for what was sent before them.
+    marks: VecDeque<Mark>,
+    /// Commits of the Kafka transaction since the pipeline started.
+    commits: u64,
+}
+
+/// A mark waiting for what was sent before it.
+#[derive(Debug)]
+struct Mark {
+    /// Deliveries handed to the sink before it.
+    sent: u64,
+    /// Commits made before it.
+    commits: u64,
+    /// The snapshot.
+    id: Arc<str>,
+    /// What was done with the snapshot's objects since its last mark.
+    tally: Tally,
+    /// Where the walk waits.
+    answer: oneshot::Sender<std::result::Result<Tally, String>>,
+}
+
+/// Where the pipeline's deliveries stand, for the marks waiting on them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Delivered {
+    /// Deliveries whose acknowledgement was taken since the pipeline started.
+    pub settled: u64,
+    /// Events are sent in Kafka transactions.
+    pub transactional: bool,
+    /// Nothing sent is waiting for a commit: no acknowledged event, marker or tombstone in the
+    /// open transaction, nothing in flight.
+    pub all_committed: bool,
+}
+
+/// Whether a mark taken after `sent` deliveries and `commits` commits may be answered: every
+/// delivery before it settled and, in a transaction, committed (a commit since the mark, or
+/// nothing left to commit).
+fn answerable(sent: u64, commits: u64, now: Delivered, commits_now: u64) -> bool {
+    now.settled >= sent && (!now.transactional || commits_now > commits || now.all_committed)
 }
 
 impl Demands {
@@ -39,6 +80,37 @@ impl Demands {
     /// The open transaction committed: the markers and tombstones in it are visible.
     pub fn committed(&mut self) {
         self.uncommitted.clear();
+        self.commits += 1;
+    }
+
+    /// Whether a mark waits for the open transaction, which holds markers or tombstones, or
+    /// acknowledged events (`held`), to commit.
+    pub fn waits_for_commit(&self, held: bool) -> bool {
+        !self.marks.is_empty() && (held || !self.uncommitted.is_empty())
+    }
+
+    /// Whether nothing sent out of band (markers, tombstones) waits for a commit.
+    pub fn none_uncommitted(&self) -> bool {
+        self.uncommitted.is_empty()
+    }
+
+    /// Answers the marks, oldest first, whose deliveries before them have settled (`now`):
+    /// with their tally, or why a marker or tombstones of their snapshot were not published.
+    pub fn answer_marks(&mut self, now: Delivered) {
+        while let Some(mark) = self.marks.front() {
+            if !answerable(mark.sent, mark.commits, now, self.commits) {
+                return;
+            }
+            let Some(mark) = self.marks.pop_front() else {
+                return;
+            };
+            let answered = match self.failed.remove(&mark.id) {
+                Some(why) => Err(why),
+                None => Ok(mark.tally),
+            };
+            // The walk may have stopped meanwhile: nothing waits for the answer then.
+            let _ = mark.answer.send(answered);
+        }
     }
 
     /// The open transaction was aborted: the markers and tombstones in it are lost, and each
@@ -127,14 +199,14 @@ impl Pipeline {
                     }
                 }
                 Demand::Mark(id, answer) => {
-                    self.acknowledge_all(st).await?;
                     let tally = st.demands.tallies.remove(&id).unwrap_or_default();
-                    let answered = match st.demands.failed.remove(&id) {
-                        Some(why) => Err(why),
-                        None => Ok(tally),
-                    };
-                    // The walk may have stopped meanwhile: nothing waits for the answer then.
-                    let _ = answer.send(answered);
+                    st.demands.marks.push_back(Mark {
+                        sent: st.flight.pushed,
+                        commits: st.demands.commits,
+                        id,
+                        tally,
+                        answer,
+                    });
                 }
                 Demand::End(scope, total, outcome) => {
                     info!(snapshot = %scope.id, sent = total.emitted, skipped = total.skipped, pruned = total.pruned, complete = outcome == Outcome::Complete, "snapshot ends");
@@ -152,13 +224,17 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Waits until everything sent is acknowledged, and in a Kafka transaction committed.
-    async fn acknowledge_all(&mut self, st: &mut State) -> Result<()> {
-        while self.settle_next(st).await? {}
-        if self.transactional() {
-            self.commit_events(st).await?;
-        }
-        Ok(())
+    /// Answers the snapshots' marks whose deliveries before them settled (and committed).
+    pub(super) fn answer_marks(&self, st: &mut State) {
+        let flight = &st.flight;
+        let now = Delivered {
+            settled: flight.settled_count(),
+            transactional: self.transactional(),
+            all_committed: flight.queue.is_empty()
+                && flight.held.is_empty()
+                && st.demands.none_uncommitted(),
+        };
+        st.demands.answer_marks(now);
     }
 
     fn transactional(&self) -> bool {
@@ -291,6 +367,75 @@ mod tests {
             index.observe(uid, "1", *namespace, name, 0);
         }
         index
+    }
+
+    fn now(settled: u64, transactional: bool, all_committed: bool) -> Delivered {
+        Delivered {
+            settled,
+            transactional,
+            all_committed,
+        }
+    }
+
+    #[test]
+    fn a_mark_waits_for_the_deliveries_sent_before_it_and_not_for_later_ones() {
+        assert!(!answerable(5, 0, now(4, false, false), 0));
+        assert!(answerable(5, 0, now(5, false, false), 0));
+        assert!(
+            answerable(5, 0, now(9, false, false), 0),
+            "later ones settled too"
+        );
+    }
+
+    #[test]
+    fn in_a_transaction_a_mark_waits_for_a_commit_after_it_unless_nothing_is_left_to_commit() {
+        assert!(
+            !answerable(5, 2, now(5, true, false), 2),
+            "acknowledged, not committed"
+        );
+        assert!(answerable(5, 2, now(5, true, false), 3), "committed since");
+        assert!(
+            answerable(5, 2, now(5, true, true), 2),
+            "nothing sent waits for a commit"
+        );
+        assert!(!answerable(5, 2, now(4, true, true), 3), "still in flight");
+    }
+
+    #[tokio::test]
+    async fn marks_are_answered_in_order_with_their_tally_or_the_failure_of_their_snapshot() {
+        let mut demands = Demands::default();
+        let mut answers = Vec::new();
+        for (sent, id) in [(1, "a"), (3, "b"), (3, "c")] {
+            let (tx, rx) = oneshot::channel();
+            let tally = Tally {
+                emitted: sent,
+                ..Tally::default()
+            };
+            demands.marks.push_back(Mark {
+                sent,
+                commits: 0,
+                id: id.into(),
+                tally,
+                answer: tx,
+            });
+            answers.push(rx);
+        }
+        demands.failed.insert("c".into(), "refused".into());
+        demands.answer_marks(now(2, false, false));
+        assert_eq!(
+            demands.marks.len(),
+            2,
+            "b and c wait for the third delivery"
+        );
+        demands.answer_marks(now(3, false, false));
+        assert!(demands.marks.is_empty());
+        let mut answered = Vec::new();
+        for rx in answers {
+            answered.push(rx.await.expect("answered"));
+        }
+        assert_eq!(answered[0].as_ref().map(|t| t.emitted), Ok(1));
+        assert_eq!(answered[1].as_ref().map(|t| t.emitted), Ok(3));
+        assert_eq!(answered[2], Err("refused".to_string()));
     }
 
     #[test]

@@ -99,6 +99,7 @@ impl Run {
                 key: crate::checkpoint::WatchKey::new("dev", "v1", "configmaps", None, None, None),
                 namespace: None,
             },
+            demands: None,
         };
         let (tx, rx) = mpsc::channel(items.len().max(1));
         for item in items {

@@ -34,6 +34,8 @@ pub(super) struct Facts {
     pub commit_due: bool,
     /// Events await their acknowledgement.
     pub in_flight: bool,
+    /// A snapshot's mark waits for what the open transaction holds to commit.
+    pub mark_waits: bool,
 }
 
 /// What a turn is about.
@@ -71,11 +73,12 @@ impl Turn {
     /// intake stops and what is in flight is acknowledged first (re-deciding after the drain
     /// would take the queued events in, and under steady load never find the queue empty). A
     /// commit waits for a checkpoint being written. A listing transaction holding events commits
-    /// as it goes, so that none outgrows the broker's timeout or this process's memory; a watch
-    /// asked by another sharing its transaction commits whatever it holds.
+    /// as it goes, so that none outgrows the broker's timeout or this process's memory, and so
+    /// does one whose snapshot on demand waits for a mark; a watch asked by another sharing its
+    /// transaction commits whatever it holds.
     pub(super) fn decide(f: Facts) -> Turn {
         let pending = f.uncommitted && !f.listing;
-        let flushing = f.transactional && f.listing && f.held;
+        let flushing = f.transactional && (f.listing && f.held || f.mark_waits);
         let commit_due = f.commit_due
             || f.held_full
             || f.elapsed >= f.interval.max(f.checkpoint_interval)
@@ -118,6 +121,36 @@ mod tests {
             checkpoint_interval: 500 * MS,
             ..Facts::default()
         }
+    }
+
+    #[test]
+    fn a_snapshot_mark_has_the_open_transaction_committed_on_the_cadence_without_progress() {
+        let waiting = Facts {
+            uncommitted: false,
+            mark_waits: true,
+            elapsed: 60 * MS,
+            ..live()
+        };
+        let turn = Turn::decide(waiting);
+        assert_eq!(turn.phase, Phase::Committing);
+        assert!(
+            turn.flushing && !turn.pending,
+            "a commit without a checkpoint"
+        );
+        let early = Turn::decide(Facts {
+            elapsed: 10 * MS,
+            ..waiting
+        });
+        assert_eq!(early.phase, Phase::Taking);
+        assert!(
+            early.wait_for_cadence,
+            "it waits for the cadence, not for progress"
+        );
+        let plain = Turn::decide(Facts {
+            mark_waits: false,
+            ..waiting
+        });
+        assert_eq!(plain.phase, Phase::Taking, "nothing to commit otherwise");
     }
 
     #[test]

@@ -27,7 +27,6 @@ use super::request::Request;
 use crate::backoff::Backoff;
 use crate::demand::{Demand, Outcome, Scope, Tally};
 use crate::supervisor::DemandPort;
-use crate::watch::Item;
 
 /// Failed attempts at one API call, or at publishing a marker, before the snapshot fails.
 const ATTEMPTS: u32 = 6;
@@ -310,10 +309,7 @@ impl Walk {
     /// Queues `demand` behind the watch's items.
     async fn queue(&self, demand: Demand) -> Result<(), Error> {
         let queue = self.port.queue.upgrade().ok_or(Error::Stopped)?;
-        queue
-            .send(Item::Demand(demand))
-            .await
-            .map_err(|_| Error::Stopped)
+        queue.send(demand).await.map_err(|_| Error::Stopped)
     }
 
     /// Queues the demand `make` makes and waits until the broker acknowledged it (a marker,
