@@ -1,5 +1,5 @@
 //! A snapshot on demand as a watch's pipeline sees it: the items a snapshot's walk
-//! ([`crate::snapshot`]) sends down the watch's queue beside the watch's own, the decision each
+//! ([`crate::snapshot`]) sends to the watch's pipeline on a queue beside the watch's own, the decision each
 //! listed object gets against the stream's position ([`watermark`]), and the control events that
 //! frame the snapshot ([`marker`]).
 //!
@@ -69,7 +69,7 @@ pub enum Outcome {
     Failed(String),
 }
 
-/// One item of a snapshot's walk, queued behind the watch's items.
+/// One item of a snapshot's walk, queued beside the watch's items and taken when none waits.
 #[derive(Debug)]
 pub enum Demand {
     /// The snapshot begins: the begin marker is published.

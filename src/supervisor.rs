@@ -141,8 +141,8 @@ pub struct DemandPort {
     pub key: WatchKey,
     /// What the watch lists and watches (API, selectors).
     pub target: watch::Target,
-    /// The watch's queue to its pipeline: weak, so that the pipeline still ends once the watch
-    /// does.
+    /// The queue of snapshot items to the watch's pipeline, beside the watch's own: weak, and
+    /// held open by the watch task, so that it closes once the watch does.
     pub queue: mpsc::WeakSender<Demand>,
     /// Cancelled when the watch stops here (a hand-off, a shutdown).
     pub stopped: CancellationToken,

@@ -58,7 +58,8 @@ pub(super) struct Turn {
     pub commit_due: bool,
     /// Whether a commit would carry progress (a checkpoint).
     pub pending: bool,
-    /// Whether a listing transaction holds events to commit as it goes.
+    /// Whether the open transaction is committed without progress: a listing one holding events
+    /// (committed as it goes), or one a snapshot's mark waits for.
     pub flushing: bool,
     /// Whether the turn may sleep until the commit cadence (nothing to take or await first).
     pub wait_for_cadence: bool,

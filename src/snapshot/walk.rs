@@ -1,6 +1,6 @@
 //! The walk of one snapshot on demand, on the replica running its watch: count the objects,
 //! queue the begin marker, then read the resource one LIST page (a chunk) at a time, queueing
-//! each object behind the watch's items and waiting until the pipeline has decided the chunk
+//! each object beside the watch's items (taken only when none waits) and waiting until the pipeline has decided the chunk
 //! and the broker has acknowledged it before recording the progress and reading the next. At
 //! most one chunk is ever queued, so a snapshot of any size holds bounded memory, and live
 //! events keep flowing between its chunks.
@@ -306,7 +306,7 @@ impl Walk {
             })
     }
 
-    /// Queues `demand` behind the watch's items.
+    /// Queues `demand` for the watch's pipeline, beside the watch's items.
     async fn queue(&self, demand: Demand) -> Result<(), Error> {
         let queue = self.port.queue.upgrade().ok_or(Error::Stopped)?;
         queue.send(demand).await.map_err(|_| Error::Stopped)
