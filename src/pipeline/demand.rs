@@ -54,7 +54,7 @@ struct Mark {
 
 /// Where the pipeline's deliveries stand, for the marks waiting on them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(super) struct Delivered {
+pub(super) struct Deliveries {
     /// Deliveries whose acknowledgement was taken since the pipeline started.
     pub settled: u64,
     /// Events are sent in Kafka transactions.
@@ -67,7 +67,7 @@ pub(super) struct Delivered {
 /// Whether a mark taken after `sent` deliveries and `commits` commits may be answered: every
 /// delivery before it settled and, in a transaction, committed (a commit since the mark, or
 /// nothing left to commit).
-fn answerable(sent: u64, commits: u64, now: Delivered, commits_now: u64) -> bool {
+fn answerable(sent: u64, commits: u64, now: Deliveries, commits_now: u64) -> bool {
     now.settled >= sent && (!now.transactional || commits_now > commits || now.all_committed)
 }
 
@@ -96,7 +96,7 @@ impl Demands {
 
     /// Answers the marks, oldest first, whose deliveries before them have settled (`now`):
     /// with their tally, or why a marker or tombstones of their snapshot were not published.
-    pub fn answer_marks(&mut self, now: Delivered) {
+    pub fn answer_marks(&mut self, now: Deliveries) {
         while let Some(mark) = self.marks.front() {
             if !answerable(mark.sent, mark.commits, now, self.commits) {
                 return;
@@ -226,8 +226,11 @@ impl Pipeline {
 
     /// Answers the snapshots' marks whose deliveries before them settled (and committed).
     pub(super) fn answer_marks(&self, st: &mut State) {
+        if st.demands.marks.is_empty() {
+            return;
+        }
         let flight = &st.flight;
-        let now = Delivered {
+        let now = Deliveries {
             settled: flight.settled_count(),
             transactional: self.transactional(),
             all_committed: flight.queue.is_empty()
@@ -369,8 +372,8 @@ mod tests {
         index
     }
 
-    fn now(settled: u64, transactional: bool, all_committed: bool) -> Delivered {
-        Delivered {
+    fn now(settled: u64, transactional: bool, all_committed: bool) -> Deliveries {
+        Deliveries {
             settled,
             transactional,
             all_committed,
