@@ -4,8 +4,11 @@
 //! `loadgen create <namespace> <count> <bytes>` / `loadgen patch <namespace> <count>` work in one
 //! namespace; `loadgen spread <prefix> <namespaces> <count> <bytes>` creates the namespaces
 //! `<prefix>-0000`… labelled `kube-event-bridge-bench=<prefix>` and `<count>` ConfigMaps in each.
+//! `loadgen churn <prefix> <namespaces> <count> <rate> <seconds>` patches the ConfigMaps of such
+//! a spread at a steady `rate` per second for `seconds`, round robin over the namespaces and
+//! their objects, and prints the patches made and the rate reached.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryFutureExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
@@ -23,6 +26,21 @@ async fn main() -> anyhow::Result<()> {
     let run = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_nanos();
+    if verb == "churn" {
+        let numbers: Vec<u64> = args[3..7]
+            .iter()
+            .map(|a| a.parse())
+            .collect::<Result<_, _>>()?;
+        return churn(
+            &client,
+            target,
+            [numbers[0], numbers[1]],
+            numbers[2],
+            numbers[3],
+            run,
+        )
+        .await;
+    }
     let (namespaces, count, bytes) = if verb == "spread" {
         let namespaces: usize = args[3].parse()?;
         let names: Vec<String> = (0..namespaces)
@@ -88,5 +106,52 @@ async fn create_namespaces(
         .await
         .into_iter()
         .collect::<Result<(), _>>()?;
+    Ok(())
+}
+
+/// Patches the spread `<prefix>-NNNN`/`cm-NNNNNN` (`namespaces` x `count`) at `rate` per second
+/// for `seconds`: the i-th patch starts no earlier than i / rate after the start, round robin
+/// over the namespaces first, so every watch sees the same share.
+async fn churn(
+    client: &kube::Client,
+    prefix: &str,
+    [namespaces, count]: [u64; 2],
+    rate: u64,
+    seconds: u64,
+    run: u128,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        namespaces > 0 && count > 0 && rate > 0,
+        "churn: namespaces, count and rate must be positive"
+    );
+    let total = rate * seconds;
+    let start = tokio::time::Instant::now();
+    let results: Vec<_> = futures::stream::iter(0..total)
+        .then(|i| async move {
+            tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rate as f64)).await;
+            i
+        })
+        .map(|i| {
+            let ns = format!("{prefix}-{:04}", i % namespaces);
+            let name = format!("cm-{:06}", (i / namespaces) % count);
+            let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+            let patch = Patch::Merge(serde_json::json!({"data": {"n": format!("{i}-{run}")}}));
+            async move {
+                api.patch(&name, &PatchParams::default(), &patch)
+                    .await
+                    .map(|_| ())
+            }
+        })
+        .buffer_unordered(CONCURRENCY * 8)
+        .collect()
+        .await;
+    let failed = results.iter().filter(|r| r.is_err()).count();
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "{{\"patches\": {}, \"failed\": {failed}, \"seconds\": {secs:.3}, \"rate\": {:.1}}}",
+        results.len(),
+        results.len() as f64 / secs
+    );
+    anyhow::ensure!(failed == 0, "{failed} patches failed");
     Ok(())
 }

@@ -1,0 +1,338 @@
+"""`scripts/bench scale`: the bridge's cost curve by objects and watches, against the real API server.
+
+For each point (OBJECTS ConfigMaps of 64 bytes spread over WATCHES namespaces, one watch per
+namespace through one namespaceSelector), each sink and each run, one bridge is measured through
+its life:
+  - ready from nothing: process start to /readyz, and to every watch's 'initial state published'
+    (snapshot events/s = OBJECTS over that time); API requests made;
+  - resident memory once idle after the snapshot, and its bytes per object: less the resident memory
+    of the same configuration over WATCHES empty namespaces (measured in the same run);
+  - a steady churn (`loadgen churn`, KEB_BENCH_SCALE_RATE patches/s, default 1000, for
+    KEB_BENCH_SCALE_SECONDS, default 20): CPU seconds per 10,000 live events and checkpoint bytes
+    written per second (stdout: the checkpoint files' bytes written, /proc/PID/io; Kafka: the
+    checkpoint topic's log growth; NATS: the KV stream's new messages times its mean message size);
+  - a 410 repair: the API server restarted after a write outside the watched namespaces, so every
+    watch's resourceVersion is older than its new watch cache; seconds from the API server ready
+    again until the last relist completed, the watches that got a 410, API requests made;
+  - ready from a checkpoint: SIGTERM, start again, process start to /readyz; API requests made.
+
+Each measurement is appended as one JSON line to KEB_BENCH_SCALE_OUT (default
+target/bench/scale.jsonl); `scripts/bench scale-plot [FILE] [SVG]` draws the curve from such lines
+(docs/img/scale.svg) and prints the tables for docs/benchmarks.md.
+"""
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+SIZE = 64
+
+
+def checkpoint_config(sink, name, directory):
+    return {"stdout": f'{{directory: "{directory}"}}', "http": f'{{directory: "{directory}"}}',
+            "kafka": f"{{kafkaTopic: {name}}}", "nats": f"{{natsBucket: {name}}}"}[sink]
+
+
+def bridge_config(b, sink, env, cluster, selector, checkpoint):
+    sink_part = b.sink_yaml(sink, env, cluster)
+    if sink == "http":
+        # sink_yaml gives HTTP a checkpoint directory of its own: this run's replaces it.
+        sink_part = sink_part.split("checkpoint:")[0]
+    return (f"cluster: {cluster}\nresources:\n- {{apiVersion: v1, resource: configmaps, "
+            f"namespaceSelector: kube-event-bridge-bench={selector}}}\ncheckpoint: {checkpoint}\n"
+            + sink_part + os.environ.get("KEB_BENCH_CONFIG", ""))
+
+
+def readyz(address):
+    try:
+        return urllib.request.urlopen(f"http://{address}/readyz", timeout=5).status == 200
+    except OSError:
+        return False
+
+
+def written_bytes(sink, env, name, pid):
+    """Checkpoint bytes written so far, by the measure each store allows (see the module doc)."""
+    if sink in ("stdout", "http"):
+        for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+            if line.startswith("write_bytes:"):
+                return int(line.split()[1])
+        return 0
+    state = Path(env["KEB_TESTENV_FILE"]).parent
+    if sink == "kafka":
+        return sum(f.stat().st_size for d in (state / "data" / "kafka").glob(f"{name}-*") for f in d.glob("*.log"))
+    port = json.loads((state / "state.json").read_text())["ports"]["nats_monitor"]
+    jsz = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/jsz?streams=true", timeout=5))
+    for a in jsz.get("account_details", []):
+        for s in a.get("stream_detail", []):
+            if s["name"] == f"KV_{name}":
+                st = s["state"]
+                return st["last_seq"] * (st["bytes"] / st["messages"] if st["messages"] else 0)
+    return 0
+
+
+def requests(b, address):
+    return b.gauge(address, "kube_event_bridge_api_requests_total") or 0.0
+
+
+def wait_events(b, address, target, proc, timeout=600):
+    """Waits until the bridge has published `target` live events in all (updates)."""
+    deadline = time.monotonic() + timeout
+    while (seen := b.metric(address, "kube_event_bridge_events_published_total", "modified")) < target:
+        if proc.poll() is not None:
+            raise SystemExit(f"the bridge exited during the churn (exit status {proc.returncode})")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the churn's events were not all published: {seen:.0f} of {target:.0f}")
+        time.sleep(0.5)
+
+
+def churn(b, loadgen, prefix, watches, per_ns, env):
+    rate = int(os.environ.get("KEB_BENCH_SCALE_RATE", "1000"))
+    seconds = int(os.environ.get("KEB_BENCH_SCALE_SECONDS", "20"))
+    out = b.sh(str(loadgen), "churn", prefix, str(watches), str(per_ns), str(rate), str(seconds),
+               env=env, capture_output=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def repair(b, proc, address, watches, env, kubectl, stamp):
+    """Restarts the API server after a write outside the watched namespaces and times the relists."""
+    gone0 = b.metric_label(address, "kube_event_bridge_relists_total", 'reason="gone"')
+    lists0 = b.metric(address, "kube_event_bridge_lists_completed_total")
+    req0 = requests(b, address)
+    b.sh(kubectl, "-n", "default", "create", "configmap", f"scale-mark-{stamp}-{time.monotonic_ns()}",
+         env=env, stdout=subprocess.DEVNULL)
+    testenv = str(b.REPO / "scripts/testenv")
+    b.sh(testenv, "stop", "kube-apiserver", env=env, stdout=subprocess.DEVNULL)
+    b.sh(testenv, "start", "kube-apiserver", env=env, stdout=subprocess.DEVNULL)
+    up = time.monotonic()
+    last_change, last, done_at = up, (0, 0), None
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit("the bridge exited during the 410 repair")
+        gone = b.metric_label(address, "kube_event_bridge_relists_total", 'reason="gone"') - gone0
+        lists = b.metric(address, "kube_event_bridge_lists_completed_total") - lists0
+        now = time.monotonic()
+        if (gone, lists) != last:
+            last, last_change = (gone, lists), now
+        if gone >= 1 and lists >= gone and readyz(address):
+            done_at = done_at or now
+            # Settled: every watch that will get a 410 has had it (none new for 10 s).
+            if gone >= watches or now - last_change > 10:
+                break
+        else:
+            done_at = None
+        if now - up > 1800:
+            raise SystemExit(f"the 410 repair did not end: gone {gone}, lists {lists}")
+        time.sleep(0.25)
+    return {"repair_s": done_at - up, "repair_gone": gone, "repair_requests": requests(b, address) - req0}
+
+
+def measure(b, point, sink, run, env, bin_path, loadgen, kubectl, stamp):
+    objects, watches, prefix, empty_prefix = point
+    per_ns = objects // watches
+    cluster = f"s{stamp}x{objects}x{watches}x{sink}x{run}"
+    name = f"scale_{stamp}_{objects}_{watches}_{sink}_{run}"
+    row = {"objects": objects, "watches": watches, "sink": sink, "run": run, "stamp": stamp,
+           "rate": int(os.environ.get("KEB_BENCH_SCALE_RATE", "1000"))}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        # The same configuration over as many empty namespaces: the fixed cost of the watches.
+        (work / "empty").mkdir()
+        config = bridge_config(b, sink, env, cluster + "e", empty_prefix,
+                               checkpoint_config(sink, name + "_e", work / "empty"))
+        proc, log = b.start_bridge(bin_path, config, work, env)
+        b.wait_ready(b.admin_address(log, proc), proc)
+        b.wait_idle(proc.pid, 2.0)
+        row["rss_empty_mib"] = b.rss_mib(proc.pid)
+        proc.terminate()
+        proc.wait()
+
+        (work / "cp").mkdir()
+        config = bridge_config(b, sink, env, cluster, prefix, checkpoint_config(sink, name, work / "cp"))
+        t0 = time.monotonic()
+        proc, log = b.start_bridge(bin_path, config, work, env)
+        address = b.admin_address(log, proc)
+        b.wait_ready(address, proc)
+        row["ready_s"] = time.monotonic() - t0
+        b.wait_log(proc, log, "initial state published", timeout=3600, count=watches)
+        row["snapshot_s"] = time.monotonic() - t0
+        row["snapshot_eps"] = objects / row["snapshot_s"]
+        row["start_requests"] = requests(b, address)
+        idle_cpu = b.wait_idle(proc.pid, 2.0)
+        row["rss_mib"] = b.rss_mib(proc.pid)
+        row["bytes_per_object"] = (row["rss_mib"] - row["rss_empty_mib"]) * 1024 * 1024 / objects
+        row["rss_per_object"] = row["rss_mib"] * 1024 * 1024 / objects
+
+        published0 = b.metric(address, "kube_event_bridge_events_published_total", "modified")
+        written0, t_churn = written_bytes(sink, env, name, proc.pid), time.monotonic()
+        done = churn(b, loadgen, prefix, watches, per_ns, env)
+        wait_events(b, address, published0 + done["patches"], proc)
+        live_cpu = b.wait_idle(proc.pid, 2.0) - idle_cpu
+        events = b.metric(address, "kube_event_bridge_events_published_total", "modified") - published0
+        row["churn_rate"] = done["rate"]
+        row["live_cpu_per_10k"] = live_cpu * 10000 / events
+        row["checkpoint_bytes_per_s"] = (written_bytes(sink, env, name, proc.pid) - written0) / done["seconds"]
+        row["churn_wall_s"] = time.monotonic() - t_churn
+
+        row.update(repair(b, proc, address, watches, env, kubectl, stamp))
+        b.wait_idle(proc.pid, 2.0)
+        proc.terminate()
+        proc.wait()
+
+        t0 = time.monotonic()
+        proc, log = b.start_bridge(bin_path, config, work, env)
+        address = b.admin_address(log, proc)
+        b.wait_ready(address, proc)
+        row["ready_checkpoint_s"] = time.monotonic() - t0
+        row["checkpoint_requests"] = requests(b, address)
+        proc.terminate()
+        proc.wait()
+    return row
+
+
+def spread(b, loadgen, prefix, watches, per_ns, env):
+    t0 = time.monotonic()
+    b.sh(str(loadgen), "spread", prefix, str(watches), str(per_ns), str(SIZE), env=env)
+    return time.monotonic() - t0
+
+
+def delete_spread(b, prefix, watches, kubectl, env):
+    """No namespace controller runs here: the ConfigMaps are deleted collection by collection."""
+    import http.client
+    kube = b.KubeHttp(env["KUBECONFIG"])
+    for i in range(watches):
+        for attempt in range(1, 11):
+            try:
+                kube.delete(f"/api/v1/namespaces/{prefix}-{i:04}/configmaps")
+                break
+            except (OSError, http.client.HTTPException) as e:
+                print(f"deleting the ConfigMaps of {prefix}-{i:04} (attempt {attempt}): {e}; asking again")
+    subprocess.run([kubectl, "delete", "namespace", "-l", f"kube-event-bridge-bench={prefix}", "--wait=false"],
+                   env=env, stdout=subprocess.DEVNULL)
+
+
+def run(b, objects_list, watches_list, runs, env, bin_path, loadgen, kubectl, stamp):
+    out = Path(os.environ.get("KEB_BENCH_SCALE_OUT", b.REPO / "target/bench/scale.jsonl"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    sinks = os.environ.get("KEB_BENCH_SINKS", "stdout,nats,kafka").split(",")
+    rows = []
+    for objects in objects_list:
+        for watches in watches_list:
+            if objects % watches:
+                raise SystemExit(f"{objects} objects do not divide over {watches} watches")
+            prefix, empty = f"scale-{stamp}-{objects}-{watches}", f"scale-{stamp}-e{watches}"
+            secs = spread(b, loadgen, prefix, watches, objects // watches, env)
+            print(f"set-up: {objects} ConfigMaps of {SIZE} bytes over {watches} namespaces created in {secs:.0f} s "
+                  f"({objects / secs:.0f}/s)", flush=True)
+            if not any(r["watches"] == watches and r.get("empty") for r in rows):
+                spread(b, loadgen, empty, watches, 0, env)
+                rows.append({"watches": watches, "empty": True})
+            for r in range(runs):
+                for sink in sinks:
+                    row = measure(b, (objects, watches, prefix, empty), sink, r, env, bin_path, loadgen, kubectl,
+                                  stamp)
+                    row["setup_s"] = secs
+                    with out.open("a") as f:
+                        f.write(json.dumps(row) + "\n")
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+            if not os.environ.get("KEB_BENCH_SCALE_KEEP"):
+                delete_spread(b, prefix, watches, kubectl, env)
+    print_tables([r for r in rows if not r.get("empty")])
+
+
+COLUMNS = (("ready s", "ready_s", ".1f"), ("snapshot ev/s", "snapshot_eps", ".0f"),
+           ("RSS MiB", "rss_mib", ".1f"), ("B/object", "bytes_per_object", ".0f"),
+           ("RSS/object", "rss_per_object", ".0f"), ("CPU s/10k live", "live_cpu_per_10k", ".2f"),
+           ("ckpt B/s", "checkpoint_bytes_per_s", ".0f"), ("410 repair s", "repair_s", ".1f"),
+           ("from ckpt s", "ready_checkpoint_s", ".1f"), ("requests start", "start_requests", ".0f"),
+           ("… 410", "repair_requests", ".0f"), ("… ckpt", "checkpoint_requests", ".0f"))
+
+
+def mmm(values, fmt):
+    values = sorted(values)
+    if len(values) == 1:
+        return format(values[0], fmt)
+    return " / ".join(format(v, fmt) for v in (values[0], statistics.median(values), values[-1]))
+
+
+def grouped(rows):
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["objects"], r["watches"], r["sink"]), []).append(r)
+    return dict(sorted(groups.items()))
+
+
+def print_tables(rows):
+    print("\n| objects | watches | sink | runs | " + " | ".join(t for t, _, _ in COLUMNS) + " |")
+    print("|" + "---|" * (4 + len(COLUMNS)))
+    for (objects, watches, sink), rs in grouped(rows).items():
+        cells = [mmm([r[k] for r in rs], fmt) for _, k, fmt in COLUMNS]
+        print(f"| {objects:,} | {watches:,} | {sink} | {len(rs)} | " + " | ".join(cells) + " |")
+
+
+PANELS = (("resident memory after the snapshot (MiB)", "rss_mib"),
+          ("bytes per object (less the empty watches)", "bytes_per_object"),
+          ("snapshot events/s", "snapshot_eps"),
+          ("ready from a checkpoint (s)", "ready_checkpoint_s"),
+          ("410 repair (s)", "repair_s"),
+          ("CPU s per 10,000 live events", "live_cpu_per_10k"))
+COLORS = {"stdout": "#4c72b0", "nats": "#55a868", "kafka": "#c44e52", "http": "#8172b2"}
+
+
+def svg(rows):
+    """Six panels, objects on a log axis, one line per sink and watch count (solid 100, dashed 1,000),
+    each point the median of its runs."""
+    w, h, cols = 360, 250, 3
+    parts = []
+    xs = sorted({r["objects"] for r in rows})
+    lo, hi = math.log10(xs[0]), math.log10(xs[-1]) if len(xs) > 1 else math.log10(xs[0]) + 1
+    for i, (title, key) in enumerate(PANELS):
+        ox, oy = (i % cols) * w + 60, (i // cols) * h + 30
+        pw, ph = w - 80, h - 80
+        series = {}
+        for (objects, watches, sink), rs in grouped(rows).items():
+            series.setdefault((sink, watches), []).append((objects, statistics.median(r[key] for r in rs)))
+        top = max((v for pts in series.values() for _, v in pts), default=1) * 1.1 or 1
+        parts.append(f'<text x="{ox}" y="{oy - 10}" font-size="12" font-weight="bold">{title}</text>')
+        parts.append(f'<rect x="{ox}" y="{oy}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>')
+        for k in range(5):
+            v = top * k / 4
+            y = oy + ph - ph * k / 4
+            parts.append(f'<text x="{ox - 4}" y="{y + 4}" font-size="9" text-anchor="end">{v:,.3g}</text>')
+            parts.append(f'<line x1="{ox}" x2="{ox + pw}" y1="{y}" y2="{y}" stroke="#eee"/>')
+        for x in xs:
+            px = ox + pw * (math.log10(x) - lo) / (hi - lo)
+            parts.append(f'<text x="{px}" y="{oy + ph + 14}" font-size="9" text-anchor="middle">{x:,}</text>')
+        for (sink, watches), pts in sorted(series.items()):
+            coords = [(ox + pw * (math.log10(x) - lo) / (hi - lo), oy + ph - ph * v / top) for x, v in sorted(pts)]
+            dash = ' stroke-dasharray="5,3"' if watches >= 1000 else ""
+            path = " ".join(f"{x:.1f},{y:.1f}" for x, y in coords)
+            parts.append(f'<polyline points="{path}" fill="none" stroke="{COLORS.get(sink, "#333")}" '
+                         f'stroke-width="1.5"{dash}/>')
+            parts.extend(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{COLORS.get(sink, "#333")}"/>'
+                         for x, y in coords)
+    legend_y = 2 * h + 20
+    for j, sink in enumerate(sorted({r["sink"] for r in rows})):
+        parts.append(f'<line x1="{60 + j * 110}" x2="{85 + j * 110}" y1="{legend_y}" y2="{legend_y}" '
+                     f'stroke="{COLORS.get(sink, "#333")}" stroke-width="2"/>')
+        parts.append(f'<text x="{90 + j * 110}" y="{legend_y + 4}" font-size="11">{sink}</text>')
+    parts.append(f'<text x="{60 + 4 * 110}" y="{legend_y + 4}" font-size="11">solid: 100 watches, dashed: 1,000; '
+                 f'x: objects (log); each point the median of its runs</text>')
+    width, height = cols * w, 2 * h + 40
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'font-family="sans-serif"><rect width="100%" height="100%" fill="white"/>' + "".join(parts) + "</svg>\n")
+
+
+def plot(source, target):
+    rows = [json.loads(line) for line in Path(source).read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if "objects" in r]
+    Path(target).parent.mkdir(parents=True, exist_ok=True)
+    Path(target).write_text(svg(rows))
+    print_tables(rows)
+    print(f"\nplot written to {target}")
