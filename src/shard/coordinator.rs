@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use kube::runtime::watcher::{self, Event as WatcherEvent};
@@ -16,7 +17,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::membership::{watch_free_since, watch_holder};
+use super::membership::{Departures, watch_free_since, watch_holder};
 use super::names::{self, Names};
 use super::{
     Command, DECLINE_HOLD_OFF, Metrics, Owned, Ownership, REASONS, Reason, Settings, assign,
@@ -48,8 +49,24 @@ const MEMBERS_SETTLE: Duration = Duration::from_secs(2);
 const STALE_PER_RENEWAL: usize = 16;
 
 /// Claims written per pass of the loop at most: between two passes the member Lease's renewal
-/// comes first, however many watches are still to claim.
-const CLAIMS_PER_PASS: usize = 16;
+/// comes first, however many watches are still to claim (a pass takes a few round trips, well
+/// within a renewal period).
+const CLAIMS_PER_PASS: usize = 256;
+
+/// Claims written at once at most: a dead replica's share is taken in a few round trips
+/// rather than one write after another.
+const CLAIMS_IN_FLIGHT: usize = 32;
+
+/// One watch Lease to take.
+struct Claim {
+    id: String,
+    /// The Lease as it will be written (a compare-and-swap on the copy seen, or a create).
+    lease: Lease,
+    /// How long the watch has had no owner, as seen here.
+    unowned: Option<Duration>,
+    /// Taken as an orphan (assigned to another replica that does not run it).
+    orphan: bool,
+}
 
 /// The task that holds the Leases: one loop, so its state needs no lock.
 pub(super) struct Coordinator {
@@ -86,6 +103,8 @@ pub(super) struct Coordinator {
     answering_since: Option<Instant>,
     /// Waiting for the next reconciliation ([`Command::Settled`]).
     settled: Vec<oneshot::Sender<()>>,
+    /// Replicas whose member Lease was read unchanged after it expired here.
+    departures: Departures,
 }
 
 impl Coordinator {
@@ -120,6 +139,7 @@ impl Coordinator {
             more_to_claim: false,
             answering_since: None,
             settled: Vec::new(),
+            departures: Departures::default(),
         }
     }
 
@@ -321,8 +341,7 @@ impl Coordinator {
         self.absent_since
             .retain(|id, _| self.desired.contains_key(id));
         self.declined.retain(|_, until| now < *until);
-        let mut gone = BTreeMap::new();
-        let mut claims = 0;
+        let mut wanted = Vec::new();
         self.more_to_claim = false;
         for id in ids {
             if self.held.contains_key(&id) || self.declined.contains_key(&id) {
@@ -330,14 +349,14 @@ impl Coordinator {
             }
             let assigned = owners.get(&id).is_some_and(|o| *o == me.as_str());
             if let Some(orphan) = self.claimable(&id, assigned, now) {
-                if claims == CLAIMS_PER_PASS {
+                if wanted.len() == CLAIMS_PER_PASS {
                     self.more_to_claim = true;
                     break;
                 }
-                claims += 1;
-                self.claim(&id, orphan, &mut gone).await;
+                wanted.push((id, orphan));
             }
         }
+        self.claim_all(wanted).await;
     }
 
     /// Forgets the watches held whose Lease, as seen now, names another holder. (A Lease missing
@@ -382,13 +401,62 @@ impl Coordinator {
         (free_since.elapsed() >= self.s.lease_duration * 2).then_some(true)
     }
 
-    /// Takes the Lease of watch `id` (creating it if need be). A Lease still naming another
-    /// replica is taken only once that replica's member Lease is read unchanged (`gone` keeps
-    /// the answers of this reconciliation).
-    async fn claim(&mut self, id: &str, orphan: bool, gone: &mut BTreeMap<String, bool>) {
-        let name = self.names.watch(id);
+    /// Takes the Leases of the watches `wanted` (id, and whether taken as an orphan), creating
+    /// them if need be, with up to [`CLAIMS_IN_FLIGHT`] writes at once. A Lease still naming
+    /// another replica is taken only once that replica's member Lease is read unchanged (once
+    /// per departure, see [`Departures`]).
+    async fn claim_all(&mut self, wanted: Vec<(String, bool)>) {
+        let view = &self.view;
+        let names = &self.names;
+        self.departures
+            .retain(|holder| member_rv(view, names, holder));
+        // Holders found live, or not read, in this pass: their watches wait for the next.
+        let mut unconfirmed = BTreeSet::new();
+        let mut claims = Vec::new();
+        for (id, orphan) in wanted {
+            if let Some(claim) = self.prepare_claim(id, orphan, &mut unconfirmed).await {
+                claims.push(claim);
+            }
+        }
+        let api = &self.api;
+        let written: Vec<(Claim, Instant, kube::Result<Option<Lease>>)> =
+            futures::stream::iter(claims)
+                .map(|claim| async move {
+                    let at = Instant::now();
+                    let written = lease::write(api, &claim.lease).await;
+                    (claim, at, written)
+                })
+                .buffer_unordered(CLAIMS_IN_FLIGHT)
+                .collect()
+                .await;
+        for (claim, at, written) in written {
+            let Claim {
+                id,
+                lease,
+                unowned,
+                orphan,
+            } = claim;
+            match written {
+                Ok(Some(written)) => self.claimed(&id, written, at, unowned, orphan),
+                Ok(None) => debug!(watch = %id, "another replica took the watch first"),
+                Err(e) => {
+                    let name = lease.metadata.name.unwrap_or_default();
+                    warn!(watch = %id, lease = %name, error = %e, "cannot claim the watch's lease; retrying")
+                }
+            }
+        }
+    }
+
+    /// The write that takes the Lease of watch `id`, or `None` while its previous holder is not
+    /// confirmed gone (`unconfirmed`: those not confirmed in this pass, not read again).
+    async fn prepare_claim(
+        &mut self,
+        id: String,
+        orphan: bool,
+        unconfirmed: &mut BTreeSet<String>,
+    ) -> Option<Claim> {
+        let name = self.names.watch(&id);
         let (me, d) = (self.s.identity.clone(), self.s.lease_duration);
-        let description = self.desired.get(id).cloned().unwrap_or_default();
         let previous = self
             .view
             .get(&name)
@@ -396,16 +464,16 @@ impl Coordinator {
             .filter(|h| *h != me)
             .map(str::to_string);
         if let Some(previous) = previous {
-            let confirmed = match gone.get(&previous) {
-                Some(confirmed) => *confirmed,
-                None => {
-                    let confirmed = self.member_gone(&previous).await;
-                    gone.insert(previous, confirmed);
-                    confirmed
+            if unconfirmed.contains(&previous) {
+                return None;
+            }
+            let seen_rv = member_rv(&self.view, &self.names, &previous).map(str::to_string);
+            if !self.departures.confirmed(&previous, seen_rv.as_deref()) {
+                if !self.member_gone(&previous).await {
+                    unconfirmed.insert(previous);
+                    return None;
                 }
-            };
-            if !confirmed {
-                return;
+                self.departures.confirm(&previous, seen_rv.as_deref());
             }
         }
         let (lease, unowned) = match self.view.get(&name) {
@@ -413,19 +481,18 @@ impl Coordinator {
                 lease::held_by(&seen.lease, &me, d),
                 watch_free_since(&self.view, &self.names, seen).map(|t| t.elapsed()),
             ),
-            None => (
-                self.names.lease(&name, &me, d, Some((id, &description))),
-                None,
-            ),
-        };
-        let at = Instant::now();
-        match lease::write(&self.api, &lease).await {
-            Ok(Some(written)) => self.claimed(id, written, at, unowned, orphan),
-            Ok(None) => debug!(watch = %id, "another replica took the watch first"),
-            Err(e) => {
-                warn!(watch = %id, lease = %name, error = %e, "cannot claim the watch's lease; retrying")
+            None => {
+                let description = self.desired.get(&id).cloned().unwrap_or_default();
+                let lease = self.names.lease(&name, &me, d, Some((&id, &description)));
+                (lease, None)
             }
-        }
+        };
+        Some(Claim {
+            id,
+            lease,
+            unowned,
+            orphan,
+        })
     }
 
     /// Whether the member Lease of `holder`, judged expired here, is still unchanged when read
@@ -660,6 +727,12 @@ impl Coordinator {
         lease::delete(&self.api, &name, rv).await;
         info!(identity = %self.s.identity, "left the replicas: every watch released, member lease deleted");
     }
+}
+
+/// The resourceVersion of `holder`'s member Lease in `view`, if seen.
+fn member_rv<'a>(view: &'a BTreeMap<String, Seen>, names: &Names, holder: &str) -> Option<&'a str> {
+    let seen = view.get(&names.member(holder))?;
+    seen.lease.metadata.resource_version.as_deref()
 }
 
 /// Whether `a` is an older copy than `b` (resourceVersions compared as numbers, as the API

@@ -62,6 +62,43 @@ pub(crate) fn watch_free_since(
     }
 }
 
+/// The replicas confirmed gone: the resourceVersion of each one's member Lease as seen here when
+/// the API server was found to hold no newer one (`None`: no member Lease, here or there), after
+/// it had expired here. The confirmation stands while the view still shows that version: the
+/// replica's validity had lapsed when it was read, so any renewal landing later first gives
+/// every watch it held up ([`Validity`](crate::lease::Validity)), and from then on the
+/// compare-and-swap on each watch Lease settles who takes it. One read per departure instead of
+/// one per pass of claims.
+#[derive(Debug, Default)]
+pub(crate) struct Departures {
+    confirmed: BTreeMap<String, Option<String>>,
+}
+
+impl Departures {
+    /// Whether `holder`, whose member Lease is seen at `seen_rv` (`None`: not seen), was
+    /// confirmed gone at that version: otherwise its member Lease must be read first.
+    pub(crate) fn confirmed(&self, holder: &str, seen_rv: Option<&str>) -> bool {
+        self.confirmed
+            .get(holder)
+            .is_some_and(|rv| rv.as_deref() == seen_rv)
+    }
+
+    /// Records `holder` confirmed gone with its member Lease seen at `seen_rv`.
+    pub(crate) fn confirm(&mut self, holder: &str, seen_rv: Option<&str>) {
+        self.confirmed
+            .insert(holder.to_string(), seen_rv.map(str::to_string));
+    }
+
+    /// Forgets the confirmations of replicas whose member Lease is no longer seen at the
+    /// version confirmed (renewed, recreated or deleted), as `seen_rv` tells it, and those
+    /// without a member Lease (kept for one pass only, so that departed identities do not pile
+    /// up).
+    pub(crate) fn retain<'a>(&mut self, seen_rv: impl Fn(&str) -> Option<&'a str>) {
+        self.confirmed
+            .retain(|holder, rv| rv.is_some() && rv.as_deref() == seen_rv(holder));
+    }
+}
+
 /// Whether `seen` is a member Lease.
 pub(crate) fn is_member(seen: &Seen) -> bool {
     role(seen) == Some(MEMBER)
@@ -110,6 +147,29 @@ mod tests {
         let leaving = super::super::names::leaving(&view[&names.member("b")].lease);
         view.insert(names.member("b"), Seen::first(leaving, now));
         assert_eq!(live(&view, "me", false), ["a", "me"]);
+    }
+
+    #[test]
+    fn a_departure_stands_while_the_member_lease_is_seen_at_the_version_confirmed() {
+        let mut d = Departures::default();
+        assert!(!d.confirmed("a", Some("7")));
+        d.confirm("a", Some("7"));
+        d.confirm("gone", None);
+        assert!(d.confirmed("a", Some("7")));
+        assert!(d.confirmed("gone", None));
+        // Renewed (or recreated) since: read it again.
+        assert!(!d.confirmed("a", Some("8")));
+        assert!(!d.confirmed("a", None));
+        assert!(!d.confirmed("gone", Some("1")));
+        assert!(!d.confirmed("b", Some("7")));
+        d.confirm("b", Some("3"));
+        d.retain(|holder| match holder {
+            "a" => Some("8"),
+            _ => Some("3"),
+        });
+        assert!(!d.confirmed("a", Some("7")));
+        assert!(!d.confirmed("gone", None));
+        assert!(d.confirmed("b", Some("3")));
     }
 
     #[test]
