@@ -49,23 +49,16 @@ def bridge_config(b, sink, env, cluster, selector, checkpoint):
             + sink_part + os.environ.get("KEB_BENCH_CONFIG", ""))
 
 
-def readyz(address):
-    try:
-        return urllib.request.urlopen(f"http://{address}/readyz", timeout=5).status == 200
-    except OSError:
-        return False
-
-
-def written_bytes(sink, env, name, pid):
+def written_bytes(b, sink, env, name, pid):
     """Checkpoint bytes written so far, by the measure each store allows (see the module doc)."""
     if sink in ("stdout", "http"):
         for line in Path(f"/proc/{pid}/io").read_text().splitlines():
             if line.startswith("write_bytes:"):
                 return int(line.split()[1])
         return 0
-    state = Path(env["KEB_TESTENV_FILE"]).parent
     if sink == "kafka":
-        return sum(f.stat().st_size for d in (state / "data" / "kafka").glob(f"{name}-*") for f in d.glob("*.log"))
+        return b.checkpoint_bytes(sink, env, name, None)
+    state = Path(env["KEB_TESTENV_FILE"]).parent
     port = json.loads((state / "state.json").read_text())["ports"]["nats_monitor"]
     jsz = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/jsz?streams=true", timeout=5))
     for a in jsz.get("account_details", []):
@@ -119,7 +112,7 @@ def repair(b, proc, address, watches, env, kubectl, stamp):
         now = time.monotonic()
         if (gone, lists) != last:
             last, last_change = (gone, lists), now
-        if gone >= 1 and lists >= gone and readyz(address):
+        if gone >= 1 and lists >= gone and b.readyz_status(address) == 200:
             done_at = done_at or now
             # Settled: every watch that will get a 410 has had it (none new for 10 s).
             if gone >= watches or now - last_change > 10:
@@ -169,14 +162,14 @@ def measure(b, point, sink, run, env, bin_path, loadgen, kubectl, stamp):
         row["rss_per_object"] = row["rss_mib"] * 1024 * 1024 / objects
 
         published0 = b.metric(address, "kube_event_bridge_events_published_total", "modified")
-        written0, t_churn = written_bytes(sink, env, name, proc.pid), time.monotonic()
+        written0, t_churn = written_bytes(b, sink, env, name, proc.pid), time.monotonic()
         done = churn(b, loadgen, prefix, watches, per_ns, env)
         wait_events(b, address, published0 + done["patches"], proc)
         live_cpu = b.wait_idle(proc.pid, 2.0) - idle_cpu
         events = b.metric(address, "kube_event_bridge_events_published_total", "modified") - published0
         row["churn_rate"] = done["rate"]
         row["live_cpu_per_10k"] = live_cpu * 10000 / events
-        row["checkpoint_bytes_per_s"] = (written_bytes(sink, env, name, proc.pid) - written0) / done["seconds"]
+        row["checkpoint_bytes_per_s"] = (written_bytes(b, sink, env, name, proc.pid) - written0) / done["seconds"]
         row["churn_wall_s"] = time.monotonic() - t_churn
 
         row.update(repair(b, proc, address, watches, env, kubectl, stamp))
@@ -203,15 +196,8 @@ def spread(b, loadgen, prefix, watches, per_ns, env):
 
 def delete_spread(b, prefix, watches, kubectl, env):
     """No namespace controller runs here: the ConfigMaps are deleted collection by collection."""
-    import http.client
-    kube = b.KubeHttp(env["KUBECONFIG"])
     for i in range(watches):
-        for attempt in range(1, 11):
-            try:
-                kube.delete(f"/api/v1/namespaces/{prefix}-{i:04}/configmaps")
-                break
-            except (OSError, http.client.HTTPException) as e:
-                print(f"deleting the ConfigMaps of {prefix}-{i:04} (attempt {attempt}): {e}; asking again")
+        b.delete_configmaps(env, f"{prefix}-{i:04}")
     subprocess.run([kubectl, "delete", "namespace", "-l", f"kube-event-bridge-bench={prefix}", "--wait=false"],
                    env=env, stdout=subprocess.DEVNULL)
 
