@@ -3,6 +3,7 @@
 //! components, so they live in their own test binary (cargo runs binaries one after another) and
 //! take a global lock so they never overlap each other.
 
+mod acks;
 mod announce;
 mod crash;
 #[path = "../integration/harness.rs"]
@@ -229,6 +230,13 @@ async fn broker_outage(sink: SinkKind, component: &str) {
         bridge.log_text().contains("retrying") || sink == SinkKind::Kafka,
         "NATS publishes should have been retried"
     );
+}
+
+/// JetStream's acknowledgements come late while a watch lists more objects than async-nats
+/// admits unacknowledged by default: the watch never waits for ever on its own permits.
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_more_in_flight_than_the_default_ack_permits() {
+    acks::more_in_flight_than_the_default_permits().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -54,6 +54,14 @@ fn publish_failed(
     }
 }
 
+/// Publishes awaiting acknowledgement that the JetStream context admits, for every watch and the
+/// checkpoint bucket together. Each holds a permit until its watch takes the acknowledgement, and
+/// a watch waiting for a permit takes none: with async-nats's default of 5,000, watches listing
+/// at once each held some and all waited for more, for ever (tests/faults/acks.rs). The watches
+/// bound what they have in flight themselves (`delivery.maxInFlight`, `delivery.maxQueueBytes`),
+/// so the context's bound is never the one reached.
+const ACK_PERMITS: usize = 1 << 30;
+
 /// The NATS sink.
 #[derive(Debug)]
 pub struct NatsSink {
@@ -79,14 +87,12 @@ impl NatsSink {
     /// Connects; [`NatsSink::cover`] then prepares the JetStream stream for each resource.
     pub async fn connect(config: &NatsConfig, subject: Template) -> Result<Self> {
         let client = connect_client(&config.url, &config.credentials).await?;
-        let jetstream = match &config.jetstream {
-            None => None,
-            Some(js) => {
-                let mut ctx = jetstream::new(client.clone());
-                ctx.set_timeout(Duration::from_secs(js.ack_timeout_secs));
-                Some(ctx)
-            }
-        };
+        let jetstream = config.jetstream.as_ref().map(|js| {
+            jetstream::ContextBuilder::new()
+                .timeout(Duration::from_secs(js.ack_timeout_secs))
+                .max_ack_inflight(ACK_PERMITS)
+                .build(client.clone())
+        });
         let sink = Self {
             client,
             jetstream,
