@@ -843,8 +843,10 @@ struct Opened {
 }
 
 /// Watches opened at once when many start together (a takeover, a selector matching many
-/// namespaces): their checkpoints load and their Kafka producers start side by side.
-const OPEN_AT_ONCE: usize = 8;
+/// namespaces): their checkpoints load and their Kafka producers start side by side. Kafka
+/// checkpoints load through reads of the topic shared by the watches waiting at the time
+/// (`src/sink/kafka/reads.rs`): the more open at once, the fewer reads of the whole topic.
+const OPEN_AT_ONCE: usize = 64;
 
 /// A new watch's status; with sharding it records how long the watch had no owner.
 fn new_status(ownership: Option<&Ownership>) -> Arc<Status> {
