@@ -6,6 +6,13 @@
 //!
 //! `latency kafka <bootstrap> <topic> <namespace> <objects> <rate> <seconds>`
 //! `latency nats <url> <stream> <subject-filter> <namespace> <objects> <rate> <seconds>`
+//! `latency http <port> <path,path,...> <namespace> <objects> <rate> <seconds>`
+//!
+//! With `http` the probe is the receiver: it listens on 127.0.0.1:`port` and answers every POST
+//! at once with 202, measuring each path on its own (one per program under comparison, all fed
+//! the same patches: `scripts/bench peers-latency`). It patches only once every path has
+//! received `objects` events (each program's initial list) and none for a second, and prints
+//! `paths`, each path's figures.
 //!
 //! The ConfigMaps `cm-000000` … must exist (`loadgen create`). Prints one JSON line: patches
 //! sent, events received, the achieved patch rate, and p50 / p99 / max of patch → receipt in
@@ -23,6 +30,7 @@
 //! of the message (`stored_p50_ms`, `stored_p99_ms`; with `LATENCY_SAMPLES=timed` every one as
 //! `stored_ms`, with its read time `read_s`).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -38,6 +46,9 @@ const STAMP: &str = "bench.kube-event-bridge.io/stamp";
 
 /// Patches in flight at most.
 const CONCURRENCY: usize = 64;
+
+#[path = "latency/http.rs"]
+mod http;
 
 struct Probe {
     run: String,
@@ -243,31 +254,103 @@ fn percentile(sorted: &[u64], q: f64) -> f64 {
     sorted[i] as f64 / 1e6
 }
 
+impl Probe {
+    fn new(run: &str) -> Probe {
+        Probe {
+            run: run.to_string(),
+            samples: Mutex::new(Vec::new()),
+            received: AtomicU64::new(0),
+            snapshot_events: AtomicU64::new(0),
+            stored: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Patch → receipt p50 / p99 / max of what was received, for `applied` patches sent in
+    /// `took` seconds; the samples too when `LATENCY_SAMPLES` asks.
+    async fn figures(&self, applied: u64, took: f64) -> serde_json::Value {
+        let timed = self.samples.lock().await.clone();
+        let mut samples: Vec<u64> = timed.iter().map(|(_, latency)| *latency).collect();
+        samples.sort_unstable();
+        let mut figures = serde_json::json!({
+            "patches": applied,
+            "received": samples.len(),
+            "rate": applied as f64 / took,
+            "p50_ms": percentile(&samples, 0.50),
+            "p99_ms": percentile(&samples, 0.99),
+            "max_ms": percentile(&samples, 1.0),
+            "snapshot_events": self.snapshot_events.load(Ordering::Relaxed),
+        });
+        let stored = self.stored.lock().await.clone();
+        if !stored.is_empty() {
+            let mut sorted: Vec<u64> = stored.iter().map(|(_, n)| *n).collect();
+            sorted.sort_unstable();
+            figures["stored_p50_ms"] = percentile(&sorted, 0.50).into();
+            figures["stored_p99_ms"] = percentile(&sorted, 0.99).into();
+        }
+        // Every sample, for a caller pooling several probes' (`scripts/bench fleet`).
+        match std::env::var("LATENCY_SAMPLES").as_deref() {
+            // In receipt order, each with its patch time (seconds since the epoch).
+            Ok("timed") => {
+                figures["samples_ms"] = timed.iter().map(|(_, n)| *n as f64 / 1e6).collect();
+                figures["sent_s"] = timed.iter().map(|(t, _)| *t as f64 / 1e9).collect();
+                figures["stored_ms"] = stored.iter().map(|(_, n)| *n as f64 / 1e6).collect();
+                figures["read_s"] = stored.iter().map(|(t, _)| *t as f64 / 1e9).collect();
+            }
+            Ok(_) => figures["samples_ms"] = samples.iter().map(|n| *n as f64 / 1e6).collect(),
+            Err(_) => {}
+        }
+        figures
+    }
+}
+
+/// What follows the sink's own arguments: namespace, objects, rate, seconds.
+struct Churn {
+    ns: String,
+    objects: usize,
+    rate: u64,
+    seconds: u64,
+}
+
+impl Churn {
+    fn parse(tail: &[String], usage: &str) -> anyhow::Result<Churn> {
+        anyhow::ensure!(tail.len() == 4, usage.to_string());
+        Ok(Churn {
+            ns: tail[0].clone(),
+            objects: tail[1].parse()?,
+            rate: tail[2].parse()?,
+            seconds: tail[3].parse()?,
+        })
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "latency kafka <bootstrap> <topic> <ns> <objects> <rate> <seconds> | latency nats <url> <stream> <filter> <ns> <objects> <rate> <seconds>";
+    let usage = "latency kafka <bootstrap> <topic> <ns> <objects> <rate> <seconds> | latency nats <url> <stream> <filter> <ns> <objects> <rate> <seconds> | latency http <port> <path,...> <ns> <objects> <rate> <seconds>";
     let (sink, rest) = args.split_at(2.min(args.len()));
     let sink = sink.get(1).context(usage)?.clone();
-    let tail = match sink.as_str() {
-        "kafka" => &rest[2..],
-        "nats" => &rest[3..],
+    let run = format!("{:x}", now_nanos());
+    let figures = match sink.as_str() {
+        "kafka" | "nats" if rest.len() >= 2 => broker(&sink, rest, &run, usage).await?,
+        "http" if rest.len() >= 2 => receiver(rest, &run, usage).await?,
         _ => anyhow::bail!(usage),
     };
-    anyhow::ensure!(tail.len() == 4, usage);
-    let ns = tail[0].clone();
-    let objects: usize = tail[1].parse()?;
-    let rate: u64 = tail[2].parse()?;
-    let seconds: u64 = tail[3].parse()?;
-    let probe = Arc::new(Probe {
-        run: format!("{:x}", now_nanos()),
-        samples: Mutex::new(Vec::new()),
-        received: AtomicU64::new(0),
-        snapshot_events: AtomicU64::new(0),
-        stored: Mutex::new(Vec::new()),
-    });
+    println!("{figures}");
+    Ok(())
+}
+
+/// `latency kafka …` and `latency nats …`: a consumer of the broker.
+async fn broker(
+    sink: &str,
+    rest: &[String],
+    run: &str,
+    usage: &str,
+) -> anyhow::Result<serde_json::Value> {
+    let skip = if sink == "kafka" { 2 } else { 3 };
+    let churn = Churn::parse(rest.get(skip..).unwrap_or_default(), usage)?;
+    let probe = Arc::new(Probe::new(run));
     let ready = Arc::new(AtomicBool::new(false));
-    let consumer = match sink.as_str() {
+    let consumer = match sink {
         "kafka" => tokio::spawn(consume_kafka(
             rest[0].clone(),
             rest[1].clone(),
@@ -292,7 +375,7 @@ async fn main() -> anyhow::Result<()> {
     }
     // The consumer resolves its starting offsets with its first fetch.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (applied, took) = patch(&ns, objects, rate, seconds, &probe.run).await?;
+    let (applied, took) = patch(&churn.ns, churn.objects, churn.rate, churn.seconds, run).await?;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while probe.received.load(Ordering::Relaxed) < applied && std::time::Instant::now() < deadline {
         anyhow::ensure!(
@@ -302,37 +385,45 @@ async fn main() -> anyhow::Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let timed = probe.samples.lock().await.clone();
-    let mut samples: Vec<u64> = timed.iter().map(|(_, latency)| *latency).collect();
-    samples.sort_unstable();
-    let mut figures = serde_json::json!({
-        "patches": applied,
-        "received": samples.len(),
-        "rate": applied as f64 / took,
-        "p50_ms": percentile(&samples, 0.50),
-        "p99_ms": percentile(&samples, 0.99),
-        "max_ms": percentile(&samples, 1.0),
-        "snapshot_events": probe.snapshot_events.load(Ordering::Relaxed),
-    });
-    let stored = probe.stored.lock().await.clone();
-    if !stored.is_empty() {
-        let mut sorted: Vec<u64> = stored.iter().map(|(_, n)| *n).collect();
-        sorted.sort_unstable();
-        figures["stored_p50_ms"] = percentile(&sorted, 0.50).into();
-        figures["stored_p99_ms"] = percentile(&sorted, 0.99).into();
+    Ok(probe.figures(applied, took).await)
+}
+
+/// `latency http …`: the receiver of every path, then the same patches for all.
+async fn receiver(rest: &[String], run: &str, usage: &str) -> anyhow::Result<serde_json::Value> {
+    let churn = Churn::parse(&rest[2..], usage)?;
+    let port: u16 = rest[0].parse().context("port")?;
+    let paths: BTreeMap<String, http::Path> = rest[1]
+        .split(',')
+        .map(|p| {
+            let path = http::Path {
+                probe: Arc::new(Probe::new(run)),
+                requests: AtomicU64::new(0),
+            };
+            (p.to_string(), path)
+        })
+        .collect();
+    let paths = Arc::new(paths);
+    let server = tokio::spawn(http::serve(port, paths.clone()));
+    let ping: Api<ConfigMap> = Api::namespaced(kube::Client::try_default().await?, &churn.ns);
+    http::wait_watching(&paths, &ping, Duration::from_secs(300)).await?;
+    let (applied, took) = patch(&churn.ns, churn.objects, churn.rate, churn.seconds, run).await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let all_in = || {
+        paths
+            .values()
+            .all(|p| p.probe.received.load(Ordering::Relaxed) >= applied)
+    };
+    while !all_in() && std::time::Instant::now() < deadline {
+        anyhow::ensure!(
+            !server.is_finished(),
+            "the receiver stopped: {:?}",
+            server.await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // Every sample, for a caller pooling several probes' (`scripts/bench fleet`).
-    match std::env::var("LATENCY_SAMPLES").as_deref() {
-        // In receipt order, each with its patch time (seconds since the epoch).
-        Ok("timed") => {
-            figures["samples_ms"] = timed.iter().map(|(_, n)| *n as f64 / 1e6).collect();
-            figures["sent_s"] = timed.iter().map(|(t, _)| *t as f64 / 1e9).collect();
-            figures["stored_ms"] = stored.iter().map(|(_, n)| *n as f64 / 1e6).collect();
-            figures["read_s"] = stored.iter().map(|(t, _)| *t as f64 / 1e9).collect();
-        }
-        Ok(_) => figures["samples_ms"] = samples.iter().map(|n| *n as f64 / 1e6).collect(),
-        Err(_) => {}
+    let mut figures = serde_json::Map::new();
+    for (name, path) in paths.iter() {
+        figures.insert(name.clone(), path.probe.figures(applied, took).await);
     }
-    println!("{figures}");
-    Ok(())
+    Ok(serde_json::json!({ "paths": figures }))
 }
