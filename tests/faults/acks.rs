@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
@@ -177,4 +177,9 @@ pub async fn more_in_flight_than_the_default_permits() {
         "the watch waited on the broker; log:\n{}",
         bridge.log_text()
     );
+    // The tests after this one that watch every namespace need not list these.
+    let cms: Api<ConfigMap> = Api::namespaced(client, &ns);
+    cms.delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .expect("delete the ConfigMaps");
 }
