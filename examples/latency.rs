@@ -10,9 +10,9 @@
 //!
 //! With `http` the probe is the receiver: it listens on 127.0.0.1:`port` and answers every POST
 //! at once with 202, measuring each path on its own (one per program under comparison, all fed
-//! the same patches: `scripts/bench peers-latency`). It patches only once every path has
-//! received `objects` events (each program's initial list) and none for a second, and prints
-//! `paths`, each path's figures.
+//! the same patches: `scripts/bench peers-latency`). It patches only once every program watches
+//! (every path received an event, then none for a second), and prints `paths`, each path's
+//! figures.
 //!
 //! The ConfigMaps `cm-000000` … must exist (`loadgen create`). Prints one JSON line: patches
 //! sent, events received, the achieved patch rate, and p50 / p99 / max of patch → receipt in

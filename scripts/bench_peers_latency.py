@@ -3,8 +3,8 @@ ApiServerSource adapter, in the same run, to the same receiver.
 
 One namespace of 1,000 ConfigMaps of 1 KiB is watched at once by the bridge (HTTP sink, binary
 mode, checkpoints in files) and by the adapter (mode Resource, K_SINK). Both post to one receiver,
-examples/latency.rs in its `http` mode, each to a path of its own; it waits for both initial lists,
-then patches the ConfigMaps at RATE changes/s for SECONDS, each patch stamping its wall-clock time
+examples/latency.rs in its `http` mode, each to a path of its own; it waits until both watch (an
+event received on each path: the adapter sends nothing for what it lists at start), then patches the ConfigMaps at RATE changes/s for SECONDS, each patch stamping its wall-clock time
 into an annotation, and measures per path the time from the patch to the receipt. Both programs
 see the same patches from the same API server at the same moment, so the difference between their
 figures is the programs'. The bridge's own share (its reading of a change to the HTTP client
@@ -18,7 +18,6 @@ import json
 import os
 import subprocess
 import tempfile
-import time
 import types
 from pathlib import Path
 
