@@ -21,6 +21,8 @@ import tempfile
 import types
 from pathlib import Path
 
+from bench_scale import mmm
+
 OBJECTS = 1000
 
 
@@ -67,6 +69,11 @@ def one_run(b, adapter, ns, rate, seconds, run, env, bin_path, stamp):
     return paths
 
 
+def figure(rows, key):
+    """min / median / max of `key` over the runs `rows`."""
+    return mmm((row[key] for row in rows), ".1f")
+
+
 HISTOGRAMS = ("kube_event_bridge_send_latency_seconds", "kube_event_bridge_publish_latency_seconds")
 NAMES = {"/bridge": "kube-event-bridge (HTTP)", "/adapter": "Knative adapter"}
 
@@ -75,11 +82,6 @@ def port_open(port):
     import socket
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def mmm(values):
-    v = sorted(values)
-    return " / ".join(f"{x:.1f}" for x in (v[0], v[len(v) // 2], v[-1]))
 
 
 def run(b, rates, seconds, runs, env, bin_path, loadgen, kubectl, stamp):
@@ -105,10 +107,10 @@ def run(b, rates, seconds, runs, env, bin_path, loadgen, kubectl, stamp):
     print(f"{'rate':>6} {'program':26} {'patches/s':>22} {'p50':>18} {'p99':>18} {'max':>22} {'bridge read→sent p99 ≤':>24}"
           f" {'read→sent ≤ 1 ms %':>22} {'read→ack p99 ≤':>18}")
     for (rate, path), rows in results.items():
-        own = [mmm(x[k] for x in rows) if k in rows[0] else "—"
+        own = [figure(rows, k) if k in rows[0] else "—"
                for k in ("sent_p99_ms", "sent_within_1ms_pct", "ack_p99_ms")]
-        print(f"{rate:>6} {NAMES[path]:26} {mmm(x['rate'] for x in rows):>22} {mmm(x['p50_ms'] for x in rows):>18} "
-              f"{mmm(x['p99_ms'] for x in rows):>18} {mmm(x['max_ms'] for x in rows):>22} {own[0]:>24} {own[1]:>22} "
+        print(f"{rate:>6} {NAMES[path]:26} {figure(rows, 'rate'):>22} {figure(rows, 'p50_ms'):>18} "
+              f"{figure(rows, 'p99_ms'):>18} {figure(rows, 'max_ms'):>22} {own[0]:>24} {own[1]:>22} "
               f"{own[2]:>18}")
     print("read→sent: the bridge's own part (its reading of a change to the HTTP client taking the event), upper bound"
           " of the histogram bucket; read→ack: to the receiver's answer")

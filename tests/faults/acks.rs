@@ -2,8 +2,8 @@
 //! publish holds one of its context's acknowledgement permits (5,000 by default, shared by every
 //! watch on the connection, checkpoint writes included) until the watch that sent it takes the
 //! acknowledgement; a watch waiting for a permit takes none. Once the permits ran out, the
-//! watches holding them all waited for more, for ever: the scale bench's 100 watches listing
-//! 100,000 objects stalled that way (each sends a list's objects 512 at a time without taking
+//! watches holding them all waited for more, for ever (the scale bench's NATS wedge,
+//! docs/benchmarks.md; each watch sends a list's objects 512 at a time without taking
 //! acknowledgements in between). The bridge bounds what is in flight itself, per watch
 //! (`delivery.maxInFlight`, `delivery.maxQueueBytes`), so the context admits any number.
 //!
@@ -13,17 +13,16 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
+use crate::EXCLUSIVE;
 use crate::harness::{Bridge, Reader, SinkKind, sink_yaml};
-use crate::support::{kube_client, unique_name, unique_namespace};
-use crate::{EXCLUSIVE, cm};
+use crate::support::{create_configmaps, kube_client, unique_name, unique_namespace};
 
 const OBJECTS: usize = 6_000;
 /// How long the stream's acknowledgements are held from the first event published.
@@ -124,24 +123,6 @@ async fn downstream_copy(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, since:
     }
 }
 
-/// Creates `count` ConfigMaps in `ns`, 32 requests at a time.
-async fn create_many(client: &kube::Client, ns: &str, count: usize) {
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    let pp = PostParams::default();
-    futures::stream::iter(0..count)
-        .map(|i| {
-            let (cms, pp) = (&cms, &pp);
-            async move {
-                cms.create(pp, &cm(&format!("o{i}"), "0"))
-                    .await
-                    .unwrap_or_else(|e| panic!("create {ns}/o{i}: {e}"))
-            }
-        })
-        .buffer_unordered(32)
-        .for_each(|_| async {})
-        .await;
-}
-
 /// With its acknowledgements late, a watch lists more objects than async-nats's default number
 /// of permits: all are published and acknowledged, and the watch reports its initial state
 /// published.
@@ -149,7 +130,7 @@ pub async fn more_in_flight_than_the_default_permits() {
     let _guard = EXCLUSIVE.lock().await;
     let client = kube_client().await;
     let ns = unique_namespace(&client, "acks").await;
-    create_many(&client, &ns, OBJECTS).await;
+    create_configmaps(&client, &ns, (0..OBJECTS).map(|i| format!("o{i}"))).await;
     let cluster = unique_name("c");
     let nats = crate::support::env().nats_url;
     let proxy = AckHold::start(&nats).await;

@@ -5,7 +5,6 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -14,7 +13,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use crate::harness::{Bridge, Proxy, Reader, kubeconfig_via, summary};
-use crate::support::{kube_client, unique_name, unique_namespace, wait_until};
+use crate::support::{create_configmaps, kube_client, unique_name, unique_namespace, wait_until};
 
 fn cm(name: &str) -> ConfigMap {
     serde_json::from_value(json!({"metadata": {"name": name}, "data": {"v": "0"}})).unwrap()
@@ -437,20 +436,8 @@ async fn sigterm_during_a_large_initial_list_drains_and_loses_nothing() {
     const OBJECTS: usize = 1200;
     let client = kube_client().await;
     let ns = unique_namespace(&client, "listterm").await;
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let names: BTreeSet<String> = (0..OBJECTS).map(|i| format!("o{i:04}")).collect();
-    futures::stream::iter(names.iter().cloned())
-        .map(|name| {
-            let cms = cms.clone();
-            async move {
-                cms.create(&PostParams::default(), &cm(&name))
-                    .await
-                    .unwrap()
-            }
-        })
-        .buffer_unordered(32)
-        .collect::<Vec<_>>()
-        .await;
+    create_configmaps(&client, &ns, names.iter().cloned()).await;
     let dir = tempfile::tempdir().unwrap();
     let config = |kubernetes: &str| {
         format!(

@@ -16,7 +16,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use k8s_openapi::api::core::v1::Namespace;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -411,6 +412,30 @@ pub async fn unique_namespace(client: &kube::Client, prefix: &str) -> String {
         .await
         .unwrap_or_else(|e| panic!("cannot create namespace {name}: {e}"));
     name
+}
+
+/// Creates a ConfigMap `{"v": "0"}` for each of `names` in `ns`, 32 requests at a time.
+pub async fn create_configmaps(
+    client: &kube::Client,
+    ns: &str,
+    names: impl Iterator<Item = String>,
+) {
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let pp = PostParams::default();
+    futures::stream::iter(names)
+        .map(|name| {
+            let (cms, pp) = (&cms, &pp);
+            async move {
+                let object = json!({"metadata": {"name": name}, "data": {"v": "0"}});
+                let object: ConfigMap = serde_json::from_value(object).expect("ConfigMap");
+                cms.create(pp, &object)
+                    .await
+                    .unwrap_or_else(|e| panic!("create {ns}/{name}: {e}"))
+            }
+        })
+        .buffer_unordered(32)
+        .for_each(|_| async {})
+        .await;
 }
 
 /// Polls `f` until it returns `Some(value)` and returns that value, starting at 20 ms between
