@@ -124,6 +124,13 @@ impl Stores {
         })
     }
 
+    /// Whether a watch's checkpoint loads through a read shared with the other watches loading
+    /// at the time (the Kafka topic's, `src/sink/kafka/reads.rs`): the more wait together, the
+    /// fewer reads of the whole topic.
+    pub fn loads_share_reads(&self) -> bool {
+        matches!(self.kind, StoresKind::Kafka { .. })
+    }
+
     /// The uid of namespace `kube-system`, when it was read at start.
     pub fn cluster_uid(&self) -> Option<Arc<str>> {
         self.cluster_uid.clone()

@@ -526,6 +526,13 @@ impl Supervisor {
                 unprepared = Some(Arc::new(Error::Sink(e)));
             }
         }
+        // Kafka checkpoints load through reads shared by the watches waiting at the time: every
+        // new watch waits for its load together, so that one read of the topic serves them all.
+        let loads_at_once = if self.stores.loads_share_reads() {
+            new.len().max(1)
+        } else {
+            OPEN_AT_ONCE
+        };
         futures::stream::iter(new)
             .map(|((key, r, ns), ownership)| {
                 let id = key.id.clone();
@@ -547,6 +554,14 @@ impl Supervisor {
                 }
             })
             .buffered(OPEN_AT_ONCE)
+            .map(|(id, handle, opened)| async move {
+                let loaded = match opened {
+                    Ok(unloaded) => unloaded.load().await,
+                    Err(e) => Err(e),
+                };
+                (id, handle, loaded)
+            })
+            .buffered(loads_at_once)
             .collect()
             .await
     }
@@ -662,15 +677,15 @@ impl Supervisor {
         running.chain(self.unstarted.values().cloned()).collect()
     }
 
-    /// Opens what a new watch needs before it runs: its sink and checkpoint store, and the
-    /// checkpoint to resume from. Only reads `self`, so several watches open at once.
+    /// Opens what a new watch needs before it runs, but its checkpoint: its sink and checkpoint
+    /// store. Only reads `self`, so several watches open at once.
     async fn open(
         &self,
         key: WatchKey,
         r: ResolvedResource,
         namespace: Option<String>,
         ownership: Option<Ownership>,
-    ) -> Result<Opened> {
+    ) -> Result<Unloaded> {
         let span = info_span!("watch", resource = %r.label(), namespace = namespace.as_deref().unwrap_or("*"));
         let owner = validity(ownership.as_ref(), self.leadership.as_ref());
         let (sink, mut store) = self
@@ -686,18 +701,7 @@ impl Supervisor {
         }
         store.set_redacted(info.redacts());
         let status = new_status(ownership.as_ref());
-        // A checkpoint that cannot be decoded comes back as a repair (no resourceVersion: list).
-        // A store that does not answer (a NATS client waiting to reconnect) makes the watch
-        // one that cannot start, named in readiness and retried, rather than holding up every
-        // other watch's start behind it.
-        let load = store.load(&status.checkpoints_corrupt);
-        let resume = tokio::time::timeout(LOAD_TIMEOUT, load)
-            .instrument(span.clone())
-            .await
-            .map_err(|_| Error::CheckpointUnanswered {
-                secs: LOAD_TIMEOUT.as_secs(),
-            })??;
-        Ok(Opened {
+        Ok(Unloaded(Opened {
             key,
             r,
             namespace,
@@ -707,8 +711,8 @@ impl Supervisor {
             sink,
             store,
             status,
-            resume,
-        })
+            resume: None,
+        }))
     }
 
     /// Starts an opened watch: its watch task and its pipeline.
@@ -828,7 +832,7 @@ pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
-/// A watch ready to start ([`Supervisor::open`]).
+/// A watch ready to start ([`Supervisor::open`], then [`Unloaded::load`]).
 struct Opened {
     key: WatchKey,
     r: ResolvedResource,
@@ -842,10 +846,31 @@ struct Opened {
     resume: Option<Checkpoint>,
 }
 
+/// An opened watch whose checkpoint is not loaded yet ([`Unloaded::load`] sets `resume`).
+struct Unloaded(Opened);
+
+impl Unloaded {
+    /// Loads the checkpoint to resume from. One that cannot be decoded comes back as a repair
+    /// (no resourceVersion: list). A store that does not answer (a NATS client waiting to
+    /// reconnect) makes the watch one that cannot start, named in readiness and retried, rather
+    /// than holding up every other watch's start behind it.
+    async fn load(self) -> Result<Opened> {
+        let Unloaded(mut opened) = self;
+        let load = opened.store.load(&opened.status.checkpoints_corrupt);
+        opened.resume = tokio::time::timeout(LOAD_TIMEOUT, load)
+            .instrument(opened.span.clone())
+            .await
+            .map_err(|_| Error::CheckpointUnanswered {
+                secs: LOAD_TIMEOUT.as_secs(),
+            })??;
+        Ok(opened)
+    }
+}
+
 /// Watches opened at once when many start together (a takeover, a selector matching many
-/// namespaces): their checkpoints load and their Kafka producers start side by side. Kafka
-/// checkpoints load through reads of the topic shared by the watches waiting at the time
-/// (`src/sink/kafka/reads.rs`): the more open at once, the fewer reads of the whole topic.
+/// namespaces): their Kafka producers start side by side, and their checkpoints load so, but
+/// Kafka's: those load through reads of the topic shared by the watches waiting at the time
+/// (`src/sink/kafka/reads.rs`), so every new watch waits for its load at once.
 const OPEN_AT_ONCE: usize = 64;
 
 /// A new watch's status; with sharding it records how long the watch had no owner.

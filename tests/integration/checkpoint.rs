@@ -1666,3 +1666,41 @@ async fn nats_announcements_are_tied_to_the_checkpoint_and_reuse_their_keys() {
     let loaded = reader.load(&Default::default()).await.unwrap().unwrap();
     assert!(loaded.announced.is_empty(), "the last save covered them");
 }
+
+/// Watches starting together load their Kafka checkpoints through reads of the topic they share:
+/// all of them wait for their load at once, however many open at a time, so that a restart of
+/// 150 watches reads the whole topic twice (the first watch's read, then one for every other),
+/// not once per handful of watches.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_watches_starting_together_share_one_read_of_the_checkpoint_topic() {
+    const WATCHES: usize = 150;
+    let client = kube_client().await;
+    let cluster = unique_name("c");
+    let label = "checkpoint.keb.dev/shared-read";
+    for _ in 0..WATCHES {
+        crate::dynamic::labelled_namespace(&client, label, Some(&cluster)).await;
+    }
+    let config = format!(
+        "cluster: {cluster}\nkubernetes: {{qps: 500, burst: 500}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaceSelector: \"{label}={cluster}\"}}\n{}",
+        sink_yaml(SinkKind::Kafka, &cluster)
+    );
+    let mut first = Bridge::start(&config);
+    first.wait_synced(WATCHES).await;
+    first.signal("TERM");
+    let status = first.wait_exit(Duration::from_secs(60)).await;
+    assert!(status.is_some_and(|s| s.success()), "{}", first.log_text());
+
+    let second = Bridge::start(&config);
+    crate::support::wait_until(
+        &format!("{WATCHES} watches resume from their checkpoints"),
+        Duration::from_secs(120),
+        || async { (second.count_log("resuming from checkpoint") >= WATCHES).then_some(()) },
+    )
+    .await;
+    let reads = second.count_log("reading the checkpoint topic for the watches loading");
+    assert!(
+        (1..=2).contains(&reads),
+        "{reads} reads of the checkpoint topic for {WATCHES} watches; log:\n{}",
+        second.log_text()
+    );
+}
