@@ -151,6 +151,8 @@ def measure(b, point, sink, run, env, bin_path, loadgen, kubectl, stamp):
     name = f"scale_{stamp}_{objects}_{watches}_{sink}_{run}"
     row = {"objects": objects, "watches": watches, "sink": sink, "run": run, "stamp": stamp,
            "rate": int(os.environ.get("KEB_BENCH_SCALE_RATE", "1000"))}
+    if os.environ.get("KEB_TESTENV_APISERVER_FLAGS"):
+        row["apiserver_flags"] = os.environ["KEB_TESTENV_APISERVER_FLAGS"]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         # The same configuration over as many empty namespaces: the fixed cost of the watches.
@@ -179,6 +181,10 @@ def measure(b, point, sink, run, env, bin_path, loadgen, kubectl, stamp):
         row["rss_mib"] = b.rss_mib(proc.pid)
         row["bytes_per_object"] = (row["rss_mib"] - row["rss_empty_mib"]) * 1024 * 1024 / objects
         row["rss_per_object"] = row["rss_mib"] * 1024 * 1024 / objects
+        # jemalloc's view of the same moment: what is held (allocated) against the pages serving it.
+        for state in ("allocated", "active", "metadata", "resident"):
+            row[f"heap_{state}_mib"] = b.metric_label(address, "kube_event_bridge_allocator_bytes",
+                                                      f'state="{state}"') / (1024 * 1024)
 
         published0 = b.metric(address, "kube_event_bridge_events_published_total", "modified")
         written0, t_churn = written_bytes(b, sink, env, name, proc.pid), time.monotonic()
