@@ -14,12 +14,24 @@ use futures::{StreamExt, TryFutureExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 
+const USAGE: &str = "usage: loadgen create NAMESPACE COUNT [BYTES] | patch NAMESPACE COUNT | \
+                     spread PREFIX NAMESPACES COUNT [BYTES] | churn PREFIX NAMESPACES COUNT RATE SECONDS";
+
 /// Requests in flight at most.
 const CONCURRENCY: usize = 32;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
+    let needed = match args.get(1).map(String::as_str) {
+        Some("create" | "patch") => 4,
+        Some("spread") => 5,
+        Some("churn") => 7,
+        _ => usize::MAX,
+    };
+    if args.len() < needed {
+        anyhow::bail!("{USAGE}");
+    }
     let (verb, target) = (args[1].as_str(), args[2].as_str());
     let client = kube::Client::try_default().await?;
     let start = Instant::now();
