@@ -21,9 +21,9 @@ use std::sync::Arc;
 use compact_str::CompactString;
 use uuid::Uuid;
 
-/// Number of buckets; a checkpoint stores each bucket as one record (100,000 objects make
-/// records of about 30 KB), or in parts of bounded size once it grows past the bound
-/// ([`KnownObjects::encode_bucket_parts`]).
+/// Number of buckets; a checkpoint stores each bucket as one record, or in parts of bounded
+/// size once it grows past the bound ([`KnownObjects::encode_bucket_parts`]; record sizes by
+/// index size are in docs/architecture.md, "Who owns which state").
 pub const BUCKETS: usize = 256;
 
 /// What the index knows of one object, as [`KnownObjects::get`] gives it back (it is kept in
