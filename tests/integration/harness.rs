@@ -253,11 +253,35 @@ impl Bridge {
     }
 }
 
+/// How long a bridge dropped by its test gets to exit on SIGTERM before it is killed.
+const DROP_GRACE: Duration = Duration::from_secs(5);
+
+/// Ends a bridge its test no longer needs with SIGTERM (and SIGCONT, should it be stopped), and
+/// SIGKILL only after [`DROP_GRACE`]. A Kafka bridge killed while a transaction is open leaves
+/// that transaction holding back every `read_committed` reader of the shared checkpoint topic
+/// until the broker aborts it (the transaction timeout, a minute by default): every Kafka bridge
+/// the suite starts meanwhile waits that long to load its checkpoints. A CI run failed on that
+/// (a test's restart did not resume within its minute, behind another test's dropped bridge).
+fn stop_gracefully(mut child: Child) {
+    let pid = child.id().to_string();
+    for signal in ["-TERM", "-CONT"] {
+        let _ = Command::new("kill").args([signal, &pid]).status();
+    }
+    let deadline = Instant::now() + DROP_GRACE;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 impl Drop for Bridge {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(child) = self.child.take() {
+            stop_gracefully(child);
         }
         if let Ok(dir) = std::env::var("KEB_KEEP_LOGS") {
             // Investigations keep every bridge's log: `KEB_KEEP_LOGS=/some/dir`.
