@@ -11,8 +11,8 @@
 //! that is a UUID in the API server's canonical form is kept as its 16 bytes, any other uid as
 //! text; a resourceVersion that is a decimal integer as a `u64`, any other as text (they are
 //! opaque by contract); a name of up to 24 bytes inline ([`CompactString`]); the namespace as a
-//! 4-byte number into a table of interned names. Every value is given back exactly as it was
-//! received.
+//! 4-byte number into a table of interned names. Entries with packed uids are kept densely
+//! ([`dense`]). Every value is given back exactly as it was received.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::num::NonZeroU32;
@@ -20,6 +20,10 @@ use std::sync::Arc;
 
 use compact_str::CompactString;
 use uuid::Uuid;
+
+use dense::Dense;
+
+mod dense;
 
 /// Number of buckets; a checkpoint stores each bucket as one record, or in parts of bounded
 /// size once it grows past the bound ([`KnownObjects::encode_bucket_parts`]; record sizes by
@@ -235,10 +239,10 @@ struct Slot {
     namespace: Option<NonZeroU32>,
 }
 
-/// The objects of one bucket: packed uids in one table, other uids (rare) in another.
+/// The objects of one bucket: packed uids in a dense table, other uids (rare) in a map.
 #[derive(Debug, Clone, Default)]
 struct Bucket {
-    uuids: HashMap<[u8; 16], Slot>,
+    uuids: Dense<Slot>,
     texts: HashMap<Box<str>, Slot>,
 }
 
@@ -274,15 +278,8 @@ impl Bucket {
 
     /// Inserts `slot` unless the key is there; says whether it was inserted.
     fn insert_new(&mut self, key: Key<'_>, slot: Slot) -> bool {
-        use std::collections::hash_map::Entry::{Occupied, Vacant};
         match key {
-            Key::Uuid(u) => match self.uuids.entry(u) {
-                Vacant(v) => {
-                    v.insert(slot);
-                    true
-                }
-                Occupied(_) => false,
-            },
+            Key::Uuid(u) => self.uuids.insert_new(u, slot),
             Key::Text(t) if self.texts.contains_key(t) => false,
             Key::Text(t) => {
                 self.texts.insert(t.into(), slot);
@@ -513,6 +510,9 @@ impl KnownObjects {
         for (uid, _) in &gone {
             self.track(uid);
         }
+        for bucket in &mut self.buckets {
+            bucket.uuids.fit();
+        }
         gone
     }
 
@@ -569,7 +569,7 @@ impl KnownObjects {
             for (b, bucket) in previous.into_iter().enumerate() {
                 let current = &mut self.buckets[b];
                 for (u, slot) in bucket.uuids {
-                    current.uuids.entry(u).or_insert(slot);
+                    current.uuids.insert_new(u, slot);
                 }
                 for (t, slot) in bucket.texts {
                     current.texts.entry(t).or_insert(slot);
@@ -764,7 +764,7 @@ impl KnownObjects {
                 return Err(DecodeError::Duplicate { bucket: b });
             }
         }
-        bucket.uuids.shrink_to_fit();
+        bucket.uuids.fit();
         bucket.texts.shrink_to_fit();
         self.buckets[b] = bucket;
         Ok(())
