@@ -1,9 +1,17 @@
 //! The Kubernetes client of the `kubernetes` configuration section: which kubeconfig and context,
 //! or in-cluster, throttled to `kubernetes.qps` and `kubernetes.burst` ([`crate::throttle`]).
 
+use http_body_util::BodyExt;
+use hyper_timeout::TimeoutConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use kube::Client;
-use kube::client::ClientBuilder;
+use kube::client::retry::RetryPolicy;
+use kube::client::{Body, ClientBuilder, ConfigExt, DynBody};
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use tower::retry::RetryLayer;
+use tower::util::BoxService;
+use tower::{BoxError, ServiceBuilder};
 
 use crate::config::KubernetesConfig;
 use crate::throttle::{self, ThrottleLayer};
@@ -114,9 +122,58 @@ fn throttled(mut config: kube::Config, qps: f64, burst: u32) -> Result<(Client, 
     config.reset_reader_on_write = true;
     let url = config.cluster_url.to_string();
     let throttle = ThrottleLayer::new(qps, burst, throttle::Counters::process());
-    let client = ClientBuilder::try_from(config)
+    let client = stack(config)
         .map_err(Error::Client)?
         .with_layer(&throttle)
         .build();
     Ok((client, url))
+}
+
+/// The most a connection to the API server keeps to read responses into (hyper's default is
+/// about 400 KB). A connection keeps the buffer its largest read needed for as long as it lives,
+/// and a watch holds its connection for good: after a list of thousands of objects, every watch
+/// kept about 450 KiB (docs/benchmarks.md, "Where the bytes per watched object go").
+const READ_BUFFER_MAX: usize = 64 * 1024;
+
+/// The service a [`ClientBuilder`] starts from (kube-client's `GenericService`).
+type GenericService = BoxService<http::Request<Body>, http::Response<Box<DynBody>>, BoxError>;
+
+/// kube-client's own stack (`ClientBuilder::try_from`), layer for layer, but for the HTTP
+/// client's read buffer ([`READ_BUFFER_MAX`]) and the request tracing spans (kube's debug
+/// `HTTP` spans, which nothing here reads). Proxies are refused, as kube-client without its proxy
+/// features refuses them.
+fn stack(config: kube::Config) -> Result<ClientBuilder<GenericService>, kube::Error> {
+    if let Some(proxy_url) = config.proxy_url {
+        return Err(kube::Error::ProxyProtocolUnsupported {
+            proxy_url: Box::new(proxy_url),
+        });
+    }
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    let mut connector = TimeoutConnector::new(config.rustls_https_connector_with_connector(http)?);
+    connector.set_connect_timeout(config.connect_timeout);
+    connector.set_read_timeout(config.read_timeout);
+    connector.set_write_timeout(config.write_timeout);
+    connector.set_reset_reader_on_write(config.reset_reader_on_write);
+    let client = hyper_util::client::legacy::Builder::new(TokioExecutor::new())
+        .http1_max_buf_size(READ_BUFFER_MAX)
+        .build(connector);
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(
+            config
+                .default_retry
+                .then(|| RetryLayer::new(RetryPolicy::server_retry())),
+        )
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(BoxError::from)
+        .map_response(|response: http::Response<hyper::body::Incoming>| {
+            response.map(|body| Box::new(BodyExt::map_err(body, BoxError::from)) as Box<DynBody>)
+        })
+        .service(client);
+    Ok(ClientBuilder::new(
+        BoxService::new(service),
+        config.default_namespace,
+    ))
 }
