@@ -135,17 +135,28 @@ fn throttled(mut config: kube::Config, qps: f64, burst: u32) -> Result<(Client, 
 /// kept about 450 KiB (docs/benchmarks.md, "Where the bytes per watched object go").
 const READ_BUFFER_MAX: usize = 64 * 1024;
 
+/// `url`'s scheme, host and port: a proxy URL may carry a user and password.
+fn without_credentials(url: &http::Uri) -> http::Uri {
+    let host = url.host().unwrap_or_default();
+    let port = url.port_u16().map(|p| format!(":{p}")).unwrap_or_default();
+    let scheme = url.scheme_str().unwrap_or("http");
+    format!("{scheme}://{host}{port}")
+        .parse()
+        .unwrap_or_else(|_| http::Uri::from_static("http://proxy"))
+}
+
 /// The service a [`ClientBuilder`] starts from (kube-client's `GenericService`).
 type GenericService = BoxService<http::Request<Body>, http::Response<Box<DynBody>>, BoxError>;
 
 /// kube-client's own stack (`ClientBuilder::try_from`), layer for layer, but for the HTTP
-/// client's read buffer ([`READ_BUFFER_MAX`]) and the request tracing spans (kube's debug
-/// `HTTP` spans, which nothing here reads). Proxies are refused, as kube-client without its proxy
-/// features refuses them.
+/// client's read buffer ([`READ_BUFFER_MAX`]) and kube's request tracing layer (a debug `HTTP`
+/// span per request, and an error line of its own for a 5xx answer, which the bridge's callers
+/// log with their context already). A proxy in the kubeconfig is refused, naming it, as
+/// kube-client built without its proxy features refuses it.
 fn stack(config: kube::Config) -> Result<ClientBuilder<GenericService>, kube::Error> {
     if let Some(proxy_url) = config.proxy_url {
         return Err(kube::Error::ProxyProtocolUnsupported {
-            proxy_url: Box::new(proxy_url),
+            proxy_url: Box::new(without_credentials(&proxy_url)),
         });
     }
     let mut http = HttpConnector::new();
@@ -176,4 +187,25 @@ fn stack(config: kube::Config) -> Result<ClientBuilder<GenericService>, kube::Er
         BoxService::new(service),
         config.default_namespace,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_proxy_in_the_kubeconfig_is_refused_naming_it() {
+        crate::tls::install_crypto_provider();
+        let mut config = kube::Config::new("https://127.0.0.1:6443".parse().unwrap());
+        config.proxy_url = Some("http://user:s3cret@proxy.example:3128".parse().unwrap());
+        let error = stack(config).err().expect("a proxy is refused").to_string();
+        assert!(error.contains("http://proxy.example:3128"), "{error}");
+        assert!(
+            !error.contains("s3cret") && !error.contains("user"),
+            "{error}"
+        );
+        // Without one, the stack is built.
+        let config = kube::Config::new("https://127.0.0.1:6443".parse().unwrap());
+        assert!(stack(config).is_ok());
+    }
 }

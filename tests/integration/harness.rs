@@ -260,8 +260,7 @@ const DROP_GRACE: Duration = Duration::from_secs(5);
 /// SIGKILL only after [`DROP_GRACE`]. A Kafka bridge killed while a transaction is open leaves
 /// that transaction holding back every `read_committed` reader of the shared checkpoint topic
 /// until the broker aborts it (the transaction timeout, a minute by default): every Kafka bridge
-/// the suite starts meanwhile waits that long to load its checkpoints. A CI run failed on that
-/// (a test's restart did not resume within its minute, behind another test's dropped bridge).
+/// the suite starts meanwhile waits that long to load its checkpoints.
 fn stop_gracefully(mut child: Child) {
     let pid = child.id().to_string();
     for signal in ["-TERM", "-CONT"] {
