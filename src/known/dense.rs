@@ -12,6 +12,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::OnceLock;
 
 use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
 
 /// A packed uid: the 16 bytes of a UUID.
 pub(super) type Uuid = [u8; 16];
@@ -85,24 +86,25 @@ impl<V> Dense<V> {
 
     /// Inserts `value` unless `key` is there; says whether it was inserted.
     pub(super) fn insert_new(&mut self, key: Uuid, value: V) -> bool {
-        let h = hash(&key);
-        let entries = &self.entries;
-        if self
-            .positions
-            .find(h, |&p| entries[p as usize].0 == key)
-            .is_some()
-        {
-            return false;
-        }
         let at = u32::try_from(self.entries.len()).expect("fewer than 2^32 objects in a bucket");
+        let entries = &self.entries;
+        // One probe both finds the key and places its position (a table that grows rehashes
+        // only the positions already in it, whose entries exist).
+        match self.positions.entry(
+            hash(&key),
+            |&p| entries[p as usize].0 == key,
+            |&p| hash(&entries[p as usize].0),
+        ) {
+            Entry::Occupied(_) => return false,
+            Entry::Vacant(vacant) => {
+                vacant.insert(at);
+            }
+        }
         if self.entries.len() == self.entries.capacity() {
             let capacity = fitted(self.entries.len() + 1, size_of::<(Uuid, V)>());
             self.entries.reserve_exact(capacity - self.entries.len());
         }
         self.entries.push((key, value));
-        let entries = &self.entries;
-        self.positions
-            .insert_unique(h, at, |&p| hash(&entries[p as usize].0));
         true
     }
 
