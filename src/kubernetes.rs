@@ -14,6 +14,7 @@ use tower::util::BoxService;
 use tower::{BoxError, ServiceBuilder};
 
 use crate::config::KubernetesConfig;
+use crate::secret::redact_url;
 use crate::throttle::{self, ThrottleLayer};
 
 /// Errors of building the Kubernetes client.
@@ -135,16 +136,6 @@ fn throttled(mut config: kube::Config, qps: f64, burst: u32) -> Result<(Client, 
 /// kept about 450 KiB (docs/benchmarks.md, "Where the bytes per watched object go").
 const READ_BUFFER_MAX: usize = 64 * 1024;
 
-/// `url`'s scheme, host and port: a proxy URL may carry a user and password.
-fn without_credentials(url: &http::Uri) -> http::Uri {
-    let host = url.host().unwrap_or_default();
-    let port = url.port_u16().map(|p| format!(":{p}")).unwrap_or_default();
-    let scheme = url.scheme_str().unwrap_or("http");
-    format!("{scheme}://{host}{port}")
-        .parse()
-        .unwrap_or_else(|_| http::Uri::from_static("http://proxy"))
-}
-
 /// The service a [`ClientBuilder`] starts from (kube-client's `GenericService`).
 type GenericService = BoxService<http::Request<Body>, http::Response<Box<DynBody>>, BoxError>;
 
@@ -155,8 +146,12 @@ type GenericService = BoxService<http::Request<Body>, http::Response<Box<DynBody
 /// kube-client built without its proxy features refuses it.
 fn stack(config: kube::Config) -> Result<ClientBuilder<GenericService>, kube::Error> {
     if let Some(proxy_url) = config.proxy_url {
+        // A proxy URL may carry a user and password.
+        let shown = redact_url(&proxy_url.to_string())
+            .parse()
+            .unwrap_or_default();
         return Err(kube::Error::ProxyProtocolUnsupported {
-            proxy_url: Box::new(without_credentials(&proxy_url)),
+            proxy_url: Box::new(shown),
         });
     }
     let mut http = HttpConnector::new();
@@ -199,7 +194,7 @@ mod tests {
         let mut config = kube::Config::new("https://127.0.0.1:6443".parse().unwrap());
         config.proxy_url = Some("http://user:s3cret@proxy.example:3128".parse().unwrap());
         let error = stack(config).err().expect("a proxy is refused").to_string();
-        assert!(error.contains("http://proxy.example:3128"), "{error}");
+        assert!(error.contains("http://***@proxy.example:3128"), "{error}");
         assert!(
             !error.contains("s3cret") && !error.contains("user"),
             "{error}"

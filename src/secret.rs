@@ -1,7 +1,8 @@
 //! Secrets kept in files (mounted Kubernetes Secrets), so that they never sit in the
 //! configuration: NATS passwords, tokens and nkey seeds, HTTP bearer tokens and passwords, the
 //! values of Kafka's `propertyFiles`. Every one is read by [`read`], with one rule for what the
-//! value is, and errors that name the field and the file but never what the file holds.
+//! value is, and errors that name the field and the file but never what the file holds; and
+//! [`redact_url`], for URLs that may carry a user and password.
 
 use std::path::{Path, PathBuf};
 
@@ -55,6 +56,18 @@ pub fn read(field: &str, path: &Path) -> Result<String> {
 }
 
 /// `text` without one trailing `\n` or `\r\n`.
+/// The URL with any `user:password@` removed (`***@` in its place), for error messages and
+/// logs; a comma-separated list of URLs keeps its form.
+pub fn redact_url(url: &str) -> String {
+    url.split(',')
+        .map(|u| match (u.find("://"), u.rfind('@')) {
+            (Some(s), Some(at)) if at > s => format!("{}***@{}", &u[..s + 3], &u[at + 1..]),
+            _ => u.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 fn without_line_break(text: &str) -> &str {
     text.strip_suffix('\n')
         .map_or(text, |t| t.strip_suffix('\r').unwrap_or(t))
@@ -63,6 +76,18 @@ fn without_line_break(text: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_never_reach_messages() {
+        assert_eq!(
+            redact_url("nats://alice:s3cret@host:4222"),
+            "nats://***@host:4222"
+        );
+        assert_eq!(
+            redact_url("nats://host:4222,tls://t@h2"),
+            "nats://host:4222,tls://***@h2"
+        );
+    }
 
     #[test]
     fn one_trailing_line_break_is_removed_and_nothing_else() {

@@ -9,6 +9,7 @@ use tracing::{info, warn};
 
 use super::error::Error as SetupError;
 use crate::config::NatsCredentials;
+use crate::secret::redact_url;
 use crate::sink::Result;
 
 /// The secret in the file of `sink.nats.credentials.<field>` (also a checkpoint store's own
@@ -156,32 +157,4 @@ fn is_tls_failure(error: &(dyn std::error::Error + 'static)) -> bool {
         cause = e.source();
     }
     false
-}
-
-/// The URL with any `user:password@` removed, for error messages.
-pub fn redact_url(url: &str) -> String {
-    url.split(',')
-        .map(|u| match (u.find("://"), u.rfind('@')) {
-            (Some(s), Some(at)) if at > s => format!("{}***@{}", &u[..s + 3], &u[at + 1..]),
-            _ => u.to_string(),
-        })
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn credentials_never_reach_messages() {
-        assert_eq!(
-            redact_url("nats://alice:s3cret@host:4222"),
-            "nats://***@host:4222"
-        );
-        assert_eq!(
-            redact_url("nats://host:4222,tls://t@h2"),
-            "nats://host:4222,tls://***@h2"
-        );
-    }
 }

@@ -8,6 +8,6 @@ mod error;
 mod settings;
 mod sink;
 
-pub use config::{connect_client, redact_url};
+pub use config::connect_client;
 pub use settings::{JetStreamConfig, Nats, NatsConfig, decode};
 pub use sink::{NatsSink, captures, classify, message};
