@@ -130,10 +130,9 @@ fn throttled(mut config: kube::Config, qps: f64, burst: u32) -> Result<(Client, 
     Ok((client, url))
 }
 
-/// The most a connection to the API server keeps to read responses into (hyper's default is
-/// about 400 KB). A connection keeps the buffer its largest read needed for as long as it lives,
-/// and a watch holds its connection for good: after a list of thousands of objects, every watch
-/// kept about 450 KiB (docs/benchmarks.md, "Where the bytes per watched object go").
+/// The most a connection to the API server keeps to read responses into: a connection keeps the
+/// buffer its largest read needed for as long as it lives, and a watch holds its connection for
+/// good (figures in docs/benchmarks.md, "Where the bytes per watched object go").
 const READ_BUFFER_MAX: usize = 64 * 1024;
 
 /// The service a [`ClientBuilder`] starts from (kube-client's `GenericService`).
