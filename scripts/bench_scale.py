@@ -5,8 +5,10 @@ namespace through one namespaceSelector), each sink and each run, one bridge is 
 its life:
   - ready from nothing: process start to /readyz, and to every watch's 'initial state published'
     (snapshot events/s = OBJECTS over that time); API requests made;
-  - resident memory once idle after the snapshot, and its bytes per object: less the resident memory
-    of the same configuration over WATCHES empty namespaces (measured in the same run);
+  - resident memory once idle after the snapshot and KEB_BENCH_SCALE_SETTLE_S (default 30) seconds
+    more, and its bytes per object: less the resident memory of the same configuration over
+    WATCHES empty namespaces (measured in the same run); the reading as the bridge first went idle
+    is kept beside it (`rss_idle_mib`, `bytes_per_object_idle`);
   - a steady churn (`loadgen churn`, KEB_BENCH_SCALE_RATE patches/s, default 1000, for
     KEB_BENCH_SCALE_SECONDS, default 20): CPU seconds per 10,000 live events and checkpoint bytes
     written per second (stdout: the checkpoint files' bytes written, /proc/PID/io; Kafka: the
@@ -149,6 +151,16 @@ def compact_etcd(url):
     post("/v3/kv/compaction", {"revision": revision, "physical": True})
 
 
+# Seconds between the first reading of memory once idle after the snapshot and the one reported
+# (KEB_BENCH_SCALE_SETTLE_S).
+SETTLE_S = float(os.environ.get("KEB_BENCH_SCALE_SETTLE_S", "30"))
+
+
+def heap(b, address, state):
+    """jemalloc's figure for `state` (allocated, active, metadata, resident), in MiB."""
+    return b.metric_label(address, "kube_event_bridge_allocator_bytes", f'state="{state}"') / (1024 * 1024)
+
+
 def measure(b, point, sink, run, env, bin_path, loadgen, kubectl, stamp):
     objects, watches, prefix, empty_prefix = point
     per_ns = objects // watches
@@ -183,13 +195,20 @@ def measure(b, point, sink, run, env, bin_path, loadgen, kubectl, stamp):
         row["snapshot_eps"] = objects / row["snapshot_s"]
         row["start_requests"] = requests(b, address)
         idle_cpu = b.wait_idle(proc.pid, 2.0)
+        row["rss_idle_mib"] = b.rss_mib(proc.pid)
+        row["bytes_per_object_idle"] = (row["rss_idle_mib"] - row["rss_empty_mib"]) * 1024 * 1024 / objects
+        row["heap_allocated_idle_mib"] = heap(b, address, "allocated")
+        # Checkpoints written after the snapshot can still be on their way when the bridge first
+        # goes idle (a Kafka transaction's records): memory is read again once they have settled.
+        time.sleep(SETTLE_S)
+        idle_cpu = b.wait_idle(proc.pid, 2.0)
+        row["settle_s"] = SETTLE_S
         row["rss_mib"] = b.rss_mib(proc.pid)
         row["bytes_per_object"] = (row["rss_mib"] - row["rss_empty_mib"]) * 1024 * 1024 / objects
         row["rss_per_object"] = row["rss_mib"] * 1024 * 1024 / objects
         # jemalloc's view of the same moment: what is held (allocated) against the pages serving it.
         for state in ("allocated", "active", "metadata", "resident"):
-            row[f"heap_{state}_mib"] = b.metric_label(address, "kube_event_bridge_allocator_bytes",
-                                                      f'state="{state}"') / (1024 * 1024)
+            row[f"heap_{state}_mib"] = heap(b, address, state)
 
         published0 = b.metric(address, "kube_event_bridge_events_published_total", "modified")
         written0, t_churn = written_bytes(b, sink, env, name, proc.pid), time.monotonic()
@@ -271,6 +290,7 @@ def run(b, objects_list, watches_list, runs, env, bin_path, loadgen, kubectl, st
 
 COLUMNS = (("ready s", "ready_s", ".1f"), ("snapshot ev/s", "snapshot_eps", ".0f"),
            ("RSS MiB", "rss_mib", ".1f"), ("B/object", "bytes_per_object", ".0f"),
+           ("B/object at idle", "bytes_per_object_idle", ".0f"),
            ("RSS/object", "rss_per_object", ".0f"), ("CPU s/10k live", "live_cpu_per_10k", ".2f"),
            ("ckpt B/s", "checkpoint_bytes_per_s", ".0f"), ("410 repair s", "repair_s", ".1f"),
            ("from ckpt s", "ready_checkpoint_s", ".1f"), ("requests start", "start_requests", ".0f"),
@@ -279,6 +299,8 @@ COLUMNS = (("ready s", "ready_s", ".1f"), ("snapshot ev/s", "snapshot_eps", ".0f
 
 def mmm(values, fmt):
     values = sorted(values)
+    if not values:
+        return "—"
     if len(values) == 1:
         return format(values[0], fmt)
     return " / ".join(format(v, fmt) for v in (values[0], statistics.median(values), values[-1]))
@@ -295,7 +317,8 @@ def print_tables(rows):
     print("\n| objects | watches | sink | runs | " + " | ".join(t for t, _, _ in COLUMNS) + " |")
     print("|" + "---|" * (4 + len(COLUMNS)))
     for (objects, watches, sink), rs in grouped(rows).items():
-        cells = [mmm([r[k] for r in rs], fmt) for _, k, fmt in COLUMNS]
+        # Rows from before a column was measured leave it empty.
+        cells = [mmm([r[k] for r in rs if k in r], fmt) for _, k, fmt in COLUMNS]
         print(f"| {objects:,} | {watches:,} | {sink} | {len(rs)} | " + " | ".join(cells) + " |")
 
 

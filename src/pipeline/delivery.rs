@@ -25,8 +25,10 @@ use crate::status::{Histogram, STALL_AFTER, Stall, Status, count, kind_index};
 pub(super) const HELD_BYTES_MAX: usize = 16 << 20;
 
 /// Room for held events kept between transactions, and for uids awaiting an acknowledgement
-/// once none does (a steady stream reuses it; a snapshot does not pin its size).
-const HELD_ROOM_KEPT: usize = 256;
+/// once none does: a steady stream reuses it, and neither a snapshot nor a burst pins its size
+/// in every watch (an event is about 470 bytes before its payload; a larger transaction grows
+/// the room again by doubling, a copy of the events' heads for each).
+const HELD_ROOM_KEPT: usize = 16;
 
 /// Retriable failures are retried at least this often.
 const RETRY_DELAY_MAX: Duration = Duration::from_secs(5);

@@ -148,7 +148,9 @@ impl NatsSink {
                 .attributes()
                 .map(|(k, v)| k.len() + v.len() + 8)
                 .sum::<usize>();
-        let max = self.client.server_info().max_payload;
+        // The limit the server last announced (an atomic read; `server_info` would copy the
+        // whole INFO, strings and all, for every event).
+        let max = self.client.max_payload();
         if max > 0 && size > max {
             let error =
                 format!("message of {size} bytes exceeds the server's max_payload of {max} bytes");
