@@ -94,56 +94,37 @@ unsafe impl Allocator for IndexArena {
         }
     }
 
+    /// Grows a block with `rallocx`: in place where jemalloc can, always within the arena.
     unsafe fn grow(
         &self,
         ptr: NonNull<u8>,
         old: Layout,
         new: Layout,
     ) -> Result<NonNull<[u8]>, AllocError> {
-        // SAFETY: the caller's promise, passed on (`new` is at least as large as `old`).
-        unsafe { self.resize(ptr, old, new) }
-    }
-
-    unsafe fn shrink(
-        &self,
-        ptr: NonNull<u8>,
-        old: Layout,
-        new: Layout,
-    ) -> Result<NonNull<[u8]>, AllocError> {
-        // SAFETY: the caller's promise, passed on (`new` is at most as large as `old`).
-        unsafe { self.resize(ptr, old, new) }
-    }
-}
-
-impl IndexArena {
-    /// Moves a block to a new size with `rallocx`, in place where jemalloc can: within the arena.
-    ///
-    /// # Safety
-    /// `ptr` was allocated here with `old`, and `new` has the same alignment or a smaller one.
-    unsafe fn resize(
-        &self,
-        ptr: NonNull<u8>,
-        old: Layout,
-        new: Layout,
-    ) -> Result<NonNull<[u8]>, AllocError> {
         let flags = match flags() {
-            Some(flags) if old.size() != 0 && new.size() != 0 && old.align() == new.align() => {
-                flags
-            }
-            // The rare cases, through a fresh block: from or to nothing, or a new alignment.
+            Some(flags) if old.size() != 0 && old.align() == new.align() => flags,
+            // The rare cases, through a fresh block: from nothing, or to a new alignment.
+            // SAFETY: the caller's promise, passed on.
             _ => return unsafe { self.moved(ptr, old, new) },
         };
-        // SAFETY: `ptr` is a live block of this arena, and the size is above zero.
+        // SAFETY: `ptr` is a live block of this arena (the caller's promise), and the new
+        // size is above zero (at least the old one).
         let moved = unsafe {
             jemalloc::rallocx(ptr.as_ptr().cast(), new.size(), with_alignment(flags, new))
         };
         slice(moved, new.size())
     }
 
+    // `shrink` keeps its default (a new block, the contents copied): the index shrinks a
+    // bucket only when a list ends or half of it is removed, and jemalloc moves a small block
+    // to its smaller size class by copying too.
+}
+
+impl IndexArena {
     /// A new block for `new`, the contents copied over, the old block given back.
     ///
     /// # Safety
-    /// As for [`Self::resize`].
+    /// `ptr` was allocated here with `old`.
     unsafe fn moved(
         &self,
         ptr: NonNull<u8>,
