@@ -23,7 +23,6 @@ use uuid::Uuid;
 
 use dense::Dense;
 
-mod arena;
 mod dense;
 
 /// Number of buckets; a checkpoint stores each bucket as one record, or in parts of bounded

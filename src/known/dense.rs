@@ -6,16 +6,13 @@
 //! top of that. Here the empty slots are 4 bytes each, and the vector grows one allocator size
 //! class at a time (a quarter or less), using the whole of each, and is fitted to its entries
 //! when a list ends, so the entries take little more than their own size (docs/benchmarks.md,
-//! "Where the bytes per watched object go"). Both live in the index's own arena ([`IndexArena`]).
+//! "Where the bytes per watched object go").
 
 use std::hash::{BuildHasher, RandomState};
 use std::sync::OnceLock;
 
-use allocator_api2::vec::{IntoIter, Vec};
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
-
-use super::arena::IndexArena;
 
 /// A packed uid: the 16 bytes of a UUID.
 pub(super) type Uuid = [u8; 16];
@@ -23,16 +20,16 @@ pub(super) type Uuid = [u8; 16];
 /// Entries keyed by packed uid; see the module's documentation.
 #[derive(Debug, Clone)]
 pub(super) struct Dense<V> {
-    entries: Vec<(Uuid, V), IndexArena>,
+    entries: Vec<(Uuid, V)>,
     /// Positions in `entries`, by the hash of their key.
-    positions: HashTable<u32, IndexArena>,
+    positions: HashTable<u32>,
 }
 
 impl<V> Default for Dense<V> {
     fn default() -> Self {
         Self {
-            entries: Vec::new_in(IndexArena),
-            positions: HashTable::new_in(IndexArena),
+            entries: Vec::new(),
+            positions: HashTable::new(),
         }
     }
 }
@@ -158,7 +155,7 @@ impl<V> Dense<V> {
 
 impl<V> IntoIterator for Dense<V> {
     type Item = (Uuid, V);
-    type IntoIter = IntoIter<(Uuid, V), IndexArena>;
+    type IntoIter = std::vec::IntoIter<(Uuid, V)>;
 
     fn into_iter(self) -> Self::IntoIter {
         self.entries.into_iter()
