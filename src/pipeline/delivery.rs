@@ -26,8 +26,8 @@ pub(super) const HELD_BYTES_MAX: usize = 16 << 20;
 
 /// Room for held events kept between transactions, and for uids awaiting an acknowledgement
 /// once none does: a steady stream reuses it, and neither a snapshot nor a burst pins its size
-/// in every watch (an event is about 470 bytes before its payload; a larger transaction grows
-/// the room again by doubling, a copy of the events' heads for each).
+/// in every watch (a larger transaction grows the room again by doubling; docs/benchmarks.md,
+/// "Where the bytes per watched object go").
 const HELD_ROOM_KEPT: usize = 16;
 
 /// Retriable failures are retried at least this often.
