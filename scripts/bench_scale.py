@@ -156,10 +156,6 @@ def compact_etcd(url):
 SETTLE_S = float(os.environ.get("KEB_BENCH_SCALE_SETTLE_S", "30"))
 
 
-def heap(b, address, state):
-    """jemalloc's figure for `state` (allocated, active, metadata, resident), in MiB."""
-    return b.metric_label(address, "kube_event_bridge_allocator_bytes", f'state="{state}"') / (1024 * 1024)
-
 
 def measure(b, point, sink, run, env, bin_path, loadgen, kubectl, stamp):
     objects, watches, prefix, empty_prefix = point
@@ -194,21 +190,26 @@ def measure(b, point, sink, run, env, bin_path, loadgen, kubectl, stamp):
         row["snapshot_s"] = time.monotonic() - t0
         row["snapshot_eps"] = objects / row["snapshot_s"]
         row["start_requests"] = requests(b, address)
-        idle_cpu = b.wait_idle(proc.pid, 2.0)
+
+        def per_object(rss_mib):
+            return (rss_mib - row["rss_empty_mib"]) * 1024 * 1024 / objects
+
+        b.wait_idle(proc.pid, 2.0)
         row["rss_idle_mib"] = b.rss_mib(proc.pid)
-        row["bytes_per_object_idle"] = (row["rss_idle_mib"] - row["rss_empty_mib"]) * 1024 * 1024 / objects
-        row["heap_allocated_idle_mib"] = heap(b, address, "allocated")
+        row["bytes_per_object_idle"] = per_object(row["rss_idle_mib"])
+        (row["heap_allocated_idle_mib"],) = b.heap_mib(address, ("allocated",))
         # Checkpoints written after the snapshot can still be on their way when the bridge first
         # goes idle (a Kafka transaction's records): memory is read again once they have settled.
         time.sleep(SETTLE_S)
         idle_cpu = b.wait_idle(proc.pid, 2.0)
         row["settle_s"] = SETTLE_S
         row["rss_mib"] = b.rss_mib(proc.pid)
-        row["bytes_per_object"] = (row["rss_mib"] - row["rss_empty_mib"]) * 1024 * 1024 / objects
+        row["bytes_per_object"] = per_object(row["rss_mib"])
         row["rss_per_object"] = row["rss_mib"] * 1024 * 1024 / objects
         # jemalloc's view of the same moment: what is held (allocated) against the pages serving it.
-        for state in ("allocated", "active", "metadata", "resident"):
-            row[f"heap_{state}_mib"] = heap(b, address, state)
+        states = ("allocated", "active", "metadata", "resident")
+        for state, mib in zip(states, b.heap_mib(address, states)):
+            row[f"heap_{state}_mib"] = mib
 
         published0 = b.metric(address, "kube_event_bridge_events_published_total", "modified")
         written0, t_churn = written_bytes(b, sink, env, name, proc.pid), time.monotonic()
