@@ -5,6 +5,7 @@ namespace through one namespaceSelector), each sink and each run, one bridge is 
 its life:
   - ready from nothing: process start to /readyz, and to every watch's 'initial state published'
     (snapshot events/s = OBJECTS over that time); API requests made;
+  - the peak resident memory through the snapshot (VmHWM: what a memory limit must cover);
   - resident memory once idle after the snapshot and KEB_BENCH_SCALE_SETTLE_S (default 30) seconds
     more, and its bytes per object: less the resident memory of the same configuration over
     WATCHES empty namespaces (measured in the same run); the reading as the bridge first went idle
@@ -195,6 +196,8 @@ def measure(b, point, sink, run, env, bin_path, loadgen, kubectl, stamp):
             return (rss_mib - row["rss_empty_mib"]) * 1024 * 1024 / objects
 
         b.wait_idle(proc.pid, 2.0)
+        # The most the snapshot held at once: what a memory limit must cover.
+        row["peak_rss_mib"] = b.peak_rss_mib(proc.pid)
         row["rss_idle_mib"] = b.rss_mib(proc.pid)
         row["bytes_per_object_idle"] = per_object(row["rss_idle_mib"])
         (row["heap_allocated_idle_mib"],) = b.heap_mib(address, ("allocated",))
@@ -290,7 +293,7 @@ def run(b, objects_list, watches_list, runs, env, bin_path, loadgen, kubectl, st
 
 
 COLUMNS = (("ready s", "ready_s", ".1f"), ("snapshot ev/s", "snapshot_eps", ".0f"),
-           ("RSS MiB", "rss_mib", ".1f"), ("B/object", "bytes_per_object", ".0f"),
+           ("peak RSS MiB", "peak_rss_mib", ".0f"), ("RSS MiB", "rss_mib", ".1f"), ("B/object", "bytes_per_object", ".0f"),
            ("B/object at idle", "bytes_per_object_idle", ".0f"),
            ("RSS/object", "rss_per_object", ".0f"), ("CPU s/10k live", "live_cpu_per_10k", ".2f"),
            ("ckpt B/s", "checkpoint_bytes_per_s", ".0f"), ("410 repair s", "repair_s", ".1f"),

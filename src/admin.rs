@@ -27,6 +27,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_io_timeout::TimeoutStream;
 use tracing::{debug, info, warn};
 
+use crate::budget::Budget;
 use crate::supervisor::WatchHandle;
 use crate::tasks::Tasks;
 use crate::throttle;
@@ -100,6 +101,8 @@ pub struct State {
     /// Why the fleet's members cannot be followed (their Secrets unreadable), and since when.
     fleet_problem: Mutex<Option<(String, std::time::Instant)>>,
     api: Arc<throttle::Counters>,
+    /// The process's byte budget, once the bridge has made it.
+    queue_budget: Mutex<Option<Budget>>,
     /// Snapshots on demand served here.
     pub snapshots: SnapshotCounters,
     /// Bumped whenever the running watches change (snapshot requests are routed by them).
@@ -123,6 +126,7 @@ impl State {
             shard: Mutex::new(None),
             fleet_metrics: Mutex::new(None),
             fleet_problem: Mutex::new(None),
+            queue_budget: Mutex::new(None),
             api: throttle::Counters::process(),
             snapshots: SnapshotCounters::default(),
             watches_changed: tokio::sync::watch::Sender::new(0),
@@ -152,6 +156,18 @@ impl State {
     /// Told whenever the running watches change.
     pub fn subscribe_watches(&self) -> tokio::sync::watch::Receiver<u64> {
         self.watches_changed.subscribe()
+    }
+
+    /// Reports the process's byte budget (`delivery.maxTotalQueueBytes`) in the metrics.
+    pub fn set_queue_budget(&self, budget: Budget) {
+        *self.queue_budget.lock().unwrap_or_else(|e| e.into_inner()) = Some(budget);
+    }
+
+    fn queue_budget(&self) -> Option<Budget> {
+        self.queue_budget
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Marks the bridge as watching a fleet: ready while at least one cluster publishes, with

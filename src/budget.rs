@@ -1,14 +1,18 @@
-//! A byte budget per watch (`delivery.maxQueueBytes`): objects the watch has read and the broker
-//! has not yet acknowledged (queued between the watch and the pipeline, in flight, or held by an
-//! open Kafka transaction) stay under it, so memory follows the configuration whatever the object
-//! sizes, not only the event counts.
+//! Byte budgets: one per watch (`delivery.maxQueueBytes`) and one for the whole process
+//! (`delivery.maxTotalQueueBytes`, every watch of every cluster). Objects a watch has read and the
+//! broker has not yet acknowledged (queued between the watch and the pipeline, in flight, or held
+//! by an open Kafka transaction) stay under both, so memory follows the configuration whatever the
+//! object sizes and however many watches there are, not only the event counts.
 //!
-//! The watch reserves an object's serialized size before queueing it and waits while the budget
-//! is spent (backpressure, never loss); the reservation then travels with the object and its
-//! event and is given back when they are dropped: settled, committed, filtered or suppressed. An
-//! object larger than the whole budget still passes, alone.
+//! The watch reserves an object's serialized size before queueing it, first in its own budget,
+//! then in the process's, and waits while either is spent (backpressure, never loss); the
+//! reservation then travels with the object and its event and is given back when they are
+//! dropped: settled, committed, filtered or suppressed. An object larger than a whole budget
+//! still passes, alone.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use tokio::time::Instant;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DynamicObject, TypeMeta};
@@ -20,23 +24,50 @@ use crate::tasks::Tasks;
 /// Budget granularity: sizes are counted in KiB, rounded up.
 const UNIT: usize = 1024;
 
-/// The budget of one watch.
+/// A byte budget: a watch's own, or the process's that every watch's draws on too.
 #[derive(Debug, Clone)]
 pub struct Budget {
     semaphore: Arc<Semaphore>,
     units: u32,
+    /// The process's budget, drawn on after this one.
+    total: Option<Arc<Budget>>,
+    /// Nanoseconds reservations waited for room in this budget (in the process's: how long
+    /// watches were held back by the other watches' bytes), counted as each wait ends.
+    waited: Arc<AtomicU64>,
+    /// Reservations waiting for room now.
+    waiting: Arc<AtomicUsize>,
 }
 
-/// Bytes reserved in a [`Budget`], given back on drop.
+/// Counts one reservation in [`Budget::waiting`] while it lives (a wait cancelled included).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn start(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Bytes reserved in a [`Budget`] (and the process's), given back on drop.
 #[derive(Debug)]
 pub struct Reservation {
-    _permit: Option<OwnedSemaphorePermit>,
+    _own: Option<OwnedSemaphorePermit>,
+    _total: Option<OwnedSemaphorePermit>,
 }
 
 impl Reservation {
     /// A reservation of nothing (for what is not read from the API server).
     pub fn none() -> Self {
-        Self { _permit: None }
+        Self {
+            _own: None,
+            _total: None,
+        }
     }
 }
 
@@ -49,28 +80,76 @@ impl Budget {
         Self {
             semaphore: Arc::new(Semaphore::new(units as usize)),
             units,
+            total: None,
+            waited: Arc::default(),
+            waiting: Arc::default(),
         }
     }
 
-    /// Waits until `bytes` fit (an object larger than the whole budget waits for all of it).
+    /// A watch's budget of `max_bytes` whose reservations also draw on the process's `total`.
+    pub fn within(max_bytes: usize, total: &Budget) -> Self {
+        Self {
+            total: Some(Arc::new(total.clone())),
+            ..Self::new(max_bytes)
+        }
+    }
+
+    /// Waits until `bytes` fit here and then in the process's budget (an object larger than a
+    /// whole budget waits for all of it). The watch's own comes first: a watch waiting for its
+    /// own room holds none of the room the other watches share.
     pub async fn reserve(&self, bytes: usize) -> Reservation {
+        let own = self.permit(bytes).await;
+        let total = match &self.total {
+            Some(total) => Some(total.permit(bytes).await),
+            None => None,
+        };
+        Reservation {
+            _own: Some(own),
+            _total: total,
+        }
+    }
+
+    /// The permit for `bytes` in this budget alone, counting the time it waited for room.
+    async fn permit(&self, bytes: usize) -> OwnedSemaphorePermit {
         let wanted = u32::try_from(bytes.div_ceil(UNIT))
             .unwrap_or(u32::MAX)
             .clamp(1, self.units);
-        let permit = self
-            .semaphore
-            .clone()
-            .acquire_many_owned(wanted)
+        // Queued in turn from the first poll (a reservation is never overtaken by later ones);
+        // only a wait past that first poll is counted.
+        let mut acquire = std::pin::pin!(self.semaphore.clone().acquire_many_owned(wanted));
+        if let std::task::Poll::Ready(permit) = futures::poll!(&mut acquire) {
+            return permit.expect("the budget's semaphore is never closed");
+        }
+        let since = Instant::now();
+        let waiting = Waiting::start(&self.waiting);
+        let permit = acquire
             .await
             .expect("the budget's semaphore is never closed");
-        Reservation {
-            _permit: Some(permit),
-        }
+        drop(waiting);
+        let nanos = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.waited.fetch_add(nanos, Ordering::Relaxed);
+        permit
     }
 
     /// Bytes reserved now (rounded to units).
     pub fn reserved_bytes(&self) -> usize {
         (self.units as usize - self.semaphore.available_permits()) * UNIT
+    }
+
+    /// The budget's size (rounded to units).
+    pub fn max_bytes(&self) -> usize {
+        self.units as usize * UNIT
+    }
+
+    /// Reservations waiting for room in this budget now.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Seconds reservations have waited for room in this budget, all together (each wait
+    /// counted once it ends).
+    pub fn waited_secs(&self) -> f64 {
+        self.waited.load(Ordering::Relaxed) as f64 / 1e9
     }
 }
 
@@ -231,6 +310,79 @@ mod tests {
         assert_eq!(budget.reserved_bytes(), 0);
         let _small = budget.reserve(1).await;
         assert_eq!(budget.reserved_bytes(), UNIT, "sizes round up to a unit");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_waits_while_the_other_watches_spend_the_process_budget() {
+        let total = Budget::new(8 * UNIT);
+        let (a, b) = (
+            Budget::within(10 * UNIT, &total),
+            Budget::within(10 * UNIT, &total),
+        );
+        let first = a.reserve(6 * UNIT).await;
+        assert_eq!(
+            (a.reserved_bytes(), total.reserved_bytes()),
+            (6 * UNIT, 6 * UNIT)
+        );
+        let other = b.clone();
+        let mut second = tokio::spawn(async move { other.reserve(4 * UNIT).await });
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        assert!(
+            futures::poll!(&mut second).is_pending(),
+            "b has room of its own but the process has 2 KiB left: it waits"
+        );
+        assert_eq!(total.waiting(), 1);
+        assert_eq!(b.reserved_bytes(), 4 * UNIT, "b's own room is taken first");
+        drop(first);
+        let _second = second.await.unwrap();
+        assert_eq!(total.reserved_bytes(), 4 * UNIT);
+        assert_eq!(a.reserved_bytes(), 0);
+        assert!(
+            total.waited_secs() >= 1.0,
+            "the wait is counted on the process's budget: {}",
+            total.waited_secs()
+        );
+        assert!(b.waited_secs() == 0.0, "b never waited for its own room");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_waiting_for_its_own_room_holds_none_of_the_process_budget() {
+        let total = Budget::new(10 * UNIT);
+        let (a, b) = (
+            Budget::within(4 * UNIT, &total),
+            Budget::within(10 * UNIT, &total),
+        );
+        let _held = a.reserve(4 * UNIT).await;
+        let waiting = a.clone();
+        let mut blocked = tokio::spawn(async move { waiting.reserve(4 * UNIT).await });
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        assert!(futures::poll!(&mut blocked).is_pending());
+        let taken =
+            tokio::time::timeout(std::time::Duration::from_secs(1), b.reserve(6 * UNIT)).await;
+        assert!(
+            taken.is_ok(),
+            "the 6 KiB a's waiting reservation does not hold are b's to take"
+        );
+        assert_eq!(total.reserved_bytes(), 10 * UNIT);
+        assert_eq!((a.waiting(), total.waiting()), (1, 0));
+        assert!(total.waited_secs() == 0.0);
+        blocked.abort();
+        let _ = blocked.await;
+        assert_eq!(a.waiting(), 0, "a cancelled wait is no longer counted");
+    }
+
+    #[tokio::test]
+    async fn an_object_larger_than_the_process_budget_passes_alone() {
+        let total = Budget::new(4 * UNIT);
+        let watch = Budget::within(64 * UNIT, &total);
+        let huge = watch.reserve(20 * UNIT).await;
+        assert_eq!(
+            (watch.reserved_bytes(), total.reserved_bytes()),
+            (20 * UNIT, 4 * UNIT)
+        );
+        drop(huge);
+        assert_eq!(total.reserved_bytes(), 0);
+        assert_eq!(total.max_bytes(), 4 * UNIT);
     }
 
     #[tokio::test(start_paused = true)]

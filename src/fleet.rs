@@ -19,6 +19,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::budget::Budget;
 use crate::config::{Access, Config};
 use crate::lease::Validity;
 use crate::shard::Shard;
@@ -126,6 +127,9 @@ pub struct Shared {
     pub tasks: Tasks,
     /// The counters.
     pub metrics: Arc<Metrics>,
+    /// The process's byte budget (`delivery.maxTotalQueueBytes`): every member's watches draw on
+    /// it.
+    pub total: Budget,
     /// The `kube-system` uid of each member that read it, and the member's name.
     uids: Mutex<BTreeMap<String, String>>,
 }
@@ -142,6 +146,7 @@ impl Shared {
         metrics: Arc<Metrics>,
     ) -> Self {
         Self {
+            total: Budget::new(config.delivery.max_total_queue_bytes),
             config,
             sink,
             observer,

@@ -14,6 +14,7 @@ use tracing::{info, warn};
 
 use crate::admin;
 use crate::allocator;
+use crate::budget::Budget;
 use crate::config::{Config, SnapshotRequestsConfig};
 use crate::discovery;
 use crate::fleet::{
@@ -135,6 +136,8 @@ impl Bridge {
         let cluster = config.cluster.clone();
         let (config_requests, client_home) = (config.snapshot_requests.clone(), client.clone());
         let admin_requests = admin.clone();
+        let total = Budget::new(config.delivery.max_total_queue_bytes);
+        admin.set_queue_budget(total.clone());
         let on_change: OnChange = Box::new(move |w| admin.set_watches(&cluster, w));
         let mut supervisor = Supervisor::new(Parts {
             config: Arc::new(config),
@@ -147,6 +150,7 @@ impl Bridge {
             stop: stop.clone(),
             on_change,
             tasks: tasks.clone(),
+            total,
         });
         supervisor.start(resources).await?;
         info!(watches = supervisor.handles().len(), "bridge started");
@@ -219,6 +223,7 @@ impl Bridge {
                 }
             }
         }
+        let told = admin.clone();
         let members = Arc::new(fleet::Shared::new(
             Arc::new(config),
             shared.clone(),
@@ -228,6 +233,7 @@ impl Bridge {
             tasks.clone(),
             metrics,
         ));
+        told.set_queue_budget(members.total.clone());
         Ok(Self {
             supervisor: tasks.spawn("fleet", fleet::run(members, found, stop.clone())),
             stop,

@@ -221,6 +221,8 @@ pub(crate) struct Supervisor {
     /// How each resource is listed (by its label): shared by its watches, so that a streaming
     /// list the API server refused is logged once per resource.
     listings: BTreeMap<String, Arc<Listing>>,
+    /// The process's byte budget, which every watch's draws on too.
+    total: Budget,
 }
 
 /// What the supervisor needs to start.
@@ -245,6 +247,8 @@ pub(crate) struct Parts {
     pub on_change: OnChange,
     /// Where the followers and forwarders are spawned, tracked.
     pub tasks: Tasks,
+    /// The process's byte budget (`delivery.maxTotalQueueBytes`), shared by every cluster.
+    pub total: Budget,
 }
 
 impl Supervisor {
@@ -274,6 +278,7 @@ impl Supervisor {
             on_change: parts.on_change,
             background: parts.tasks,
             listings: BTreeMap::new(),
+            total: parts.total,
         }
     }
 
@@ -735,7 +740,7 @@ impl Supervisor {
         let rx = budget::metered(
             unmetered,
             config.delivery.queue_capacity,
-            Budget::new(config.delivery.max_queue_bytes),
+            Budget::within(config.delivery.max_queue_bytes, &self.total),
             crate::pipeline::item_bytes,
             &self.background,
         );

@@ -22,6 +22,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
 
 use super::{NAMESPACE, Role, State};
+use crate::budget::Budget;
 use crate::status::{Histogram, LATENCY_BUCKETS, STALL_REASONS, Status};
 use crate::supervisor::WatchHandle;
 
@@ -163,7 +164,44 @@ fn process(encoder: &mut DescriptorEncoder, state: &State) -> fmt::Result {
                 .unwrap_or(i64::MAX),
         ),
     )?;
+    if let Some(budget) = state.queue_budget() {
+        queue_budget(encoder, &budget)?;
+    }
     allocator(encoder)
+}
+
+/// The process's byte budget (`delivery.maxTotalQueueBytes`): how much of it the watches hold,
+/// and how long they waited for room in it, held back by each other's bytes.
+fn queue_budget(encoder: &mut DescriptorEncoder, budget: &Budget) -> fmt::Result {
+    let bytes = |n: usize| ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX));
+    single(
+        encoder,
+        "queue_total_reserved",
+        "Bytes of objects every watch together holds between the API server and the broker's acknowledgement.",
+        Some(&BYTES),
+        bytes(budget.reserved_bytes()),
+    )?;
+    single(
+        encoder,
+        "queue_total_limit",
+        "delivery.maxTotalQueueBytes: the bytes every watch together may hold.",
+        Some(&BYTES),
+        bytes(budget.max_bytes()),
+    )?;
+    single(
+        encoder,
+        "queue_total_waiting",
+        "Watches waiting for room in delivery.maxTotalQueueBytes now.",
+        None,
+        ConstGauge::new(i64::try_from(budget.waiting()).unwrap_or(i64::MAX)),
+    )?;
+    single(
+        encoder,
+        "queue_total_wait",
+        "Time watches waited for room in delivery.maxTotalQueueBytes, all together.",
+        Some(&SECONDS),
+        ConstCounter::new(budget.waited_secs()),
+    )
 }
 
 /// The heap as jemalloc counts it (docs/architecture.md, "Memory"; the figures are in
@@ -745,6 +783,9 @@ mod tests {
     fn document() -> String {
         let state = State::new("kafka");
         state.set_watches("dev", watches());
+        let budget = crate::budget::Budget::new(64 << 20);
+        let _held = futures::executor::block_on(budget.reserve(3 << 10));
+        state.set_queue_budget(budget);
         state.metrics()
     }
 
@@ -821,6 +862,10 @@ mod tests {
             heap("active") >= heap("allocated"),
             "pages hold what is allocated"
         );
+        assert_eq!(value("queue_total_reserved_bytes", ""), 3072.0);
+        assert_eq!(value("queue_total_limit_bytes", ""), 67108864.0);
+        assert_eq!(value("queue_total_wait_seconds_total", ""), 0.0);
+        assert_eq!(value("queue_total_waiting", ""), 0.0);
         let waited = value("api_throttle_wait_seconds_total", "");
         let (from, to) = (before.2.as_secs_f64(), after.2.as_secs_f64());
         assert!(from - 1e-9 <= waited && waited <= to + 1e-9, "{waited}");

@@ -9,8 +9,9 @@ use serde::{Deserialize, Serialize};
 
 use super::limits::{
     BURST, CHECKPOINT_INTERVAL_MS, DISCOVERY_REFRESH_SECS, HEARTBEAT_INTERVAL_SECS,
-    LEASE_DURATION_SECS, MAX_IN_FLIGHT, MAX_QUEUE_BYTES, QPS, QUEUE_CAPACITY, RETRY_PERIOD_SECS,
-    SHARD_LEASE_DURATION_SECS, SHARD_RENEW_SECS, SHUTDOWN_DELAY_SECS, SHUTDOWN_GRACE_SECS,
+    LEASE_DURATION_SECS, MAX_IN_FLIGHT, MAX_QUEUE_BYTES, MAX_TOTAL_QUEUE_BYTES, QPS,
+    QUEUE_CAPACITY, RETRY_PERIOD_SECS, SHARD_LEASE_DURATION_SECS, SHARD_RENEW_SECS,
+    SHUTDOWN_DELAY_SECS, SHUTDOWN_GRACE_SECS,
 };
 use super::resource::{EventFormat, ResourceConfig, default_true};
 use super::sink::SinkConfig;
@@ -562,6 +563,13 @@ pub struct DeliveryConfig {
     #[serde(default = "default_max_queue_bytes")]
     #[schemars(range(min = MAX_QUEUE_BYTES.min, max = MAX_QUEUE_BYTES.max))]
     pub max_queue_bytes: usize,
+    /// Bytes of objects of every watch together (every cluster of a fleet), counted as for
+    /// `maxQueueBytes`: a watch also pauses while these are spent, so the process's memory is
+    /// bounded however many watches it runs. A watch that cannot publish holds up to its own
+    /// `maxQueueBytes` of it; an object larger than the whole of it passes alone.
+    #[serde(default = "default_max_total_queue_bytes")]
+    #[schemars(range(min = MAX_TOTAL_QUEUE_BYTES.min, max = MAX_TOTAL_QUEUE_BYTES.max))]
+    pub max_total_queue_bytes: usize,
     /// How long SIGTERM waits for in-flight events before exiting.
     #[serde(default = "default_shutdown_grace_secs")]
     #[schemars(range(min = SHUTDOWN_GRACE_SECS.min, max = SHUTDOWN_GRACE_SECS.max))]
@@ -574,6 +582,7 @@ impl Default for DeliveryConfig {
             queue_capacity: default_queue_capacity(),
             max_in_flight: default_max_in_flight(),
             max_queue_bytes: default_max_queue_bytes(),
+            max_total_queue_bytes: default_max_total_queue_bytes(),
             shutdown_grace_secs: default_shutdown_grace_secs(),
         }
     }
@@ -588,6 +597,14 @@ const fn default_queue_capacity() -> usize {
 /// for the index and the broker client.
 const fn default_max_queue_bytes() -> usize {
     64 << 20
+}
+
+/// 128 MiB: two watches' worth, so that a watch stuck with its whole budget (its events retried
+/// while the others publish) leaves as much again to the others; a thousand watches listing at
+/// once stay within it instead of a thousand times one watch's (docs/benchmarks.md, "The cost
+/// curve").
+const fn default_max_total_queue_bytes() -> usize {
+    128 << 20
 }
 
 /// Enough that acknowledgements never hold a LIST back (with 256, a Kafka snapshot waited a

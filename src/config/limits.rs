@@ -98,6 +98,8 @@ pub const MAX_QUEUE_BYTES: Limit = Limit {
     min: 1 << 20,
     max: 64 << 30,
 };
+/// Bytes for every watch of the process together: the same bounds as one watch's.
+pub const MAX_TOTAL_QUEUE_BYTES: Limit = MAX_QUEUE_BYTES;
 /// Kafka's `transaction.timeout.ms` in seconds: up to the broker's default
 /// `transaction.max.timeout.ms` (15 minutes).
 pub const TRANSACTION_TIMEOUT_SECS: Limit = Limit { min: 1, max: 900 };
@@ -158,6 +160,7 @@ mod tests {
         ("delivery", "queueCapacity", QUEUE_CAPACITY),
         ("delivery", "maxInFlight", MAX_IN_FLIGHT),
         ("delivery", "maxQueueBytes", MAX_QUEUE_BYTES),
+        ("delivery", "maxTotalQueueBytes", MAX_TOTAL_QUEUE_BYTES),
         ("delivery", "shutdownGraceSecs", SHUTDOWN_GRACE_SECS),
         ("kubernetes", "burst", BURST),
         ("leaderElection", "leaseDurationSecs", LEASE_DURATION_SECS),

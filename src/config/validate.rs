@@ -6,8 +6,9 @@ use super::environment::Environment;
 use super::fleet::{self, Fleet};
 use super::limits::{
     BURST, CHECKPOINT_INTERVAL_MS, DISCOVERY_REFRESH_SECS, HEARTBEAT_INTERVAL_SECS,
-    LEASE_DURATION_SECS, MAX_IN_FLIGHT, MAX_QUEUE_BYTES, QPS, QUEUE_CAPACITY, RETRY_PERIOD_SECS,
-    SHARD_LEASE_DURATION_SECS, SHARD_RENEW_SECS, SHUTDOWN_DELAY_SECS, SHUTDOWN_GRACE_SECS,
+    LEASE_DURATION_SECS, MAX_IN_FLIGHT, MAX_QUEUE_BYTES, MAX_TOTAL_QUEUE_BYTES, QPS,
+    QUEUE_CAPACITY, RETRY_PERIOD_SECS, SHARD_LEASE_DURATION_SECS, SHARD_RENEW_SECS,
+    SHUTDOWN_DELAY_SECS, SHUTDOWN_GRACE_SECS,
 };
 use super::names::{is_dns_label, is_dns_subdomain};
 use super::resource::{self, Resource};
@@ -216,6 +217,11 @@ impl ConfigFile {
         QUEUE_CAPACITY.check("delivery.queueCapacity", d.queue_capacity, errors);
         MAX_IN_FLIGHT.check("delivery.maxInFlight", d.max_in_flight, errors);
         MAX_QUEUE_BYTES.check("delivery.maxQueueBytes", d.max_queue_bytes, errors);
+        MAX_TOTAL_QUEUE_BYTES.check(
+            "delivery.maxTotalQueueBytes",
+            d.max_total_queue_bytes,
+            errors,
+        );
         SHUTDOWN_GRACE_SECS.check("delivery.shutdownGraceSecs", d.shutdown_grace_secs, errors);
         let qps = self.kubernetes.qps;
         if !(QPS.0..=QPS.1).contains(&qps) {

@@ -133,6 +133,7 @@ async fn connect(
         stop: CancellationToken::new(),
         on_change: Box::new(move |w| observer.watches(&cluster, w)),
         tasks: shared.tasks.clone(),
+        total: shared.total.clone(),
     };
     Ok((parts, resources, claim))
 }
