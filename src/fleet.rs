@@ -146,7 +146,10 @@ impl Shared {
         metrics: Arc<Metrics>,
     ) -> Self {
         Self {
-            total: Budget::new(config.delivery.max_total_queue_bytes),
+            total: Budget::process(
+                config.delivery.max_total_queue_bytes,
+                config.delivery.page_bytes(),
+            ),
             config,
             sink,
             observer,

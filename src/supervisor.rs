@@ -737,15 +737,17 @@ impl Supervisor {
         let config = self.config.clone();
         let r = &r;
         let (tx, unmetered) = mpsc::channel(1);
+        let budget = Budget::within(config.delivery.max_queue_bytes, &self.total);
         let rx = budget::metered(
             unmetered,
             config.delivery.queue_capacity,
-            Budget::within(config.delivery.max_queue_bytes, &self.total),
+            budget.clone(),
             crate::pipeline::item_bytes,
             &self.background,
         );
         let start_rv = resume.as_ref().and_then(|c| c.resource_version.clone());
-        // A LIST page is held whole while decoded: a quarter of the watch's budget.
+        // A LIST page is held whole while decoded: a quarter of the watch's budget, and in turns
+        // with the other watches' pages.
         let listing = self
             .listings
             .entry(r.label())
@@ -757,7 +759,8 @@ impl Supervisor {
             namespace.as_deref(),
             self.refresh.clone(),
             listing,
-            config.delivery.max_queue_bytes / 4,
+            config.delivery.page_bytes(),
+            budget,
         );
         let resource_deleted = target.resource_deleted.clone();
         let cancel = self.stop.child_token();
@@ -957,7 +960,8 @@ fn lost(error: &crate::pipeline::Error) -> bool {
 
 /// What the watch of `r` in `namespace` (`None`: all namespaces, or cluster scope) lists and
 /// watches. `not_found` is told when the resource is no longer served; `listing` is shared by
-/// the resource's watches; a LIST page is held whole while decoded, up to `page_bytes`.
+/// the resource's watches; a LIST page is held whole while decoded, up to `page_bytes`, in a turn
+/// taken from the watch's `budget` (the process's turns).
 fn target(
     client: &Client,
     r: &ResolvedResource,
@@ -965,6 +969,7 @@ fn target(
     not_found: Arc<Notify>,
     listing: Arc<Listing>,
     page_bytes: usize,
+    budget: Budget,
 ) -> Target {
     let api: Api<DynamicObject> = match namespace {
         Some(ns) => Api::namespaced_with(client.clone(), ns, &r.api),
@@ -980,6 +985,7 @@ fn target(
         field_selector: r.config.field_selector.clone(),
         page_size: PAGE_SIZE,
         page_bytes,
+        budget,
         watch_timeout_secs: WATCH_TIMEOUT_SECS,
         not_found,
         resource_deleted: Arc::default(),
