@@ -8,7 +8,9 @@
 //! then in the process's, and waits while either is spent (backpressure, never loss); the
 //! reservation then travels with the object and its event and is given back when they are
 //! dropped: settled, committed, filtered or suppressed. An object larger than a whole budget
-//! still passes, alone.
+//! still passes, alone. A LIST page waits in memory, decoded, until its last object is queued, so
+//! the watches also take turns at holding one ([`Budget::page_turn`]): as many at once as pages
+//! fit in the process's budget.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
