@@ -734,8 +734,7 @@ impl Supervisor {
             status,
             resume,
         } = opened;
-        let config = self.config.clone();
-        let r = &r;
+        let (config, r) = (self.config.clone(), &r);
         let (tx, unmetered) = mpsc::channel(1);
         let budget = Budget::within(config.delivery.max_queue_bytes, &self.total);
         let rx = budget::metered(
@@ -746,8 +745,7 @@ impl Supervisor {
             &self.background,
         );
         let start_rv = resume.as_ref().and_then(|c| c.resource_version.clone());
-        // A LIST page is held whole while decoded: a quarter of the watch's budget, and in turns
-        // with the other watches' pages.
+        // A LIST page is a quarter of the watch's budget, held in turns with other watches'.
         let listing = self
             .listings
             .entry(r.label())
