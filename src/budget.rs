@@ -8,9 +8,7 @@
 //! then in the process's, and waits while either is spent (backpressure, never loss); the
 //! reservation then travels with the object and its event and is given back when they are
 //! dropped: settled, committed, filtered or suppressed. An object larger than a whole budget
-//! still passes, alone. A LIST page waits in memory, decoded, until its last object is queued, so
-//! the watches also take turns at holding one ([`Budget::page_turn`]): as many at once as pages
-//! fit in the process's budget.
+//! still passes, alone.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -38,14 +36,6 @@ pub struct Budget {
     waited: Arc<AtomicU64>,
     /// Reservations waiting for room now.
     waiting: Arc<AtomicUsize>,
-    /// The process's budget: turns at holding a LIST page ([`Budget::page_turn`]).
-    pages: Option<Arc<Semaphore>>,
-}
-
-/// A watch's turn at holding a LIST page, from its request until every object of it is queued.
-#[derive(Debug)]
-pub struct PageTurn {
-    _permit: Option<OwnedSemaphorePermit>,
 }
 
 /// Counts one reservation in [`Budget::waiting`] while it lives (a wait cancelled included).
@@ -93,19 +83,6 @@ impl Budget {
             total: None,
             waited: Arc::default(),
             waiting: Arc::default(),
-            pages: None,
-        }
-    }
-
-    /// The process's budget of `max_bytes`, with as many turns at holding a LIST page of about
-    /// `page_bytes` as fit in it (at least one). A page waits in memory, decoded, while its
-    /// objects wait for room in the budgets, so the pages in hand are bounded too: without
-    /// turns a thousand watches listing at once each held a page.
-    pub fn process(max_bytes: usize, page_bytes: usize) -> Self {
-        let turns = (max_bytes / page_bytes.max(1)).clamp(1, Semaphore::MAX_PERMITS);
-        Self {
-            pages: Some(Arc::new(Semaphore::new(turns))),
-            ..Self::new(max_bytes)
         }
     }
 
@@ -130,25 +107,6 @@ impl Budget {
             _own: Some(own),
             _total: total,
         }
-    }
-
-    /// Waits for a turn at holding a LIST page in the process's budget (at once without one).
-    pub async fn page_turn(&self) -> PageTurn {
-        let pages = self
-            .total
-            .as_ref()
-            .map_or(&self.pages, |total| &total.pages);
-        let permit = match pages {
-            Some(pages) => Some(
-                pages
-                    .clone()
-                    .acquire_owned()
-                    .await
-                    .expect("the page turns' semaphore is never closed"),
-            ),
-            None => None,
-        };
-        PageTurn { _permit: permit }
     }
 
     /// The permit for `bytes` in this budget alone, counting the time it waited for room.
@@ -411,34 +369,6 @@ mod tests {
         blocked.abort();
         let _ = blocked.await;
         assert_eq!(a.waiting(), 0, "a cancelled wait is no longer counted");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn watches_take_turns_at_holding_a_list_page() {
-        let total = Budget::process(32 * UNIT, 16 * UNIT);
-        let (a, b, c) = (
-            Budget::within(8 * UNIT, &total),
-            Budget::within(8 * UNIT, &total),
-            Budget::within(8 * UNIT, &total),
-        );
-        let first = a.page_turn().await;
-        let _second = b.page_turn().await;
-        let mut third = tokio::spawn(async move { c.page_turn().await });
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-        assert!(
-            futures::poll!(&mut third).is_pending(),
-            "two pages of 16 KiB fill 32 KiB: the third waits"
-        );
-        drop(first);
-        let _third = third.await.unwrap();
-        let alone = Budget::new(8 * UNIT);
-        let _free = tokio::time::timeout(std::time::Duration::from_secs(1), alone.page_turn())
-            .await
-            .expect("a budget outside a process's takes no turns");
-        let tiny = Budget::within(8 * UNIT, &Budget::process(4 * UNIT, 16 * UNIT));
-        let _one = tokio::time::timeout(std::time::Duration::from_secs(1), tiny.page_turn())
-            .await
-            .expect("at least one turn, however small the budget");
     }
 
     #[tokio::test]

@@ -146,10 +146,7 @@ impl Shared {
         metrics: Arc<Metrics>,
     ) -> Self {
         Self {
-            total: Budget::process(
-                config.delivery.max_total_queue_bytes,
-                config.delivery.page_bytes(),
-            ),
+            total: Budget::new(config.delivery.max_total_queue_bytes),
             config,
             sink,
             observer,

@@ -136,10 +136,7 @@ impl Bridge {
         let cluster = config.cluster.clone();
         let (config_requests, client_home) = (config.snapshot_requests.clone(), client.clone());
         let admin_requests = admin.clone();
-        let total = Budget::process(
-            config.delivery.max_total_queue_bytes,
-            config.delivery.page_bytes(),
-        );
+        let total = Budget::new(config.delivery.max_total_queue_bytes);
         admin.set_queue_budget(total.clone());
         let on_change: OnChange = Box::new(move |w| admin.set_watches(&cluster, w));
         let mut supervisor = Supervisor::new(Parts {

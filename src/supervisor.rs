@@ -736,16 +736,15 @@ impl Supervisor {
         } = opened;
         let (config, r) = (self.config.clone(), &r);
         let (tx, unmetered) = mpsc::channel(1);
-        let budget = Budget::within(config.delivery.max_queue_bytes, &self.total);
         let rx = budget::metered(
             unmetered,
             config.delivery.queue_capacity,
-            budget.clone(),
+            Budget::within(config.delivery.max_queue_bytes, &self.total),
             crate::pipeline::item_bytes,
             &self.background,
         );
         let start_rv = resume.as_ref().and_then(|c| c.resource_version.clone());
-        // A LIST page is a quarter of the watch's budget, held in turns with other watches'.
+        // A LIST page is held whole while decoded: a quarter of the watch's budget.
         let listing = self
             .listings
             .entry(r.label())
@@ -757,8 +756,7 @@ impl Supervisor {
             namespace.as_deref(),
             self.refresh.clone(),
             listing,
-            config.delivery.page_bytes(),
-            budget,
+            config.delivery.max_queue_bytes / 4,
         );
         let resource_deleted = target.resource_deleted.clone();
         let cancel = self.stop.child_token();
@@ -958,8 +956,7 @@ fn lost(error: &crate::pipeline::Error) -> bool {
 
 /// What the watch of `r` in `namespace` (`None`: all namespaces, or cluster scope) lists and
 /// watches. `not_found` is told when the resource is no longer served; `listing` is shared by
-/// the resource's watches; a LIST page is held whole while decoded, up to `page_bytes`, in a turn
-/// taken from the watch's `budget` (the process's turns).
+/// the resource's watches; a LIST page is held whole while decoded, up to `page_bytes`.
 fn target(
     client: &Client,
     r: &ResolvedResource,
@@ -967,7 +964,6 @@ fn target(
     not_found: Arc<Notify>,
     listing: Arc<Listing>,
     page_bytes: usize,
-    budget: Budget,
 ) -> Target {
     let api: Api<DynamicObject> = match namespace {
         Some(ns) => Api::namespaced_with(client.clone(), ns, &r.api),
@@ -983,7 +979,6 @@ fn target(
         field_selector: r.config.field_selector.clone(),
         page_size: PAGE_SIZE,
         page_bytes,
-        budget,
         watch_timeout_secs: WATCH_TIMEOUT_SECS,
         not_found,
         resource_deleted: Arc::default(),

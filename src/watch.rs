@@ -211,9 +211,6 @@ pub struct Target {
     /// Bytes per LIST page, about: after the first page, pages hold as many objects as fit
     /// (a LIST response is held whole in memory while it is decoded).
     pub page_bytes: usize,
-    /// The watch's budget, whose process's turns a paged LIST takes: a page in hand (requested,
-    /// or decoded with objects not yet queued) holds one.
-    pub budget: crate::budget::Budget,
     /// Server-side watch timeout; the watch is then resumed from the last resourceVersion.
     pub watch_timeout_secs: u32,
     /// Told when the API server answers 404: the resource may be gone (a deleted CRD), which a

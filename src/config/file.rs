@@ -576,14 +576,6 @@ pub struct DeliveryConfig {
     pub shutdown_grace_secs: u64,
 }
 
-impl DeliveryConfig {
-    /// Bytes per LIST page, about: a quarter of a watch's budget (a page is held whole while
-    /// decoded).
-    pub fn page_bytes(&self) -> usize {
-        self.max_queue_bytes / 4
-    }
-}
-
 impl Default for DeliveryConfig {
     fn default() -> Self {
         Self {

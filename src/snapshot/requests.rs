@@ -358,7 +358,6 @@ mod tests {
             field_selector: None,
             page_size: 1,
             page_bytes: 1,
-            budget: crate::budget::Budget::new(64 << 20),
             watch_timeout_secs: 1,
             not_found: Arc::default(),
             resource_deleted: Arc::default(),

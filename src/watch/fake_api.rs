@@ -99,7 +99,6 @@ pub(super) fn target(client: kube::Client) -> Target {
         field_selector: None,
         page_size: 500,
         page_bytes: 16 << 20,
-        budget: crate::budget::Budget::new(64 << 20),
         watch_timeout_secs: 290,
         not_found: Arc::default(),
         resource_deleted: Arc::default(),

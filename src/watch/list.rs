@@ -25,7 +25,6 @@ pub(super) async fn list(target: &Target, tx: &mpsc::Sender<Item>) -> Result<Str
     send(tx, Item::ListBegin).await?;
     let mut progress = ListProgress::new("list", Instant::now());
     let list_rv = loop {
-        let turn = target.budget.page_turn().await;
         let page = match target.api.list(&params).await {
             Ok(page) => page,
             Err(source) => {
@@ -49,8 +48,6 @@ pub(super) async fn list(target: &Target, tx: &mpsc::Sender<Item>) -> Result<Str
             object.types.get_or_insert_with(|| target.types.clone());
             send(tx, Item::Listed(object, observed)).await?;
         }
-        // Every object of the page is queued (each with its reservation): the turn passes on.
-        drop(turn);
         progress.count(listed, listed * average);
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => {
@@ -185,61 +182,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::watch::fake_api::{fake_api, target};
-
-    /// A LIST answer of `n` ConfigMaps and no continuation.
-    fn page_of(n: usize) -> String {
-        let items: Vec<_> = (0..n)
-            .map(|i| {
-                json!({"metadata": {
-                    "name": format!("c{i}"), "namespace": "ns",
-                    "uid": format!("u{i}"), "resourceVersion": "5",
-                }})
-            })
-            .collect();
-        json!({
-            "apiVersion": "v1", "kind": "ConfigMapList",
-            "metadata": {"resourceVersion": "5"}, "items": items,
-        })
-        .to_string()
-    }
-
-    #[tokio::test]
-    async fn a_watch_requests_its_page_only_once_the_page_in_hand_is_queued() {
-        let (client, seen) = fake_api(|_| (200, page_of(3))).await;
-        // One turn: the process's budget holds one page of this size.
-        let total = budget::Budget::process(64 << 20, 64 << 20);
-        let (mut a, mut b) = (target(client.clone()), target(client));
-        a.budget = budget::Budget::within(64 << 20, &total);
-        b.budget = budget::Budget::within(64 << 20, &total);
-        let (a_tx, mut a_rx) = mpsc::channel(1);
-        let (b_tx, mut b_rx) = mpsc::channel(1);
-        let first = tokio::spawn(async move { list(&a, &a_tx).await });
-        assert!(matches!(a_rx.recv().await, Some(Item::ListBegin)));
-        assert!(matches!(a_rx.recv().await, Some(Item::Listed(..))));
-        // a holds its page: two objects are not queued yet.
-        let second = tokio::spawn(async move { list(&b, &b_tx).await });
-        assert!(matches!(b_rx.recv().await, Some(Item::ListBegin)));
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert_eq!(seen.lock().unwrap().len(), 1, "b waits for a's turn");
-        while let Some(item) = a_rx.recv().await {
-            if matches!(item, Item::ListEnd(_)) {
-                break;
-            }
-        }
-        assert_eq!(first.await.unwrap().unwrap(), "5");
-        let mut listed = 0;
-        while let Some(item) = b_rx.recv().await {
-            match item {
-                Item::Listed(..) => listed += 1,
-                Item::ListEnd(_) => break,
-                _ => {}
-            }
-        }
-        assert_eq!(listed, 3);
-        assert_eq!(second.await.unwrap().unwrap(), "5");
-        assert_eq!(seen.lock().unwrap().len(), 2);
-    }
+    use crate::watch::fake_api::target;
 
     #[test]
     fn a_long_list_reports_its_progress_every_ten_seconds_with_its_totals_and_rate() {
