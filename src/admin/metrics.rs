@@ -173,27 +173,27 @@ fn process(encoder: &mut DescriptorEncoder, state: &State) -> fmt::Result {
 /// The process's byte budget (`delivery.maxTotalQueueBytes`): how much of it the watches hold,
 /// and how long they waited for room in it, held back by each other's bytes.
 fn queue_budget(encoder: &mut DescriptorEncoder, budget: &Budget) -> fmt::Result {
-    let bytes = |n: usize| ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX));
+    let gauge = |n: usize| ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX));
     single(
         encoder,
         "queue_total_reserved",
         "Bytes of objects every watch together holds between the API server and the broker's acknowledgement.",
         Some(&BYTES),
-        bytes(budget.reserved_bytes()),
+        gauge(budget.reserved_bytes()),
     )?;
     single(
         encoder,
         "queue_total_limit",
         "delivery.maxTotalQueueBytes: the bytes every watch together may hold.",
         Some(&BYTES),
-        bytes(budget.max_bytes()),
+        gauge(budget.max_bytes()),
     )?;
     single(
         encoder,
         "queue_total_waiting",
         "Watches waiting for room in delivery.maxTotalQueueBytes now.",
         None,
-        ConstGauge::new(i64::try_from(budget.waiting()).unwrap_or(i64::MAX)),
+        gauge(budget.waiting()),
     )?;
     single(
         encoder,
