@@ -17,6 +17,10 @@ use crate::config::KubernetesConfig;
 use crate::secret::redact_url;
 use crate::throttle::{self, ThrottleLayer};
 
+use connections::Connections;
+
+mod connections;
+
 /// Errors of building the Kubernetes client.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -139,7 +143,8 @@ const READ_BUFFER_MAX: usize = 64 * 1024;
 type GenericService = BoxService<http::Request<Body>, http::Response<Box<DynBody>>, BoxError>;
 
 /// kube-client's own stack (`ClientBuilder::try_from`), layer for layer, but for the HTTP
-/// client's read buffer ([`READ_BUFFER_MAX`]) and kube's request tracing layer (a debug `HTTP`
+/// client's read buffer ([`READ_BUFFER_MAX`]), its connections (watches apart, [`Connections`])
+/// and kube's request tracing layer (a debug `HTTP`
 /// span per request, and an error line of its own for a 5xx answer, which the bridge's callers
 /// log with their context already). A proxy in the kubeconfig is refused, naming it, as
 /// kube-client built without its proxy features refuses it.
@@ -160,9 +165,9 @@ fn stack(config: kube::Config) -> Result<ClientBuilder<GenericService>, kube::Er
     connector.set_read_timeout(config.read_timeout);
     connector.set_write_timeout(config.write_timeout);
     connector.set_reset_reader_on_write(config.reset_reader_on_write);
-    let client = hyper_util::client::legacy::Builder::new(TokioExecutor::new())
-        .http1_max_buf_size(READ_BUFFER_MAX)
-        .build(connector);
+    let mut builder = hyper_util::client::legacy::Builder::new(TokioExecutor::new());
+    builder.http1_max_buf_size(READ_BUFFER_MAX);
+    let client = Connections::new(builder, connector);
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .option_layer(

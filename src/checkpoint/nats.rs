@@ -30,6 +30,9 @@ use crate::known::{KnownObjects, StoredEntry};
 /// Records written (or purged) at once by a save.
 const WRITES_AT_ONCE: usize = 64;
 
+/// Records a load reads at once.
+const READS_AT_ONCE: usize = 64;
+
 /// Bytes of records a save holds before writing them (a compaction of a large index is
 /// written in batches, not held whole).
 const BATCH_BYTES: usize = 8 << 20;
@@ -44,6 +47,17 @@ async fn put_all(kv: &kv::Store, records: Vec<(String, Bytes)>) -> Result<()> {
         .await
         .map_err(store_err)?;
     Ok(())
+}
+
+/// Reads `keys` side by side ([`READS_AT_ONCE`] at a time), each record or `None` where the key
+/// holds none, in the order of `keys`: a checkpoint's hundreds of records load in a few round
+/// trips rather than one each.
+async fn get_all(kv: &kv::Store, keys: Vec<String>) -> Result<Vec<Option<Bytes>>> {
+    futures::stream::iter(keys.into_iter().map(|key| kv.get(key)))
+        .buffered(READS_AT_ONCE)
+        .try_collect()
+        .await
+        .map_err(store_err)
 }
 
 /// Purges `keys` side by side. Best effort: an orphaned record is harmless, only space.
@@ -263,13 +277,12 @@ impl Backend for NatsStore {
             }
         }
         let tie = self.revision.unwrap_or(0).to_string();
-        let mut stored = Vec::new();
-        for key in &self.announced {
-            // A purged key answers nothing.
-            if let Some(record) = self.kv.get(key).await.map_err(store_err)? {
-                stored.push(record);
-            }
-        }
+        // A purged key answers nothing.
+        let stored: Vec<Bytes> = get_all(&self.kv, self.announced.iter().cloned().collect())
+            .await?
+            .into_iter()
+            .flatten()
+            .collect();
         let (entries, problems) = announce::entries_tied(&tie, stored.iter().map(|r| &r[..]));
         Ok((found, entries, problems))
     }
@@ -440,27 +453,32 @@ impl NatsStore {
             Err(e) => return Ok(Some(Found::unreadable(e))),
         };
         meta.check_cluster(&self.key, self.cluster.as_ref())?;
+        let named: Vec<(usize, usize)> = meta
+            .buckets
+            .keys()
+            .flat_map(|&b| (0..meta.parts_of(b)).map(move |p| (b, p)))
+            .collect();
+        let keys = named
+            .iter()
+            .map(|&(b, p)| self.bucket_key(b, &meta.buckets[&b], p))
+            .collect();
         let mut stored: BTreeMap<usize, Vec<(usize, Bytes)>> = BTreeMap::new();
-        for (b, generation) in &meta.buckets {
+        let read = get_all(&self.kv, keys).await?;
+        for ((b, p), record) in named.iter().zip(read) {
             let parts = stored.entry(*b).or_default();
-            for p in 0..meta.parts_of(*b) {
-                let record = self
-                    .kv
-                    .get(self.bucket_key(*b, generation, p))
-                    .await
-                    .map_err(store_err)?;
-                parts.extend(record.map(|r| (p, r)));
-            }
+            parts.extend(record.map(|r| (*p, r)));
         }
-        let mut records = Vec::new();
-        for (writer, seq) in meta.journal.iter().flat_map(Segment::names) {
-            let record = self
-                .kv
-                .get(self.journal_key(writer, seq))
-                .await
-                .map_err(store_err)?;
-            records.push((format!("{writer}.{seq}"), record));
-        }
+        let names: Vec<_> = meta.journal.iter().flat_map(Segment::names).collect();
+        let keys = names
+            .iter()
+            .map(|(writer, seq)| self.journal_key(writer, *seq))
+            .collect();
+        let read = get_all(&self.kv, keys).await?;
+        let records: Vec<(String, Option<Bytes>)> = names
+            .iter()
+            .map(|(writer, seq)| format!("{writer}.{seq}"))
+            .zip(read)
+            .collect();
         self.buckets = meta
             .buckets
             .iter()
