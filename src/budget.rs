@@ -4,11 +4,11 @@
 //! by an open Kafka transaction) stay under both, so memory follows the configuration whatever the
 //! object sizes and however many watches there are, not only the event counts.
 //!
-//! The watch reserves an object's serialized size before queueing it, first in its own budget,
-//! then in the process's, and waits while either is spent (backpressure, never loss); the
-//! reservation then travels with the object and its event and is given back when they are
-//! dropped: settled, committed, filtered or suppressed. An object larger than a whole budget
-//! still passes, alone.
+//! The watch reserves an object's serialized size and a fixed cost per event ([`charge`]) before
+//! queueing it, first in its own budget, then in the process's, and waits while either is spent
+//! (backpressure, never loss); the reservation then travels with the object and its event and is
+//! given back when they are dropped: settled, committed, filtered or suppressed. An object larger
+//! than a whole budget still passes, alone.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -179,6 +179,19 @@ pub fn metered<T: Send + 'static>(
         }
     });
     out
+}
+
+/// What an object's event holds in memory beyond the object's serialized size, while it is
+/// queued or awaits the broker: the parsed object's maps and strings, the encoded event and the
+/// broker client's copy of it. A small object's JSON is a fraction of that, so counting its JSON
+/// alone let a budget hold several times its size in small objects (docs/benchmarks.md, "A
+/// million objects over 1,000 watches").
+pub const EVENT_BYTES: usize = 4 * UNIT;
+
+/// What `object` is charged in the budgets: its serialized size ([`object_size`]) and
+/// [`EVENT_BYTES`].
+pub fn charge(object: &DynamicObject) -> usize {
+    object_size(object) + EVENT_BYTES
 }
 
 /// The size of `object` serialized as JSON, as [`serialized_size`] counts it, without running
@@ -405,6 +418,34 @@ mod tests {
         let (_, _r3) = out.recv().await.unwrap();
         let (_, _r4) = out.recv().await.unwrap();
         assert_eq!(budget.reserved_bytes(), 6 * UNIT);
+    }
+
+    /// Small objects are charged what their events hold, not only their JSON: a budget of 64 KiB
+    /// lets a dozen ConfigMaps of a hundred bytes through before it waits, not hundreds.
+    #[tokio::test(start_paused = true)]
+    async fn small_objects_are_charged_their_events_cost() {
+        let object: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "cm-000001", "namespace": "a", "uid": "u", "resourceVersion": "7"},
+            "data": {"k": "v".repeat(64)},
+        }))
+        .unwrap();
+        assert!(object_size(&object) < 256, "{}", object_size(&object));
+        assert_eq!(charge(&object), object_size(&object) + EVENT_BYTES);
+        let (tx, rx) = mpsc::channel(1);
+        let mut out = metered(rx, 1000, Budget::new(64 * UNIT), charge, &Tasks::default());
+        tokio::spawn(async move { while tx.send(object.clone()).await.is_ok() {} });
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let mut passed = Vec::new();
+        while let Ok(item) = out.try_recv() {
+            passed.push(item);
+        }
+        assert_eq!(
+            passed.len(),
+            64 * UNIT / (EVENT_BYTES + UNIT),
+            "{}",
+            passed.len()
+        );
     }
 
     #[test]

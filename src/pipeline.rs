@@ -520,10 +520,10 @@ async fn next_demand(demands: &mut Option<mpsc::Receiver<Demand>>) -> Option<Dem
     }
 }
 
-/// The bytes an item weighs in the watch's budget: its object's JSON size.
+/// The bytes an item weighs in the budgets: its object's charge ([`budget::charge`]).
 pub fn item_bytes(item: &Item) -> usize {
     match item {
-        Item::Event(_, object, _) | Item::Listed(object, _) => budget::object_size(object),
+        Item::Event(_, object, _) | Item::Listed(object, _) => budget::charge(object),
         _ => 0,
     }
 }

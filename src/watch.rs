@@ -179,11 +179,11 @@ fn is_too_large(status: &ApiStatus) -> bool {
 #[derive(Debug)]
 pub enum Item {
     /// An event of the live watch.
-    Event(ChangeKind, DynamicObject, SystemTime),
+    Event(ChangeKind, Box<DynamicObject>, SystemTime),
     /// A (re)list starts: the listed objects follow.
     ListBegin,
     /// One listed object.
-    Listed(DynamicObject, SystemTime),
+    Listed(Box<DynamicObject>, SystemTime),
     /// The list is complete, at this resourceVersion.
     ListEnd(String),
     /// The list failed part-way: nothing may be concluded from what was listed.

@@ -120,7 +120,7 @@ impl Classifier {
     /// Classifies one item against the index (which it updates) and says what to publish.
     pub fn classify(&mut self, item: Item) -> Step {
         match item {
-            Item::Event(kind, object, observed) => self.event(kind, object, observed),
+            Item::Event(kind, object, observed) => self.event(kind, *object, observed),
             Item::ListBegin => {
                 let (origin, reason) = if self.listed_once {
                     (Origin::Repaired, "gone")
@@ -136,7 +136,7 @@ impl Classifier {
                     ..Step::default()
                 }
             }
-            Item::Listed(object, observed) => self.listed(object, observed),
+            Item::Listed(object, observed) => self.listed(*object, observed),
             Item::ListEnd(rv) => {
                 let mut gone = self.known.finish_relist();
                 gone.extend(self.carried.drain());
@@ -328,11 +328,11 @@ pub(super) mod tests {
 
     /// A listed object whose content differs at each resourceVersion.
     fn listed(uid: &str, rv: &str) -> Item {
-        Item::Listed(object(uid, rv, rv), SystemTime::now())
+        Item::Listed(Box::new(object(uid, rv, rv)), SystemTime::now())
     }
 
     fn event(kind: ChangeKind, uid: &str, rv: &str, data: &str) -> Item {
-        Item::Event(kind, object(uid, rv, data), SystemTime::now())
+        Item::Event(kind, Box::new(object(uid, rv, data)), SystemTime::now())
     }
 
     fn classifier(snapshot: SnapshotPolicy) -> Classifier {
@@ -545,7 +545,7 @@ pub(super) mod tests {
         // `a` was deleted and a new uid created under its name: listed before `b`.
         let mut successor = object("z", "12", "new");
         successor.metadata.name = Some("cm-a".into());
-        let step = c.classify(Item::Listed(successor, SystemTime::now()));
+        let step = c.classify(Item::Listed(Box::new(successor), SystemTime::now()));
         let order: Vec<Summary> = step
             .deletes
             .into_iter()
@@ -668,7 +668,10 @@ pub(super) mod tests {
         assert!(step.change.is_some() && !step.suppressed);
         // A relist that finds only noise changed publishes nothing either.
         c.classify(Item::ListBegin);
-        let step = c.classify(Item::Listed(object("a", "12", "w"), SystemTime::now()));
+        let step = c.classify(Item::Listed(
+            Box::new(object("a", "12", "w")),
+            SystemTime::now(),
+        ));
         assert!(step.change.is_none() && step.suppressed);
     }
 }

@@ -28,7 +28,7 @@ fn event(uid: &str, rv: &str) -> Item {
     } else {
         ChangeKind::Modified
     };
-    Item::Event(kind, object, SystemTime::now())
+    Item::Event(kind, Box::new(object), SystemTime::now())
 }
 
 /// The id of the event of `uid` at `rv`.
@@ -357,7 +357,7 @@ async fn a_watch_is_synced_only_once_its_starting_point_is_saved() {
     });
     let sink = ScriptedSink::new(true, false);
     sink.script("a", &[Script::Hold]);
-    let listed = Item::Listed(object("a", "5", "5"), SystemTime::now());
+    let listed = Item::Listed(Box::new(object("a", "5", "5")), SystemTime::now());
     let items = vec![Item::ListBegin, listed, Item::ListEnd("5".into())];
     let run = Run::start_with(sink, items, store, Duration::from_secs(3600));
     run.sink.sent(1).await;
@@ -571,7 +571,7 @@ async fn an_object_published_past_the_checkpoint_is_deleted_by_whoever_resumes_w
     let path = dir.path().join("watch.checkpoint");
     let sink = ScriptedSink::new(true, false);
     sink.script("b", &[Script::Hold]);
-    let listed = Item::Listed(object("a", "5", "5"), SystemTime::now());
+    let listed = Item::Listed(Box::new(object("a", "5", "5")), SystemTime::now());
     let items = vec![Item::ListBegin, listed, Item::ListEnd("5".into())];
     let run = Run::start_with(sink, items, file_store(&path), Duration::from_secs(3600));
     let status = run.status.clone();
@@ -603,7 +603,7 @@ async fn an_object_published_past_the_checkpoint_is_deleted_by_whoever_resumes_w
     assert_eq!(resumed.resource_version.as_deref(), Some("5"));
     assert_eq!(resumed.announced.len(), 1);
     // b was deleted while the history was lost: the list after the 410 does not show it.
-    let listed = Item::Listed(object("a", "5", "5"), SystemTime::now());
+    let listed = Item::Listed(Box::new(object("a", "5", "5")), SystemTime::now());
     let items = vec![Item::ListBegin, listed, Item::ListEnd("9".into())];
     let sink = ScriptedSink::new(true, false);
     let run = Run::resume(

@@ -46,7 +46,7 @@ pub(super) async fn list(target: &Target, tx: &mpsc::Sender<Item>) -> Result<Str
         let listed = page.items.len();
         for mut object in page.items {
             object.types.get_or_insert_with(|| target.types.clone());
-            send(tx, Item::Listed(object, observed)).await?;
+            send(tx, Item::Listed(Box::new(object), observed)).await?;
         }
         progress.count(listed, listed * average);
         match page.metadata.continue_.filter(|c| !c.is_empty()) {

@@ -93,7 +93,7 @@ pub(super) async fn follow(
             Step::Event(kind, mut object, rv) => {
                 *position = Some(rv);
                 object.types.get_or_insert_with(|| types.clone());
-                Item::Event(kind, object, SystemTime::now())
+                Item::Event(kind, Box::new(object), SystemTime::now())
             }
             // An end of initial events is only expected after a streaming list's objects.
             Step::Progress(rv) | Step::End(rv) => {

@@ -209,7 +209,7 @@ async fn objects(
             sampled = budget::object_size(&object);
         }
         object.types.get_or_insert_with(|| types.clone());
-        send(tx, Item::Listed(object, SystemTime::now())).await?;
+        send(tx, Item::Listed(Box::new(object), SystemTime::now())).await?;
         listed += 1;
         progress.count(1, sampled);
     }
