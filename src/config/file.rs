@@ -557,9 +557,10 @@ pub struct DeliveryConfig {
     #[schemars(range(min = MAX_IN_FLIGHT.min, max = MAX_IN_FLIGHT.max))]
     pub max_in_flight: usize,
     /// Bytes of objects per watch between reading them from the API server and the broker's
-    /// acknowledgement (queued, in flight, or in an open Kafka transaction); the watch pauses
-    /// while they are spent, so memory follows object sizes, not only event counts. LIST pages
-    /// are sized to a quarter of it. An object larger than the whole budget passes alone.
+    /// acknowledgement (queued, in flight, or in an open Kafka transaction), each counted as its
+    /// serialized size plus 4 KiB for what its event holds beside it; the watch pauses while they
+    /// are spent, so memory follows object sizes, not only event counts. LIST pages are sized to
+    /// a quarter of it. An object larger than the whole budget passes alone.
     #[serde(default = "default_max_queue_bytes")]
     #[schemars(range(min = MAX_QUEUE_BYTES.min, max = MAX_QUEUE_BYTES.max))]
     pub max_queue_bytes: usize,
