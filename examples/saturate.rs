@@ -230,7 +230,7 @@ async fn feed(
             WatchEvent::Bookmark(_) => continue,
             WatchEvent::Error(e) => bail!("the recording holds a watch error: {e}"),
         };
-        tx.send(Item::Event(kind, object, SystemTime::now()))
+        tx.send(Item::Event(kind, Box::new(object), SystemTime::now()))
             .await?;
         sent += 1;
     }

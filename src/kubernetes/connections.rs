@@ -86,6 +86,16 @@ mod tests {
         assert!(!watch("/api/v1/configmaps?watch=false"));
         assert!(!watch("/api/v1/configmaps"));
         assert!(!watch("/api/v1/configmaps?labelSelector=watch%3Dtrue"));
+        // As kube-client asks: a watch, a streaming list, a LIST page.
+        use kube::api::{ListParams, WatchParams};
+        let request = kube::core::Request::new("/api/v1/namespaces/a/configmaps");
+        let uri = |r: http::Request<Vec<u8>>| r.uri().clone();
+        let params = WatchParams::default();
+        assert!(is_watch(&uri(request.watch(&params, "5").unwrap())));
+        let streaming = WatchParams::streaming_lists();
+        assert!(is_watch(&uri(request.watch(&streaming, "").unwrap())));
+        let page = ListParams::default().limit(500);
+        assert!(!is_watch(&uri(request.list(&page).unwrap())));
     }
 
     /// Serves every request on 127.0.0.1, recording each one's path and query with the number
