@@ -175,7 +175,8 @@ fn is_too_large(status: &ApiStatus) -> bool {
 }
 
 /// What a watch sends down the pipeline, in order. The pipeline owns the known-object index and
-/// classifies what the watch saw, so the index always matches what was sent.
+/// classifies what the watch saw, so the index always matches what was sent. Objects are boxed:
+/// items wait in channels whose blocks hold 32 items each and stay allocated after a list.
 #[derive(Debug)]
 pub enum Item {
     /// An event of the live watch.
