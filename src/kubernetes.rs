@@ -145,8 +145,9 @@ type GenericService = BoxService<http::Request<Body>, http::Response<Box<DynBody
 /// kube-client's own stack (`ClientBuilder::try_from`), layer for layer, but for the HTTP
 /// client's read buffer ([`READ_BUFFER_MAX`]), its connections (watches apart, [`Connections`])
 /// and kube's request tracing layer (a debug `HTTP` span per request, and an error line of its
-/// own for a 5xx answer, which the bridge's callers log with their context already). A proxy in the kubeconfig is refused, naming it, as
-/// kube-client built without its proxy features refuses it.
+/// own for a 5xx answer, which the bridge's callers log with their context already). A proxy in
+/// the kubeconfig is refused, naming it, as kube-client built without its proxy features
+/// refuses it.
 fn stack(config: kube::Config) -> Result<ClientBuilder<GenericService>, kube::Error> {
     if let Some(proxy_url) = config.proxy_url {
         // A proxy URL may carry a user and password.

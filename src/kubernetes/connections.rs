@@ -5,10 +5,9 @@
 //! long as the connection lives (`http1_max_buf_size` caps what it asks for; `BytesMut` may double
 //! that), and a pooled connection goes from request to request. A watch holds its connection for
 //! as long as it streams, so a watch that took over the connection its LIST's pages had grown kept
-//! that buffer for good: a watch that had listed cost about a hundred KiB more than one that had
-//! not (docs/benchmarks.md, "A million objects over 1,000 watches"). A watch's own connection
-//! grows only with what the watch itself reads, and is given back when the watch ends (a watch is
-//! opened about once per watch timeout, so the new connection is cheap).
+//! that buffer for good (docs/benchmarks.md, "A million objects over 1,000 watches"). A watch's
+//! own connection grows only with what the watch itself reads, and is given back when the watch
+//! ends (a watch is opened about once per watch timeout, so the new connection is cheap).
 
 use std::task::{Context, Poll};
 
