@@ -31,6 +31,7 @@ import base64
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import tempfile
@@ -80,10 +81,35 @@ def requests(b, address):
     return b.gauge(address, "kube_event_bridge_api_requests_total") or 0.0
 
 
+def scrape(address, timeout=60):
+    """The bridge's /metrics, read with patience (several MB at 1,000 watches, served while the
+    bridge relists them all), failing loudly: a reading taken as zero would make a sum move
+    backwards and a wait never end."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return urllib.request.urlopen(f"http://{address}/metrics", timeout=30).read().decode()
+        except OSError as error:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"/metrics at {address} did not answer for {timeout} s: {error}")
+            time.sleep(1)
+
+
+def total(body, name, label=None):
+    """The sum of the samples of `name` in a scraped `body` (those carrying `label` when given,
+    for example 'reason="gone"')."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
+               if line.startswith(name + "{") and (label is None or label in line))
+
+
+def published(address):
+    return total(scrape(address), "kube_event_bridge_events_published_total", 'change="modified"')
+
+
 def wait_events(b, address, target, proc, timeout=600):
     """Waits until the bridge has published `target` live events in all (updates)."""
     deadline = time.monotonic() + timeout
-    while (seen := b.metric(address, "kube_event_bridge_events_published_total", "modified")) < target:
+    while (seen := published(address)) < target:
         if proc.poll() is not None:
             raise SystemExit(f"the bridge exited during the churn (exit status {proc.returncode})")
         if time.monotonic() > deadline:
@@ -99,10 +125,28 @@ def churn(b, loadgen, prefix, watches, per_ns, env):
     return json.loads(out.strip().splitlines()[-1])
 
 
+def by_namespace(body, name, label=None):
+    """The samples of `name` in a scraped `body` (those carrying `label` when given), by their
+    namespace label."""
+    found = {}
+    for line in body.splitlines():
+        if line.startswith(name + "{") and (label is None or label in line):
+            namespace = re.search(r'namespace="([^"]*)"', line)
+            key = namespace.group(1) if namespace else ""
+            found[key] = found.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return found
+
+
 def repair(b, proc, address, watches, env, kubectl, stamp):
-    """Restarts the API server after a write outside the watched namespaces and times the relists."""
-    gone0 = b.metric_label(address, "kube_event_bridge_relists_total", 'reason="gone"')
-    lists0 = b.metric(address, "kube_event_bridge_lists_completed_total")
+    """Restarts the API server after a write outside the watched namespaces and times the relists:
+    the repair is done once every watch that got a 410 has completed a list since, /readyz says
+    ready, and either every watch got one or none got one for 10 s."""
+    def relists():
+        body = scrape(address)
+        return (by_namespace(body, "kube_event_bridge_relists_total", 'reason="gone"'),
+                by_namespace(body, "kube_event_bridge_lists_completed_total"))
+
+    gone0, lists0 = relists()
     req0 = requests(b, address)
     b.sh(kubectl, "-n", "default", "create", "configmap", f"scale-mark-{stamp}-{time.monotonic_ns()}",
          env=env, stdout=subprocess.DEVNULL)
@@ -116,26 +160,28 @@ def repair(b, proc, address, watches, env, kubectl, stamp):
     started = time.monotonic()
     b.sh(testenv, "start", "kube-apiserver", env=env, stdout=subprocess.DEVNULL)
     up = time.monotonic()
-    last_change, last, done_at = up, (0, 0), None
+    last_change, last, done_at = up, None, None
     while True:
         if proc.poll() is not None:
             raise SystemExit("the bridge exited during the 410 repair")
-        gone = b.metric_label(address, "kube_event_bridge_relists_total", 'reason="gone"') - gone0
-        lists = b.metric(address, "kube_event_bridge_lists_completed_total") - lists0
-        now = time.monotonic()
-        if (gone, lists) != last:
-            last, last_change = (gone, lists), now
-        if gone >= 1 and lists >= gone and b.readyz_status(address) == 200:
+        (gone_now, lists_now), now = relists(), time.monotonic()
+        gone = {ns for ns, n in gone_now.items() if n > gone0.get(ns, 0.0)}
+        listed = {ns for ns, n in lists_now.items() if n > lists0.get(ns, 0.0)}
+        if (len(gone), len(listed)) != last:
+            last, last_change = (len(gone), len(listed)), now
+        if gone and gone <= listed and b.readyz_status(address) == 200:
             done_at = done_at or now
             # Settled: every watch that will get a 410 has had it (none new for 10 s).
-            if gone >= watches or now - last_change > 10:
+            if len(gone) >= watches or now - last_change > 10:
                 break
         else:
             done_at = None
         if now - up > 1800:
-            raise SystemExit(f"the 410 repair did not end: gone {gone}, lists {lists}")
+            raise SystemExit(f"the 410 repair did not end: {len(gone)} watches got a 410, "
+                             f"{len(gone & listed)} of them listed since")
         time.sleep(0.25)
-    return {"repair_s": done_at - started, "apiserver_start_s": up - started, "repair_gone": gone,
+    return {"repair_s": done_at - started, "apiserver_start_s": up - started,
+            "repair_gone": float(sum(gone_now.values()) - sum(gone0.values())),
             "repair_requests": requests(b, address) - req0}
 
 
@@ -214,12 +260,12 @@ def measure(b, point, sink, run, env, bin_path, loadgen, kubectl, stamp):
         for state, mib in zip(states, b.heap_mib(address, states)):
             row[f"heap_{state}_mib"] = mib
 
-        published0 = b.metric(address, "kube_event_bridge_events_published_total", "modified")
+        published0 = published(address)
         written0, t_churn = written_bytes(b, sink, env, name, proc.pid), time.monotonic()
         done = churn(b, loadgen, prefix, watches, per_ns, env)
         wait_events(b, address, published0 + done["patches"], proc)
         live_cpu = b.wait_idle(proc.pid, 2.0) - idle_cpu
-        events = b.metric(address, "kube_event_bridge_events_published_total", "modified") - published0
+        events = published(address) - published0
         row["churn_rate"] = done["rate"]
         row["live_cpu_per_10k"] = live_cpu * 10000 / events
         row["checkpoint_bytes_per_s"] = (written_bytes(b, sink, env, name, proc.pid) - written0) / done["seconds"]
