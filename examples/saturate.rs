@@ -164,10 +164,11 @@ async fn run(config: &str, file: &str, runs: usize) -> anyhow::Result<()> {
             "run {run}: a fresh watch has a checkpoint"
         );
         let (tx, unmetered) = mpsc::channel(1);
+        let budget = Budget::new(config.delivery.max_queue_bytes);
         let rx = budget::metered(
             unmetered,
             config.delivery.queue_capacity,
-            Budget::new(config.delivery.max_queue_bytes),
+            budget.clone(),
             pipeline::item_bytes,
             &tasks,
         );
@@ -188,6 +189,7 @@ async fn run(config: &str, file: &str, runs: usize) -> anyhow::Result<()> {
                 namespace: None,
             },
             demands: None,
+            budget: Some(budget),
         };
         let (cpu, wall) = (cpu_seconds()?, Instant::now());
         let feeder = tokio::spawn(feed(recording.list_rv.clone(), recording.lines.clone(), tx));

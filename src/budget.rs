@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DynamicObject, TypeMeta};
 use serde_json::Value;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 
 use crate::tasks::Tasks;
@@ -36,14 +36,18 @@ pub struct Budget {
     waited: Arc<AtomicU64>,
     /// Reservations waiting for room now.
     waiting: Arc<AtomicUsize>,
+    /// Told when reservations begin to wait, none having waited before ([`Budget::starving`]).
+    began_waiting: Arc<Notify>,
 }
 
 /// Counts one reservation in [`Budget::waiting`] while it lives (a wait cancelled included).
 struct Waiting<'a>(&'a AtomicUsize);
 
 impl<'a> Waiting<'a> {
-    fn start(count: &'a AtomicUsize) -> Self {
-        count.fetch_add(1, Ordering::Relaxed);
+    fn start(count: &'a AtomicUsize, began: &Notify) -> Self {
+        if count.fetch_add(1, Ordering::SeqCst) == 0 {
+            began.notify_waiters();
+        }
         Self(count)
     }
 }
@@ -83,6 +87,7 @@ impl Budget {
             total: None,
             waited: Arc::default(),
             waiting: Arc::default(),
+            began_waiting: Arc::default(),
         }
     }
 
@@ -121,7 +126,7 @@ impl Budget {
             return permit.expect("the budget's semaphore is never closed");
         }
         let since = Instant::now();
-        let waiting = Waiting::start(&self.waiting);
+        let waiting = Waiting::start(&self.waiting, &self.began_waiting);
         let permit = acquire
             .await
             .expect("the budget's semaphore is never closed");
@@ -143,7 +148,41 @@ impl Budget {
 
     /// Reservations waiting for room in this budget now.
     pub fn waiting(&self) -> usize {
-        self.waiting.load(Ordering::Relaxed)
+        self.waiting.load(Ordering::SeqCst)
+    }
+
+    /// Whether reservations wait for room now, in this budget or in the process's it draws on:
+    /// what is reserved keeps a watch from reading on.
+    pub fn starved(&self) -> bool {
+        self.waiting() > 0 || self.total.as_ref().is_some_and(|total| total.waiting() > 0)
+    }
+
+    /// Returns once reservations wait for room ([`Budget::starved`]): at once if they do now.
+    pub async fn starving(&self) {
+        let mut own = std::pin::pin!(self.began_waiting.notified());
+        let mut total = std::pin::pin!(
+            self.total
+                .as_ref()
+                .map(|total| total.began_waiting.notified())
+        );
+        // Registered before the check, so that a wait beginning after it is not missed.
+        own.as_mut().enable();
+        if let Some(total) = total.as_mut().as_pin_mut() {
+            total.enable();
+        }
+        if self.starved() {
+            return;
+        }
+        let total = async {
+            match total.as_pin_mut() {
+                Some(total) => total.await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = own => {}
+            () = total => {}
+        }
     }
 
     /// Seconds reservations have waited for room in this budget, all together (each wait
@@ -345,9 +384,14 @@ mod tests {
             "b has room of its own but the process has 2 KiB left: it waits"
         );
         assert_eq!(total.waiting(), 1);
+        assert!(
+            a.starved() && b.starved(),
+            "a's reservation keeps b from reading on"
+        );
         assert_eq!(b.reserved_bytes(), 4 * UNIT, "b's own room is taken first");
         drop(first);
         let _second = second.await.unwrap();
+        assert!(!a.starved() && !b.starved());
         assert_eq!(total.reserved_bytes(), 4 * UNIT);
         assert_eq!(a.reserved_bytes(), 0);
         assert!(
@@ -356,6 +400,40 @@ mod tests {
             total.waited_secs()
         );
         assert!(b.waited_secs() == 0.0, "b never waited for its own room");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_is_told_when_another_begins_to_wait_for_the_process_budget() {
+        let total = Budget::new(8 * UNIT);
+        let (a, b) = (
+            Budget::within(10 * UNIT, &total),
+            Budget::within(10 * UNIT, &total),
+        );
+        let held = a.reserve(6 * UNIT).await;
+        let watching = a.clone();
+        let mut told = tokio::spawn(async move { watching.starving().await });
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        assert!(futures::poll!(&mut told).is_pending(), "nobody waits yet");
+        let other = b.clone();
+        let waiting = tokio::spawn(async move { other.reserve(4 * UNIT).await });
+        tokio::time::timeout(std::time::Duration::from_secs(1), told)
+            .await
+            .expect("told once b waits")
+            .unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(1), a.starving())
+            .await
+            .expect("at once while b still waits");
+        drop(held);
+        let _room = waiting.await.unwrap();
+        let own = Budget::new(4 * UNIT);
+        let _all = own.reserve(4 * UNIT).await;
+        let mut alone = std::pin::pin!(own.starving());
+        assert!(futures::poll!(&mut alone).is_pending());
+        let more = own.clone();
+        let _blocked = tokio::spawn(async move { more.reserve(UNIT).await });
+        tokio::time::timeout(std::time::Duration::from_secs(1), alone)
+            .await
+            .expect("a wait for a budget's own room tells it too");
     }
 
     #[tokio::test(start_paused = true)]
@@ -378,6 +456,7 @@ mod tests {
         );
         assert_eq!(total.reserved_bytes(), 10 * UNIT);
         assert_eq!((a.waiting(), total.waiting()), (1, 0));
+        assert!(a.starved() && !b.starved(), "only a's own room is spent");
         assert!(total.waited_secs() == 0.0);
         blocked.abort();
         let _ = blocked.await;

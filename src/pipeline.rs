@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{Instrument as _, error, info, warn};
 
-use crate::budget::{self, Reservation};
+use crate::budget::{self, Budget, Reservation};
 use crate::change::{Change, ChangeKind, Origin};
 use crate::checkpoint::{self, Checkpoint, Store};
 use crate::config::SnapshotPolicy;
@@ -101,6 +101,10 @@ pub struct Pipeline {
     /// The items of snapshots on demand of the watch, taken only when no item of the watch
     /// waits.
     pub demands: Option<mpsc::Receiver<Demand>>,
+    /// The watch's byte budget (drawing on the process's), whose reservations the items and
+    /// their events carry: while reservations wait for room, a listing transaction commits on
+    /// the sink's cadence to give back what its held events reserve.
+    pub budget: Option<Budget>,
 }
 
 /// The watch a pipeline publishes for, as a snapshot's markers name it.
@@ -164,7 +168,13 @@ impl Pipeline {
                 .queue_depth
                 .store((st.flight.queue.len() + rx.len()) as u64, Ordering::Relaxed);
             let listing = st.classifier.listing();
-            let interval = self.commit_interval(listing);
+            let starved = self.budget.as_ref().is_some_and(Budget::starved);
+            let interval = turn::cadence(
+                self.sink.transactions().map(|t| t.commit_interval()),
+                self.checkpoint_interval,
+                listing,
+                starved,
+            );
             let turn = Turn::decide(Facts {
                 transactional,
                 listing,
@@ -228,6 +238,9 @@ impl Pipeline {
                 // fire at once on every turn, ahead of taking them (a busy loop until the
                 // checkpoint interval forced the commit); they are taken first.
                 () = tokio::time::sleep_until(wake), if turn.wait_for_cadence => {}
+                // A listing transaction's held events commit sooner once others wait for the room
+                // they keep (the cadence is decided again on the next turn).
+                () = starving(self.budget.as_ref()), if transactional && listing && !starved && !st.flight.held.is_empty() => {}
                 () = tokio::time::sleep_until(heartbeat_wake.unwrap_or(wake)), if heartbeat_wake.is_some() && idle && !listing && rx.is_empty() => {}
                 item = rx.recv(), if room && !due => {
                     let Some((item, reservation)) = item else { break };
@@ -246,19 +259,6 @@ impl Pipeline {
         }
         // The last checkpoint is written before the watch lets go (a handoff, a shutdown).
         self.finish_saving(&mut st).await
-    }
-
-    /// How long after the start of the last commit the next is due. A Kafka watch that is not
-    /// listing commits on its sink's cadence (`sink.kafka.commitIntervalMs`), every commit
-    /// carrying the checkpoint, so `read_committed` consumers see events within a few tens of
-    /// milliseconds; during a list its events are committed in chunks every
-    /// `checkpoint.intervalMs` (or [`HELD_BYTES_MAX`]), large transactions for throughput. Other
-    /// sinks save every `checkpoint.intervalMs`.
-    fn commit_interval(&self, listing: bool) -> Duration {
-        match self.sink.transactions() {
-            Some(transactions) if !listing => transactions.commit_interval(),
-            _ => self.checkpoint_interval,
-        }
     }
 
     /// Fails once the lease is no longer held: checked before every publish and every save,
@@ -516,6 +516,14 @@ impl Pipeline {
 async fn next_demand(demands: &mut Option<mpsc::Receiver<Demand>>) -> Option<Demand> {
     match demands {
         Some(demands) => demands.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Returns once reservations wait for room in `budget` ([`Budget::starving`]); never without one.
+async fn starving(budget: Option<&Budget>) {
+    match budget {
+        Some(budget) => budget.starving().await,
         None => std::future::pending().await,
     }
 }

@@ -736,10 +736,11 @@ impl Supervisor {
         } = opened;
         let (config, r) = (self.config.clone(), &r);
         let (tx, unmetered) = mpsc::channel(1);
+        let budget = Budget::within(config.delivery.max_queue_bytes, &self.total);
         let rx = budget::metered(
             unmetered,
             config.delivery.queue_capacity,
-            Budget::within(config.delivery.max_queue_bytes, &self.total),
+            budget.clone(),
             crate::pipeline::item_bytes,
             &self.background,
         );
@@ -802,6 +803,7 @@ impl Supervisor {
                 namespace: namespace.clone(),
             },
             demands: Some(demand_rx),
+            budget: Some(budget),
         };
         let epoch = self.spawn_pipeline(&key.id, generation, pipeline, rx, ownership, span);
         self.running.insert(

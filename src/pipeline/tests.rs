@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 
 use super::classify::tests::object;
 use super::{Error, Pipeline, Status};
-use crate::budget::Reservation;
+use crate::budget::{Budget, Reservation};
 use crate::change::ChangeKind;
 use crate::checkpoint::{Checkpoint, FileStore, MemoryStore, Store, WatchKey};
 use crate::config::SnapshotPolicy;
@@ -81,6 +81,27 @@ impl Run {
         leadership: Option<Validity>,
         resume: Option<Checkpoint>,
     ) -> Self {
+        Self::launch(
+            sink,
+            items,
+            store,
+            checkpoint_interval,
+            leadership,
+            resume,
+            None,
+        )
+    }
+
+    /// Like [`Run::resume`], with the watch's byte `budget`.
+    fn launch(
+        sink: ScriptedSink,
+        items: Vec<Item>,
+        store: Store,
+        checkpoint_interval: Duration,
+        leadership: Option<Validity>,
+        resume: Option<Checkpoint>,
+        budget: Option<Budget>,
+    ) -> Self {
         let sink = Arc::new(sink);
         let status = Arc::new(Status::default());
         let pipeline = Pipeline {
@@ -100,6 +121,7 @@ impl Run {
                 namespace: None,
             },
             demands: None,
+            budget,
         };
         let (tx, rx) = mpsc::channel(items.len().max(1));
         for item in items {
@@ -511,6 +533,53 @@ async fn an_idle_transactional_watch_takes_waiting_events_once_its_commit_interv
         committed.is_ok(),
         "the ninth event was not committed: the pipeline did not take it (committed: {:?})",
         status.checkpoint_resource_version()
+    );
+    let (_, _, ended) = run.finish().await;
+    ended.expect("the pipeline ends cleanly");
+}
+
+/// A listing Kafka watch commits the events it holds in chunks, every checkpoint interval (an
+/// hour here), and their reservations go back only then. While another watch waits for the
+/// process's budget they keep spent, the transaction commits on the sink's cadence instead.
+#[tokio::test(start_paused = true)]
+async fn a_listing_transaction_commits_on_the_sinks_cadence_while_another_watch_waits_for_room() {
+    const KIB: usize = 1024;
+    let total = Budget::new(8 * KIB);
+    let (own, other) = (
+        Budget::within(64 * KIB, &total),
+        Budget::within(64 * KIB, &total),
+    );
+    let run = Run::launch(
+        ScriptedSink::new(true, true),
+        vec![Item::ListBegin],
+        Store::new(MemoryStore),
+        Duration::from_secs(3600),
+        None,
+        None,
+        Some(own.clone()),
+    );
+    for uid in ["a", "b"] {
+        let listed = Item::Listed(Box::new(object(uid, "1", "1")), SystemTime::now());
+        let reservation = own.reserve(4 * KIB).await;
+        run.watch.send((listed, reservation)).await.expect("runs");
+    }
+    until("both listed events are acknowledged", || {
+        run.sink.book().acked.len() == 2
+    })
+    .await;
+    assert_eq!(run.sink.book().commits, 0, "held in the open transaction");
+    let asked = tokio::time::Instant::now();
+    let _room = other.reserve(4 * KIB).await;
+    let waited = asked.elapsed();
+    assert!(
+        waited < Duration::from_secs(1),
+        "the other watch waited {waited:?}: the held events' reservations went back only with \
+         the checkpoint interval's commit"
+    );
+    assert_eq!(
+        run.sink.book().commits,
+        1,
+        "one commit, without a checkpoint"
     );
     let (_, _, ended) = run.finish().await;
     ended.expect("the pipeline ends cleanly");

@@ -105,6 +105,27 @@ impl Turn {
     }
 }
 
+/// How long after the start of the last commit the next is due, given the sink's commit cadence
+/// (`sink`, for a sink with transactions). A Kafka watch that is not listing commits on its sink's
+/// cadence (`sink.kafka.commitIntervalMs`), every commit carrying the checkpoint, so
+/// `read_committed` consumers see events within a few tens of milliseconds; during a list its
+/// events are committed in chunks every `checkpoint.intervalMs` (or at `HELD_BYTES_MAX`), large
+/// transactions for throughput, unless reservations wait for the byte budget (`starved`): the
+/// held events' reservations are then given back on the sink's cadence, as the waiting watch
+/// could not read on before the chunk's end otherwise. Other sinks save every
+/// `checkpoint.intervalMs`.
+pub(super) fn cadence(
+    sink: Option<Duration>,
+    checkpoint_interval: Duration,
+    listing: bool,
+    starved: bool,
+) -> Duration {
+    match sink {
+        Some(sink) if !listing || starved => sink,
+        _ => checkpoint_interval,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -233,6 +254,36 @@ mod tests {
             ..live()
         };
         assert_eq!(Turn::decide(full).phase, Phase::Committing);
+    }
+
+    #[test]
+    fn a_listing_transaction_commits_on_the_sinks_cadence_only_while_reservations_wait() {
+        let (sink, checkpoint) = (Some(50 * MS), 500 * MS);
+        assert_eq!(cadence(sink, checkpoint, false, false), 50 * MS, "live");
+        assert_eq!(cadence(sink, checkpoint, true, false), 500 * MS, "chunks");
+        assert_eq!(cadence(sink, checkpoint, true, true), 50 * MS, "starved");
+        assert_eq!(
+            cadence(None, checkpoint, true, true),
+            500 * MS,
+            "no transactions"
+        );
+        assert_eq!(cadence(None, checkpoint, false, false), 500 * MS);
+        let starved = Facts {
+            listing: true,
+            held: true,
+            queued: false,
+            elapsed: 60 * MS,
+            interval: cadence(sink, checkpoint, true, true),
+            ..live()
+        };
+        let turn = Turn::decide(starved);
+        assert_eq!(turn.phase, Phase::Committing);
+        assert!(turn.flushing && !turn.pending, "held events, no checkpoint");
+        let fed = Facts {
+            interval: cadence(sink, checkpoint, true, false),
+            ..starved
+        };
+        assert_eq!(Turn::decide(fed).phase, Phase::Taking);
     }
 
     #[test]
