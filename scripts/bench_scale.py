@@ -19,7 +19,9 @@ its life:
     etcd is also compacted to its current revision first: needed when the API server runs without
     a watch cache for ConfigMaps, as for a million objects, docs/benchmarks.md); seconds from the
     API server's start until the last relist completed (its start's own seconds beside them:
-    the bridge relists as soon as it serves), the watches that got a 410, API requests made;
+    the bridge relists as soon as it serves), the watches that got a 410, API requests made, and
+    the requests the watches spared by sharing what they learnt (`repair_spared_gone`,
+    `repair_spared_probe`);
   - ready from a checkpoint: SIGTERM, start again, process start to /readyz; API requests made.
 
 Each measurement is appended as one JSON line to KEB_BENCH_SCALE_OUT (default
@@ -147,6 +149,7 @@ def repair(b, proc, address, watches, env, kubectl, stamp):
                 by_namespace(body, "kube_event_bridge_lists_completed_total"))
 
     gone0, lists0 = relists()
+    spared0 = spared(scrape(address))
     req0 = requests(b, address)
     b.sh(kubectl, "-n", "default", "create", "configmap", f"scale-mark-{stamp}-{time.monotonic_ns()}",
          env=env, stdout=subprocess.DEVNULL)
@@ -180,9 +183,18 @@ def repair(b, proc, address, watches, env, kubectl, stamp):
             raise SystemExit(f"the 410 repair did not end: {len(gone)} watches got a 410, "
                              f"{len(gone & listed)} of them listed since")
         time.sleep(0.25)
+    spared_now = spared(scrape(address))
     return {"repair_s": done_at - started, "apiserver_start_s": up - started,
             "repair_gone": float(sum(gone_now.values()) - sum(gone0.values())),
-            "repair_requests": requests(b, address) - req0}
+            "repair_requests": requests(b, address) - req0,
+            **{f"repair_spared_{reason}": spared_now[reason] - spared0[reason] for reason in spared_now}}
+
+
+def spared(body):
+    """Requests the watches spared, every watch's, by reason (`watch_requests_spared_total`)."""
+    return {reason: sum(by_namespace(body, "kube_event_bridge_watch_requests_spared_total",
+                                     f'reason="{reason}"').values())
+            for reason in ("gone", "probe")}
 
 
 def compact_etcd(url):

@@ -59,6 +59,9 @@ pub struct Status {
     pub lists: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
     /// Streaming lists the API server refused, listed in pages instead.
     pub list_fallbacks: AtomicU64,
+    /// Requests to the API server the watch spared because another watch of its resource had
+    /// found out, by reason ([`crate::watch::SPARED_REASONS`]).
+    pub spared: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
     /// Checkpoints saved.
     pub checkpoints: AtomicU64,
     /// Stored checkpoints that could not be decoded (the watch relisted to repair).

@@ -38,7 +38,7 @@ use crate::sink::{self, AnySink};
 use crate::status::Status;
 use crate::stores::{self, Stores};
 use crate::tasks::Tasks;
-use crate::watch::{self, Listing, Target};
+use crate::watch::{self, History, Listing, Target};
 
 /// Errors of starting watches, and the failures that stop the bridge while it runs.
 #[derive(Debug, thiserror::Error)]
@@ -218,9 +218,8 @@ pub(crate) struct Supervisor {
     on_change: OnChange,
     /// The followers of namespaces and CRDs, and each watch's queue forwarder.
     background: Tasks,
-    /// How each resource is listed (by its label): shared by its watches, so that a streaming
-    /// list the API server refused is logged once per resource.
-    listings: BTreeMap<String, Arc<Listing>>,
+    /// What the watches of each resource (by its label) share.
+    shared: BTreeMap<String, Shared>,
     /// The process's byte budget, which every watch's draws on too.
     total: Budget,
 }
@@ -277,7 +276,7 @@ impl Supervisor {
             crds: Arc::default(),
             on_change: parts.on_change,
             background: parts.tasks,
-            listings: BTreeMap::new(),
+            shared: BTreeMap::new(),
             total: parts.total,
         }
     }
@@ -746,17 +745,20 @@ impl Supervisor {
         );
         let start_rv = resume.as_ref().and_then(|c| c.resource_version.clone());
         // A LIST page is held whole while decoded: a quarter of the watch's budget.
-        let listing = self
-            .listings
+        let shared = self
+            .shared
             .entry(r.label())
-            .or_insert_with(|| Arc::new(Listing::new(r.label(), config.kubernetes.initial_list)))
+            .or_insert_with(|| Shared {
+                listing: Arc::new(Listing::new(r.label(), config.kubernetes.initial_list)),
+                history: Arc::default(),
+            })
             .clone();
         let target = target(
             &self.client,
             r,
             namespace.as_deref(),
             self.refresh.clone(),
-            listing,
+            shared,
             config.delivery.max_queue_bytes / 4,
         );
         let resource_deleted = target.resource_deleted.clone();
@@ -959,12 +961,21 @@ fn lost(error: &crate::pipeline::Error) -> bool {
 /// What the watch of `r` in `namespace` (`None`: all namespaces, or cluster scope) lists and
 /// watches. `not_found` is told when the resource is no longer served; `listing` is shared by
 /// the resource's watches; a LIST page is held whole while decoded, up to `page_bytes`.
+/// What the watches of one resource share: how it is listed, so that a streaming list the API
+/// server refused is logged once per resource; and what the API server is known to hold of its
+/// history, so that watches resuming together do not each ask.
+#[derive(Debug, Clone)]
+struct Shared {
+    listing: Arc<Listing>,
+    history: Arc<History>,
+}
+
 fn target(
     client: &Client,
     r: &ResolvedResource,
     namespace: Option<&str>,
     not_found: Arc<Notify>,
-    listing: Arc<Listing>,
+    shared: Shared,
     page_bytes: usize,
 ) -> Target {
     let api: Api<DynamicObject> = match namespace {
@@ -984,7 +995,8 @@ fn target(
         watch_timeout_secs: WATCH_TIMEOUT_SECS,
         not_found,
         resource_deleted: Arc::default(),
-        listing,
+        listing: shared.listing,
+        history: shared.history,
     }
 }
 

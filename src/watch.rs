@@ -33,10 +33,12 @@ use crate::status::{STALL_AFTER, Status, count};
 mod fake_api;
 #[cfg(test)]
 mod fuzz;
+mod history;
 mod list;
 mod stream;
 mod streaming_list;
 
+pub use history::History;
 use list::list;
 use stream::watch;
 pub use streaming_list::Listing;
@@ -55,6 +57,12 @@ pub const RESTART_REASONS: [&str; 9] = [
     "stream_refused",
 ];
 
+/// Why a watch spared a request to the API server, as `kube_event_bridge_watch_requests_spared_total`
+/// counts it ([`History`]): `gone`, a watch from a resourceVersion another watch of the resource
+/// found gone (not made, or withdrawn while it waited for the client-side throttle); `probe`, a
+/// probe another watch's fresh answer covered.
+pub const SPARED_REASONS: [&str; 2] = ["gone", "probe"];
+
 /// How a list completed, as `kube_event_bridge_lists_completed_total` counts it: a streaming
 /// list or a paged LIST.
 pub const LIST_METHODS: [&str; 2] = ["stream", "list"];
@@ -64,8 +72,14 @@ pub const LIST_METHODS: [&str; 2] = ["stream", "list"];
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The API server answered 410 Gone: the resourceVersion is older than its watch history.
-    #[error("resourceVersion {0} is too old (410 Gone)")]
-    Gone(String),
+    #[error("resourceVersion {rv} is too old (410 Gone)")]
+    Gone {
+        /// The resourceVersion asked for.
+        rv: String,
+        /// The oldest resourceVersion the API server still serves, where its message says
+        /// (`too old resource version: 10 (90)`: 90).
+        kept_from: Option<u64>,
+    },
     /// The API server has not reached the resourceVersion (504 `ResourceVersionTooLarge`): its
     /// etcd was restored from a backup older than the resourceVersion.
     #[error("resourceVersion {rv} is ahead of the API server: {message}")]
@@ -122,7 +136,7 @@ impl Error {
     /// A short, closed-set label for logs and metrics (one of [`RESTART_REASONS`], or `closed`).
     pub fn reason(&self) -> &'static str {
         match self {
-            Error::Gone(_) => "gone",
+            Error::Gone { .. } => "gone",
             Error::TooLarge { .. } => "too_large",
             Error::Request {
                 source: kube::Error::Api(s),
@@ -146,7 +160,10 @@ impl Error {
     /// Gone and 504 "Too large resource version" relist; anything else is a [`Error::Status`].
     fn from_status(status: ApiStatus, rv: &str) -> Self {
         if status.code == 410 {
-            Error::Gone(rv.to_string())
+            Error::Gone {
+                rv: rv.to_string(),
+                kept_from: kept_from(&status.message),
+            }
         } else if is_too_large(&status) {
             Error::TooLarge {
                 rv: rv.to_string(),
@@ -223,6 +240,8 @@ pub struct Target {
     pub resource_deleted: Arc<std::sync::atomic::AtomicBool>,
     /// How the resource is listed: shared by its watches.
     pub listing: Arc<Listing>,
+    /// What the API server is known to hold of the resource's history: shared by its watches.
+    pub history: Arc<History>,
 }
 
 /// Runs the watch until `shutdown` or until the pipeline closes, starting from
@@ -243,16 +262,20 @@ pub async fn run(
             match resume.action() {
                 Action::List => read_state(&target, &tx, &status, &mut resume.position).await,
                 Action::Verify(rv) => {
-                    probe(&target, &rv).await?;
-                    watch(&target, &tx, &rv, &mut resume.position).await
+                    target
+                        .history
+                        .verify(&rv, &status, || probe(&target))
+                        .await?;
+                    watch(&target, &tx, &status, &rv, &mut resume.position).await
                 }
-                Action::Watch(rv) => watch(&target, &tx, &rv, &mut resume.position).await,
+                Action::Watch(rv) => watch(&target, &tx, &status, &rv, &mut resume.position).await,
             }
         };
         let ended = tokio::select! {
             () = shutdown.cancelled() => break,
             r = attempt => r,
         };
+        learn(&target.history, &ended);
         let error = match resume.after(ended) {
             Effect::Next => {
                 backoff.reset();
@@ -332,6 +355,7 @@ async fn read_state(
     }
     let rv = list(target, tx).await?;
     count(&status.lists, Method::List.label());
+    target.history.listed(&rv);
     *position = Some(rv);
     Ok(false)
 }
@@ -352,7 +376,7 @@ fn relisting(error: &Error) {
             error = %message,
             "resourceVersion is ahead of the API server (etcd restored from a backup?), relisting"
         ),
-        Error::Gone(rv) => info!(rv = %rv, "watch history lost, relisting"),
+        Error::Gone { rv, .. } => info!(rv = %rv, "watch history lost, relisting"),
         other => info!(error = %other, "relisting"),
     }
 }
@@ -423,7 +447,7 @@ impl Resume {
                 Effect::Next
             }
             Err(Error::Closed) => Effect::Stop,
-            Err(error @ (Error::Gone(_) | Error::TooLarge { .. })) => {
+            Err(error @ (Error::Gone { .. } | Error::TooLarge { .. })) => {
                 self.verify = true;
                 self.position = None;
                 Effect::Relist(error)
@@ -447,16 +471,34 @@ fn error_cause(error: &Error) -> String {
     out.join(": ")
 }
 
-/// Checks that the API server has reached `rv`. A watch from a resourceVersion it has not reached
-/// is accepted and then held open, silently, until its history catches up, so the watch itself
-/// cannot tell. The current resourceVersion (a consistent LIST of one object's metadata) can:
-/// when `rv` is ahead of it, the answer is what a LIST `NotOlderThan` `rv` would give after
-/// a 3-second wait, 504 "Too large resource version". Opaque (non-numeric) resourceVersions
-/// cannot be compared and are trusted.
-async fn probe(target: &Target, rv: &str) -> Result<(), Error> {
-    let Ok(wanted) = rv.parse::<u64>() else {
-        return Ok(());
-    };
+/// The oldest resourceVersion the API server still serves, as the message of its 410 says: the
+/// watch cache's `too old resource version: 10 (90)` means everything before 90 is gone (older
+/// servers print the oldest they hold, newer ones the one before it: before either, everything is
+/// gone). `None` for any other message (etcd's own: `The resourceVersion for the provided watch
+/// is too old.`).
+fn kept_from(message: &str) -> Option<u64> {
+    let rest = message.strip_prefix("too old resource version: ")?;
+    let (_, kept) = rest.split_once(" (")?;
+    kept.strip_suffix(')')?.parse().ok()
+}
+
+/// What an attempt's end tells the resource's other watches: a resourceVersion found gone, or
+/// one found ahead of the API server.
+fn learn(history: &History, ended: &Result<bool, Error>) {
+    match ended {
+        Err(Error::Gone { rv, kept_from }) => history.lost(rv, *kept_from),
+        Err(Error::TooLarge { .. }) => history.ahead(),
+        _ => {}
+    }
+}
+
+/// The API server's current resourceVersion (a consistent LIST of one object's metadata), for
+/// [`History::verify`]; `None` when it is not an integer. A watch from a resourceVersion the
+/// API server has not reached is accepted and then held open, silently, until its history
+/// catches up, so the watch itself cannot tell; when the resourceVersion is ahead of the current
+/// one, the answer is what a LIST `NotOlderThan` it would give after a 3-second wait, 504 "Too
+/// large resource version".
+async fn probe(target: &Target) -> Result<Option<u64>, Error> {
     let page = target
         .api
         .list_metadata(&ListParams::default().limit(1))
@@ -466,13 +508,7 @@ async fn probe(target: &Target, rv: &str) -> Result<(), Error> {
             source,
         })?;
     let current = page.metadata.resource_version.unwrap_or_default();
-    match current.parse::<u64>() {
-        Ok(current) if current < wanted => Err(Error::TooLarge {
-            rv: rv.to_string(),
-            message: format!("Too large resource version: {wanted}, current: {current}"),
-        }),
-        _ => Ok(()),
-    }
+    Ok(current.parse().ok())
 }
 
 async fn send(tx: &mpsc::Sender<Item>, item: Item) -> Result<(), Error> {
@@ -485,7 +521,7 @@ mod tests {
 
     use super::*;
     use crate::config::InitialList;
-    use crate::watch::fake_api::{fake_api, restarts, target, too_large_status};
+    use crate::watch::fake_api::{fake_api, fake_api_with, restarts, target, too_large_status};
     use crate::watch::list::FIRST_PAGE;
 
     #[test]
@@ -520,7 +556,10 @@ mod tests {
     #[test]
     fn a_lost_or_future_resource_version_lists_again_and_a_closed_pipeline_stops() {
         for error in [
-            Error::Gone("5".into()),
+            Error::Gone {
+                rv: "5".into(),
+                kept_from: None,
+            },
             Error::TooLarge {
                 rv: "5".into(),
                 message: "too large".into(),
@@ -532,6 +571,29 @@ mod tests {
         }
         let mut resume = Resume::from_checkpoint(Some("5".into()));
         assert!(matches!(resume.after(Err(Error::Closed)), Effect::Stop));
+    }
+
+    #[test]
+    fn a_410_says_which_resource_versions_the_api_server_still_serves() {
+        assert_eq!(kept_from("too old resource version: 10 (90)"), Some(90));
+        for other in [
+            "The resourceVersion for the provided watch is too old.",
+            "too old resource version: 10",
+            "too old resource version: 10 (x)",
+            "",
+        ] {
+            assert_eq!(kept_from(other), None, "{other}");
+        }
+        let status: ApiStatus = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "message": "too old resource version: 10 (90)",
+            "reason": "Expired", "code": 410,
+        }))
+        .unwrap();
+        let error = Error::from_status(status, "10");
+        assert!(
+            matches!(&error, Error::Gone { rv, kept_from: Some(90) } if rv == "10"),
+            "{error:?}"
+        );
     }
 
     const EMPTY_LIST: &str =
@@ -734,6 +796,90 @@ mod tests {
         too_large_relists("request", true).await;
         too_large_relists("request", false).await;
         too_large_relists("stream", true).await;
+    }
+
+    /// Watches resuming together from a resourceVersion the API server has lost (its restart
+    /// emptied its watch cache) ask what one of them finds out: one probe, one watch answered 410
+    /// Gone, then a list each; the other watch requests, waiting for the client-side throttle,
+    /// are never sent.
+    #[tokio::test]
+    async fn watches_resuming_together_from_a_lost_resource_version_ask_once() {
+        const WATCHES: usize = 6;
+        let gone = r#"{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"too old resource version: 10 (90)","reason":"Expired","code":410}}"#;
+        let throttle = crate::throttle::ThrottleLayer::new(
+            4.0,
+            1,
+            Arc::new(crate::throttle::Counters::default()),
+        );
+        let (client, seen) = fake_api_with(
+            move |target| match target {
+                t if t.contains("watch=true") && t.contains("resourceVersion=10") => {
+                    (200, format!("{gone}\n"))
+                }
+                t if t.contains("watch=true") => (200, String::new()),
+                _ => (200, EMPTY_LIST.replace("\"5\"", "\"100\"")),
+            },
+            Some(throttle),
+        )
+        .await;
+        let history = Arc::new(History::default());
+        let stop = CancellationToken::new();
+        let mut tasks = Vec::new();
+        let mut receivers = Vec::new();
+        for _ in 0..WATCHES {
+            let (tx, rx) = mpsc::channel(8);
+            let mut t = target(client.clone());
+            t.history = history.clone();
+            tasks.push(tokio::spawn(run(
+                t,
+                Some("10".into()),
+                tx,
+                stop.clone(),
+                Arc::default(),
+            )));
+            receivers.push(rx);
+        }
+        for rx in &mut receivers {
+            loop {
+                let item = tokio::time::timeout(Duration::from_secs(60), rx.recv())
+                    .await
+                    .expect("a relist within 60 s")
+                    .expect("the watch runs");
+                if matches!(&item, Item::ListEnd(rv) if rv == "100") {
+                    break;
+                }
+            }
+        }
+        stop.cancel();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let requests: Vec<String> = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, t)| t.clone())
+            .collect();
+        let count = |what: &dyn Fn(&String) -> bool| requests.iter().filter(|t| what(t)).count();
+        assert_eq!(
+            count(&|t| t.contains("limit=1&") || t.ends_with("limit=1")),
+            1,
+            "one probe: {requests:?}"
+        );
+        assert_eq!(
+            count(&|t| t.contains("watch=true") && t.contains("resourceVersion=10")),
+            1,
+            "one watch answered 410: {requests:?}"
+        );
+        assert_eq!(
+            count(&|t| t.contains(&format!("limit={FIRST_PAGE}"))),
+            WATCHES,
+            "{requests:?}"
+        );
+        assert!(
+            history.is_gone("89") && !history.is_gone("90"),
+            "as the 410 said"
+        );
     }
 
     /// The body of a streaming list of ConfigMap `a` at resourceVersion 10, with its end

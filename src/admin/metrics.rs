@@ -365,6 +365,13 @@ fn watching(f: &mut Families) -> fmt::Result {
         ("method", &crate::watch::LIST_METHODS),
         |s, _, method| ConstCounter::new(by_reason(&s.lists, method)),
     )?;
+    f.per_label(
+        "watch_requests_spared",
+        "Requests to the API server spared because another watch of the resource had found out, by reason: gone (a watch from a resourceVersion found gone, not made or withdrawn before it was sent) or probe (a probe covered by another's fresh answer).",
+        MetricType::Counter,
+        ("reason", &crate::watch::SPARED_REASONS),
+        |s, _, reason| ConstCounter::new(by_reason(&s.spared, reason)),
+    )?;
     f.per_watch_counter(
         "initial_list_fallbacks",
         "Streaming lists the API server refused, listed in pages instead (kubernetes.initialList: auto).",
@@ -745,6 +752,7 @@ mod tests {
         count(&busy.relists, "initial");
         count(&busy.relists, "gone");
         count(&busy.lists, "stream");
+        count(&busy.spared, "probe");
         busy.list_fallbacks.store(22, Relaxed);
         busy.checkpoints.store(17, Relaxed);
         busy.checkpoints_corrupt.store(18, Relaxed);
@@ -933,6 +941,15 @@ mod tests {
                 0.0
             );
         }
+        for reason in crate::watch::SPARED_REASONS {
+            let labels = format!("{PROD},reason={reason}");
+            let spared = f64::from(u8::from(reason == "probe"));
+            assert_eq!(
+                value("watch_requests_spared_total", &labels),
+                spared,
+                "{reason}"
+            );
+        }
         for method in crate::watch::LIST_METHODS {
             let labels = format!("{PROD},method={method}");
             let lists = f64::from(u8::from(method == "stream"));
@@ -1003,6 +1020,7 @@ mod tests {
             ("watch_restarts", "counter"),
             ("relists", "counter"),
             ("lists_completed", "counter"),
+            ("watch_requests_spared", "counter"),
             ("initial_list_fallbacks", "counter"),
             ("checkpoints", "counter"),
             ("checkpoints_corrupt", "counter"),

@@ -365,6 +365,7 @@ mod tests {
                 "v1/configmaps",
                 crate::config::InitialList::default(),
             )),
+            history: Arc::default(),
         };
         h.demand = Some(crate::supervisor::DemandPort {
             key: crate::checkpoint::WatchKey::new(&h.cluster, "v1", "configmaps", None, None, None),

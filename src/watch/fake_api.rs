@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 use super::{Listing, Target};
 use crate::config::InitialList;
 use crate::status::Status;
+use crate::throttle::ThrottleLayer;
 
 /// The status kube-apiserver sends for a resourceVersion it has not reached
 /// (`storage.NewTooLargeResourceVersionError`).
@@ -51,6 +52,14 @@ pub(super) type Seen = Arc<Mutex<Vec<(Instant, String)>>>;
 pub(super) async fn fake_api(
     answer: impl Fn(&str) -> (u16, String) + Send + Sync + 'static,
 ) -> (kube::Client, Seen) {
+    fake_api_with(answer, None).await
+}
+
+/// [`fake_api`] with its client's requests through `throttle`, as the bridge's are.
+pub(super) async fn fake_api_with(
+    answer: impl Fn(&str) -> (u16, String) + Send + Sync + 'static,
+    throttle: Option<ThrottleLayer>,
+) -> (kube::Client, Seen) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let seen: Seen = Arc::default();
@@ -84,7 +93,14 @@ pub(super) async fn fake_api(
     // kube-client retries 429, 503 and 504 up to 15 times on its own: seen here, that would
     // only slow the tests down.
     config.default_retry = false;
-    (kube::Client::try_from(config).unwrap(), seen)
+    let client = match throttle {
+        Some(layer) => kube::client::ClientBuilder::try_from(config)
+            .unwrap()
+            .with_layer(&layer)
+            .build(),
+        None => kube::Client::try_from(config).unwrap(),
+    };
+    (client, seen)
 }
 
 pub(super) fn target(client: kube::Client) -> Target {
@@ -104,6 +120,7 @@ pub(super) fn target(client: kube::Client) -> Target {
         resource_deleted: Arc::default(),
         // The tests of the paged LIST; those of streaming lists set their own.
         listing: Arc::new(Listing::new("v1/configmaps", InitialList::List)),
+        history: Arc::default(),
     }
 }
 

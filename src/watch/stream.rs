@@ -11,6 +11,7 @@ use tracing::{debug, warn};
 
 use super::{Error, Item, Target, is_too_large, send};
 use crate::change::ChangeKind;
+use crate::status::{Status, count};
 
 /// A watch that stayed open this long, or delivered anything, was healthy: if it then drops, it
 /// resumes at once. One that ends sooner with nothing delivered resumes with backoff.
@@ -24,22 +25,31 @@ const HEALTHY_WATCH: Duration = Duration::from_secs(10);
 pub(super) async fn watch(
     target: &Target,
     tx: &mpsc::Sender<Item>,
+    status: &Status,
     rv: &str,
     position: &mut Option<String>,
 ) -> Result<bool, Error> {
     let params = selected(WatchParams::default(), target).timeout(target.watch_timeout_secs);
     let opened = Instant::now();
-    let stream = target
-        .api
-        .watch(&params, rv)
-        .await
-        .map_err(|source| match source {
-            kube::Error::Api(s) if s.code == 410 || is_too_large(&s) => Error::from_status(*s, rv),
-            source => Error::Request {
-                reason: "watch",
-                source,
-            },
-        })?;
+    // A request still waiting for the client-side throttle is withdrawn (never sent) once a
+    // sibling watch finds `rv` gone: it could only be answered 410.
+    let answer = tokio::select! {
+        answer = target.api.watch(&params, rv) => answer,
+        () = target.history.gone(rv) => {
+            count(&status.spared, "gone");
+            return Err(Error::Gone {
+                rv: rv.to_string(),
+                kept_from: None,
+            });
+        }
+    };
+    let stream = answer.map_err(|source| match source {
+        kube::Error::Api(s) if s.code == 410 || is_too_large(&s) => Error::from_status(*s, rv),
+        source => Error::Request {
+            reason: "watch",
+            source,
+        },
+    })?;
     debug!(rv, "watching");
     let ended = follow(stream.into_stream(), &target.types, tx, position).await?;
     outcome(ended, opened)
@@ -249,7 +259,7 @@ mod tests {
             json!({"code": 410, "reason": "Expired", "message": "too old resource version: 8 (90)"}),
         );
         match step(Ok(WatchEvent::Error(gone)), "8") {
-            Err(Error::Gone(rv)) => assert_eq!(rv, "8"),
+            Err(Error::Gone { rv, .. }) => assert_eq!(rv, "8"),
             other => panic!("{other:?}"),
         }
         for with_cause in [true, false] {

@@ -171,6 +171,7 @@ pub(super) async fn stream_list(
     };
     send(tx, Item::ListEnd(rv.clone())).await?;
     count(&status.lists, Method::Stream.label());
+    target.history.listed(&rv);
     // The connection goes on as the live watch, from the list's resourceVersion.
     debug!(rv, "watching");
     *position = Some(rv);

@@ -36,6 +36,7 @@ pub const METRICS: &[&str] = &[
     "kube_event_bridge_watch_restarts_total",
     "kube_event_bridge_relists_total",
     "kube_event_bridge_lists_completed_total",
+    "kube_event_bridge_watch_requests_spared_total",
     "kube_event_bridge_initial_list_fallbacks_total",
     "kube_event_bridge_snapshots_total",
     "kube_event_bridge_snapshot_objects_total",

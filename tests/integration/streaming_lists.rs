@@ -228,6 +228,112 @@ async fn a_relist_after_lost_history_streams_and_repairs() {
     );
 }
 
+/// Watches of one resource resuming together from a resourceVersion the API server has lost
+/// share what the first of them finds out: one watch is answered 410 Gone, the others relist
+/// without asking (their watch requests, queued behind the client-side throttle, are withdrawn
+/// before they are sent), and one probe answers for them all. Every watch still repairs exactly
+/// what changed while the bridge was down.
+#[tokio::test(flavor = "multi_thread")]
+async fn watches_resuming_together_from_lost_history_ask_once() {
+    const WATCHES: usize = 6;
+    let client = kube_client().await;
+    let mut namespaces = Vec::new();
+    let mut names = Vec::new();
+    for i in 0..WATCHES {
+        let ns = unique_namespace(&client, "shared-gone").await;
+        names.extend(create(&client, &ns, &format!("w{i}"), 2).await);
+        namespaces.push(ns);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // A slow throttle: the watch requests queue behind it, as a thousand watches' do behind the
+    // default one.
+    let config = format!(
+        "cluster: dev\nkubernetes: {{initialList: stream, qps: 2, burst: 1}}\ncheckpoint: {{directory: {}, intervalMs: 100}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{}]}}\nsink: {{stdout: {{}}}}\n",
+        dir.path().display(),
+        namespaces.join(", ")
+    );
+    let mut first = Bridge::start(&config);
+    assert_once_each(&read(&first, names.len()).await, &names, "snapshot");
+    first.wait_synced(WATCHES).await;
+    first.signal("TERM");
+    first.wait_exit(WAIT).await.expect("the bridge exits");
+
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &namespaces[2]);
+    let changed = cms
+        .patch(
+            "w2-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"v": "1"}})),
+        )
+        .await
+        .unwrap();
+    // Every checkpoint from resourceVersion 1, which the API server's watch cache has long lost.
+    let files: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "checkpoint"))
+        .collect();
+    assert_eq!(files.len(), WATCHES, "{files:?}");
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let (head, body) = text.split_once('\n').unwrap();
+        let mut meta: serde_json::Value = serde_json::from_str(head).unwrap();
+        meta["resourceVersion"] = "1".into();
+        std::fs::write(file, format!("{meta}\n{body}")).unwrap();
+    }
+
+    let second = Bridge::start(&config);
+    let events = read(&second, 1).await;
+    let got: Vec<(String, String, String)> = events
+        .iter()
+        .map(|e| (e.ext("name"), e.change().to_string(), e.ext("origin")))
+        .collect();
+    assert_eq!(
+        got,
+        [(
+            "w2-1".to_string(),
+            "modified".to_string(),
+            "repaired".to_string()
+        )],
+        "{}",
+        summary(&events)
+    );
+    assert_eq!(
+        Some(events[0].ext("resourceversion")),
+        changed.metadata.resource_version
+    );
+    let address = second.admin_address().await;
+    let metrics = wait_until("every watch relisted", WAIT, || async {
+        let metrics = get(&address, "/metrics").await.1;
+        let gone = sample(
+            &metrics,
+            "kube_event_bridge_relists_total",
+            &[("reason", "gone")],
+        );
+        (gone == WATCHES as f64 && lists(&metrics, "stream") == WATCHES as f64).then_some(metrics)
+    })
+    .await;
+    let spared = |reason: &str| {
+        sample(
+            &metrics,
+            "kube_event_bridge_watch_requests_spared_total",
+            &[("reason", reason)],
+        )
+    };
+    // All but the first watch, give or take one whose request was sent before the first answer.
+    assert!(spared("gone") >= (WATCHES - 2) as f64, "{metrics}");
+    assert!(spared("probe") >= (WATCHES - 2) as f64, "{metrics}");
+    assert_eq!(
+        sample(
+            &metrics,
+            "kube_event_bridge_watch_restarts_total",
+            &[("reason", "gone")]
+        ),
+        WATCHES as f64,
+        "{metrics}"
+    );
+}
+
 /// On an API server with the `WatchList` gate off, `auto` lists in pages: the refusal is
 /// logged once for the resource (two watches of it, one per namespace), counted, and every
 /// object of both namespaces arrives exactly once.
