@@ -351,7 +351,7 @@ mod tests {
             let history = history.clone();
             async move {
                 history
-                    .verify("20", &Status::default(), || std::future::pending())
+                    .verify("20", &Status::default(), std::future::pending)
                     .await
             }
         });
