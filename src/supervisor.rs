@@ -720,6 +720,18 @@ impl Supervisor {
     }
 
     /// Starts an opened watch: its watch task and its pipeline.
+    /// What the watches of `r` share, made with its first.
+    fn shared(&mut self, r: &ResolvedResource) -> Shared {
+        let initial_list = self.config.kubernetes.initial_list;
+        self.shared
+            .entry(r.label())
+            .or_insert_with(|| Shared {
+                listing: Arc::new(Listing::new(r.label(), initial_list)),
+                history: Arc::default(),
+            })
+            .clone()
+    }
+
     fn launch(&mut self, opened: Opened) {
         let Opened {
             key,
@@ -744,15 +756,8 @@ impl Supervisor {
             &self.background,
         );
         let start_rv = resume.as_ref().and_then(|c| c.resource_version.clone());
+        let shared = self.shared(r);
         // A LIST page is held whole while decoded: a quarter of the watch's budget.
-        let shared = self
-            .shared
-            .entry(r.label())
-            .or_insert_with(|| Shared {
-                listing: Arc::new(Listing::new(r.label(), config.kubernetes.initial_list)),
-                history: Arc::default(),
-            })
-            .clone();
         let target = target(
             &self.client,
             r,
