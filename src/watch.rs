@@ -521,7 +521,9 @@ mod tests {
 
     use super::*;
     use crate::config::InitialList;
-    use crate::watch::fake_api::{fake_api, fake_api_with, restarts, target, too_large_status};
+    use crate::watch::fake_api::{
+        fake_api, fake_api_with, restarts, target, targets, too_large_status,
+    };
     use crate::watch::list::FIRST_PAGE;
 
     #[test]
@@ -763,12 +765,7 @@ mod tests {
             "{items:?}"
         );
         assert_eq!(restarts(&status, "too_large"), 1, "{:?}", status.restarts);
-        let requests: Vec<String> = seen
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(_, t)| t.clone())
-            .collect();
+        let requests = targets(&seen);
         let relist = requests
             .iter()
             .position(|t| t.contains(&format!("limit={FIRST_PAGE}")))
@@ -854,12 +851,7 @@ mod tests {
         for task in tasks {
             task.await.unwrap();
         }
-        let requests: Vec<String> = seen
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(_, t)| t.clone())
-            .collect();
+        let requests = targets(&seen);
         let count = |what: &dyn Fn(&String) -> bool| requests.iter().filter(|t| what(t)).count();
         assert_eq!(
             count(&|t| t.contains("limit=1&") || t.ends_with("limit=1")),
@@ -935,13 +927,7 @@ mod tests {
         }
         stop.cancel();
         task.await.unwrap();
-        let requests = seen
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(_, t)| t.clone())
-            .collect();
-        (items, requests, status)
+        (items, targets(&seen), status)
     }
 
     fn listed(status: &Status, method: &str) -> u64 {

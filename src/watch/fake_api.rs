@@ -47,6 +47,15 @@ pub(super) fn cm_event(kind: &str, name: &str, rv: &str) -> WatchEvent<DynamicOb
 /// Requests a stand-in API server received: when, and the request line's target.
 pub(super) type Seen = Arc<Mutex<Vec<(Instant, String)>>>;
 
+/// The request targets `seen` holds, in order.
+pub(super) fn targets(seen: &Seen) -> Vec<String> {
+    seen.lock()
+        .unwrap()
+        .iter()
+        .map(|(_, t)| t.clone())
+        .collect()
+}
+
 /// A stand-in API server on loopback (plain HTTP/1.1, one request per connection) answering
 /// each request with `answer(path and query)`: (status code, body).
 pub(super) async fn fake_api(
