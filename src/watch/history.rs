@@ -24,7 +24,7 @@
 //! first server, would have lost as well.
 
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
@@ -133,15 +133,14 @@ impl History {
 
     fn forget(&self) {
         self.gone.send_replace(None);
-        *self.reached.lock().expect("history lock") = None;
+        *self.reached.lock().unwrap_or_else(PoisonError::into_inner) = None;
     }
 
     /// Checks that the API server still holds `rv` and has reached it, before a watch resumes
     /// from it: [`Error::Gone`] where a sibling found it gone; else through `probe` (the API
     /// server's current resourceVersion, `None` when it is not an integer), one at a time, unless
     /// a fresh answer of another watch's covers `rv`. A resourceVersion that is not an integer is
-    /// not checked.
-    /// Spared requests are counted in `status`.
+    /// not checked. Spared requests are counted in `status`.
     pub(super) async fn verify<P, F>(
         &self,
         rv: &str,
@@ -169,7 +168,7 @@ impl History {
             turn = self.probing.lock() => turn,
             () = self.gone(rv) => return Err(gone()),
         };
-        let known = *self.reached.lock().expect("history lock");
+        let known = *self.reached.lock().unwrap_or_else(PoisonError::into_inner);
         if reaches(known, wanted, Instant::now()) {
             count(&status.spared, "probe");
             return Ok(());
@@ -181,7 +180,7 @@ impl History {
         let Some(current) = current else {
             return Ok(());
         };
-        *self.reached.lock().expect("history lock") = Some(Probed {
+        *self.reached.lock().unwrap_or_else(PoisonError::into_inner) = Some(Probed {
             current,
             at: Instant::now(),
         });
