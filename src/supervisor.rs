@@ -719,7 +719,6 @@ impl Supervisor {
         }))
     }
 
-    /// Starts an opened watch: its watch task and its pipeline.
     /// What the watches of `r` share, made with its first.
     fn shared(&mut self, r: &ResolvedResource) -> Shared {
         let initial_list = self.config.kubernetes.initial_list;
@@ -732,6 +731,7 @@ impl Supervisor {
             .clone()
     }
 
+    /// Starts an opened watch: its watch task and its pipeline.
     fn launch(&mut self, opened: Opened) {
         let Opened {
             key,
@@ -963,9 +963,6 @@ fn lost(error: &crate::pipeline::Error) -> bool {
     )
 }
 
-/// What the watch of `r` in `namespace` (`None`: all namespaces, or cluster scope) lists and
-/// watches. `not_found` is told when the resource is no longer served; `listing` is shared by
-/// the resource's watches; a LIST page is held whole while decoded, up to `page_bytes`.
 /// What the watches of one resource share: how it is listed, so that a streaming list the API
 /// server refused is logged once per resource; and what the API server is known to hold of its
 /// history, so that watches resuming together do not each ask.
@@ -975,6 +972,9 @@ struct Shared {
     history: Arc<History>,
 }
 
+/// What the watch of `r` in `namespace` (`None`: all namespaces, or cluster scope) lists and
+/// watches. `not_found` is told when the resource is no longer served; `shared` is the
+/// resource's watches' ([`Shared`]); a LIST page is held whole while decoded, up to `page_bytes`.
 fn target(
     client: &Client,
     r: &ResolvedResource,
