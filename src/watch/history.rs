@@ -66,6 +66,16 @@ impl Default for History {
     }
 }
 
+/// The error of a watch from `rv`, which another watch of the resource found gone, counting the
+/// request it spared in `status`.
+pub(super) fn spared_gone(rv: &str, status: &Status) -> Error {
+    count(&status.spared, "gone");
+    Error::Gone {
+        rv: rv.to_string(),
+        kept_from: None,
+    }
+}
+
 /// The resourceVersion as an integer, if it is one.
 fn number(rv: &str) -> Option<u64> {
     rv.parse().ok()
@@ -154,13 +164,7 @@ impl History {
         let Some(wanted) = number(rv) else {
             return Ok(());
         };
-        let gone = || {
-            count(&status.spared, "gone");
-            Error::Gone {
-                rv: rv.to_string(),
-                kept_from: None,
-            }
-        };
+        let gone = || spared_gone(rv, status);
         if self.is_gone(rv) {
             return Err(gone());
         }

@@ -9,9 +9,10 @@ use kube::api::{DynamicObject, ObjectMeta, TypeMeta, WatchEvent, WatchParams};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
+use super::history::spared_gone;
 use super::{Error, Item, Target, is_too_large, send};
 use crate::change::ChangeKind;
-use crate::status::{Status, count};
+use crate::status::Status;
 
 /// A watch that stayed open this long, or delivered anything, was healthy: if it then drops, it
 /// resumes at once. One that ends sooner with nothing delivered resumes with backoff.
@@ -35,13 +36,7 @@ pub(super) async fn watch(
     // sibling watch finds `rv` gone: it could only be answered 410.
     let answer = tokio::select! {
         answer = target.api.watch(&params, rv) => answer,
-        () = target.history.gone(rv) => {
-            count(&status.spared, "gone");
-            return Err(Error::Gone {
-                rv: rv.to_string(),
-                kept_from: None,
-            });
-        }
+        () = target.history.gone(rv) => return Err(spared_gone(rv, status)),
     };
     let stream = answer.map_err(|source| match source {
         kube::Error::Api(s) if s.code == 410 || is_too_large(&s) => Error::from_status(*s, rv),
