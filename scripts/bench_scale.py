@@ -19,8 +19,8 @@ its life:
     etcd is also compacted to its current revision first: needed when the API server runs without
     a watch cache for ConfigMaps, as for a million objects, docs/benchmarks.md); seconds from the
     API server's start until the last relist completed (its start's own seconds beside them:
-    the bridge relists as soon as it serves; its stop, up to 20 s with 1,000 watches open, is not
-    timed, and the requests counted include those made during it), the watches that got a 410,
+    the bridge relists as soon as it serves; its stop is not timed, and the requests counted
+    include those made during it: docs/benchmarks.md, "A 410 repair in one request per watch"), the watches that got a 410,
     API requests made, and the requests the watches spared by sharing what they learnt
     (`repair_spared_gone`, `repair_spared_probe`);
   - ready from a checkpoint: SIGTERM, start again, process start to /readyz; API requests made.
