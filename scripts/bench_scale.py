@@ -20,9 +20,12 @@ its life:
     a watch cache for ConfigMaps, as for a million objects, docs/benchmarks.md); seconds from the
     API server's start until the last relist completed (its start's own seconds beside them:
     the bridge relists as soon as it serves; its stop is not timed, and the requests counted
-    include those made during it: docs/benchmarks.md, "A 410 repair in one request per watch"), the watches that got a 410,
-    API requests made, and the requests the watches spared by sharing what they learnt
-    (`repair_spared_gone`, `repair_spared_probe`);
+    include those made during it: docs/benchmarks.md, "A 410 repair in one request per watch"),
+    the watches that got a 410, the lists completed (`repair_lists`: more than the watches when a
+    watch listed twice), the watch restarts by reason (`repair_restarts_REASON`), API requests
+    made, and the requests the watches spared by sharing what they learnt (`repair_spared_gone`,
+    `repair_spared_probe`); with KEB_BENCH_SCALE_LOGS=DIR, the bridge's log up to the repair is
+    kept as DIR/NAME.log;
   - ready from a checkpoint: SIGTERM, start again, process start to /readyz; API requests made.
 
 Each measurement is appended as one JSON line to KEB_BENCH_SCALE_OUT (default
@@ -35,6 +38,7 @@ import json
 import math
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -151,6 +155,7 @@ def repair(b, proc, address, watches, env, kubectl, stamp):
 
     gone0, lists0 = relists()
     spared0 = spared(scrape(address))
+    restarts0 = restarts(scrape(address))
     req0 = requests(b, address)
     b.sh(kubectl, "-n", "default", "create", "configmap", f"scale-mark-{stamp}-{time.monotonic_ns()}",
          env=env, stdout=subprocess.DEVNULL)
@@ -185,10 +190,25 @@ def repair(b, proc, address, watches, env, kubectl, stamp):
                              f"{len(gone & listed)} of them listed since")
         time.sleep(0.25)
     spared_now = spared(scrape(address))
+    restarts_now = restarts(scrape(address))
     return {"repair_s": done_at - started, "apiserver_start_s": up - started,
             "repair_gone": float(sum(gone_now.values()) - sum(gone0.values())),
+            "repair_lists": float(sum(lists_now.values()) - sum(lists0.values())),
+            **{f"repair_restarts_{reason}": n - restarts0.get(reason, 0.0)
+               for reason, n in restarts_now.items() if n > restarts0.get(reason, 0.0)},
             "repair_requests": requests(b, address) - req0,
             **{f"repair_spared_{reason}": spared_now[reason] - spared0[reason] for reason in spared_now}}
+
+
+def restarts(body):
+    """Watch restarts, every watch's, by reason (`watch_restarts_total`): a watch that lists twice
+    in one repair shows why here (a list cut short counts under `dropped` or `status`)."""
+    found = {}
+    for line in body.splitlines():
+        if line.startswith("kube_event_bridge_watch_restarts_total{"):
+            reason = re.search(r'reason="([^"]*)"', line).group(1)
+            found[reason] = found.get(reason, 0.0) + float(line.rsplit(" ", 1)[1])
+    return found
 
 
 def spared(body):
@@ -288,6 +308,12 @@ def measure(b, point, sink, run, env, bin_path, loadgen, kubectl, stamp):
         b.wait_idle(proc.pid, 2.0)
         proc.terminate()
         proc.wait()
+        if os.environ.get("KEB_BENCH_SCALE_LOGS"):
+            # The bridge's log from its start to the repair, kept to read the repair after the run
+            # (the start from the checkpoint below writes a new one).
+            logs = Path(os.environ["KEB_BENCH_SCALE_LOGS"])
+            logs.mkdir(parents=True, exist_ok=True)
+            shutil.copy(log, logs / f"{name}.log")
 
         t0 = time.monotonic()
         proc, log = b.start_bridge(bin_path, config, work, env)
