@@ -1,7 +1,7 @@
 //! HTTP receiver for `scripts/bench`: acknowledges every request with `202 Accepted` and an empty
 //! body once it has read the body, over HTTP/1.1 keep-alive, a task per connection. A Python
-//! receiver measured itself rather than the HTTP sink; this one costs a few microseconds per
-//! event.
+//! receiver measured itself rather than the HTTP sink; this one costs little beside it (its cost:
+//! docs/benchmarks.md, "Whole bridge: `scripts/bench`").
 //!
 //! `receiver` prints `listening <address>` on its first line, then runs until killed.
 

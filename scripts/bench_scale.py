@@ -89,8 +89,8 @@ def requests(b, address):
 
 
 def scrape(address, timeout=60):
-    """The bridge's /metrics, read with patience (several MB at 1,000 watches, served while the
-    bridge relists them all), failing loudly: a reading taken as zero would make a sum move
+    """The bridge's /metrics, read with patience (it grows with the watches, and is served while
+    the bridge relists them all), failing loudly: a reading taken as zero would make a sum move
     backwards and a wait never end."""
     deadline = time.monotonic() + timeout
     while True:

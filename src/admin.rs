@@ -383,8 +383,9 @@ pub(crate) struct Limits {
 }
 
 impl Default for Limits {
-    /// Probes and scrapes are a handful of connections; a response is a few kilobytes written
-    /// in microseconds, so these deadlines only ever cut clients that misbehave.
+    /// Probes and scrapes are a handful of connections, and a response (`/metrics` grows with
+    /// the watches, to a few megabytes at a thousand) is written to a reading client well within
+    /// these deadlines: they only ever cut clients that misbehave.
     fn default() -> Self {
         Self {
             max_connections: 64,
