@@ -81,7 +81,9 @@ pub enum Error {
         kept_from: Option<u64>,
     },
     /// The API server has not reached the resourceVersion (504 `ResourceVersionTooLarge`): its
-    /// etcd was restored from a backup older than the resourceVersion.
+    /// etcd was restored from a backup older than the resourceVersion. Asked for none (`rv`
+    /// empty: a consistent list), its watch cache had not caught up with etcd's latest revision
+    /// within the API server's wait (3 s), as when it has just started under load.
     #[error("resourceVersion {rv} is ahead of the API server: {message}")]
     TooLarge {
         /// The resourceVersion asked for.
@@ -260,7 +262,9 @@ pub async fn run(
     loop {
         let attempt = async {
             match resume.action() {
-                Action::List => read_state(&target, &tx, &status, &mut resume.position).await,
+                Action::List(from) => {
+                    read_state(&target, &tx, &status, &mut resume.position, from.as_deref()).await
+                }
                 Action::Verify(rv) => {
                     target
                         .history
@@ -338,15 +342,17 @@ pub async fn run(
 /// Lists the resource, keeping `position` at the list's resourceVersion: by a streaming list
 /// that goes on as the live watch (it returns what a watch returns), or a paged LIST (the watch
 /// follows in the next attempt). A refused streaming list falls back to the paged LIST with
-/// `kubernetes.initialList: auto`.
+/// `kubernetes.initialList: auto`. A streaming list lists a state at least as new as `from`; a
+/// paged LIST reads the latest.
 async fn read_state(
     target: &Target,
     tx: &mpsc::Sender<Item>,
     status: &Status,
     position: &mut Option<String>,
+    from: Option<&str>,
 ) -> Result<bool, Error> {
     if target.listing.method() == Method::Stream {
-        match stream_list(target, tx, status, position).await {
+        match stream_list(target, tx, status, position, from).await {
             Err(Error::StreamRefused(refusal)) if target.listing.falls_back() => {
                 target.listing.fall_back(&api_message(&refusal), status);
             }
@@ -392,13 +398,20 @@ struct Resume {
     /// checkpoint, or after a watch that dropped or delivered nothing (it may have been
     /// restored from a backup meanwhile, and would then hold the watch open, silently).
     verify: bool,
+    /// The resourceVersion a 410 found gone: the next list is of a state at least that new
+    /// (`NotOlderThan`), which the API server's watch cache serves at once. A consistent read
+    /// (`None`) waits for the cache to reach etcd's latest revision, and an API server just
+    /// restarted under load can fail that after 3 s (docs/benchmarks.md, "The 410 repair
+    /// without consistent reads").
+    floor: Option<String>,
 }
 
 /// What the next attempt does.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Action {
-    /// List, and publish what the list finds.
-    List,
+    /// List a state at least as new as this resourceVersion (`None`: the latest, a consistent
+    /// read), and publish what the list finds.
+    List(Option<String>),
     /// Check that the API server has reached this resourceVersion, then watch from it.
     Verify(String),
     /// Watch from this resourceVersion.
@@ -425,13 +438,14 @@ impl Resume {
         Self {
             position: resource_version,
             verify,
+            floor: None,
         }
     }
 
     /// The next attempt.
     fn action(&self) -> Action {
         match &self.position {
-            None => Action::List,
+            None => Action::List(self.floor.clone()),
             Some(rv) if self.verify => Action::Verify(rv.clone()),
             Some(rv) => Action::Watch(rv.clone()),
         }
@@ -439,15 +453,30 @@ impl Resume {
 
     /// How `ended` (a list or watch that went well, `suspect` when a watch dropped or delivered
     /// nothing; or its error) changes the state, and what happens next. After any failure the
-    /// position is verified before it is watched again.
+    /// position is verified before it is watched again. A watch's 410 has the list that follows
+    /// start from the resourceVersion found gone; a list's own 410, or a resourceVersion ahead
+    /// of the API server, from its latest. A consistent list the watch cache could not serve in
+    /// time is the API server's own lag: retried as a failed request is, after a backoff, and
+    /// named by readiness if it lasts.
     fn after(&mut self, ended: Result<bool, Error>) -> Effect {
         match ended {
             Ok(suspect) => {
                 self.verify = suspect;
+                self.floor = None;
                 Effect::Next
             }
             Err(Error::Closed) => Effect::Stop,
+            Err(Error::TooLarge { rv, message }) if rv.is_empty() => {
+                self.verify = true;
+                Effect::Retry(Error::TooLarge { rv, message })
+            }
             Err(error @ (Error::Gone { .. } | Error::TooLarge { .. })) => {
+                self.floor = match &error {
+                    Error::Gone { rv, .. } if self.position.is_some() && !rv.is_empty() => {
+                        Some(rv.clone())
+                    }
+                    _ => None,
+                };
                 self.verify = true;
                 self.position = None;
                 Effect::Relist(error)
@@ -487,7 +516,8 @@ fn kept_from(message: &str) -> Option<u64> {
 fn learn(history: &History, ended: &Result<bool, Error>) {
     match ended {
         Err(Error::Gone { rv, kept_from }) => history.lost(rv, *kept_from),
-        Err(Error::TooLarge { .. }) => history.ahead(),
+        // A consistent list's answer says the watch cache lags etcd, nothing of the history.
+        Err(Error::TooLarge { rv, .. }) if !rv.is_empty() => history.ahead(),
         _ => {}
     }
 }
@@ -533,7 +563,7 @@ mod tests {
         assert!(matches!(resume.after(Ok(false)), Effect::Next));
         assert_eq!(resume.action(), Action::Watch("7".into()));
         let mut fresh = Resume::from_checkpoint(None);
-        assert_eq!(fresh.action(), Action::List);
+        assert_eq!(fresh.action(), Action::List(None));
         fresh.position = Some("9".into());
         assert!(matches!(fresh.after(Ok(false)), Effect::Next));
         assert_eq!(fresh.action(), Action::Watch("9".into()));
@@ -555,24 +585,73 @@ mod tests {
         );
     }
 
+    fn gone(rv: &str) -> Error {
+        Error::Gone {
+            rv: rv.into(),
+            kept_from: None,
+        }
+    }
+
+    fn too_large(rv: &str) -> Error {
+        Error::TooLarge {
+            rv: rv.into(),
+            message: "too large".into(),
+        }
+    }
+
     #[test]
     fn a_lost_or_future_resource_version_lists_again_and_a_closed_pipeline_stops() {
-        for error in [
-            Error::Gone {
-                rv: "5".into(),
-                kept_from: None,
-            },
-            Error::TooLarge {
-                rv: "5".into(),
-                message: "too large".into(),
-            },
-        ] {
-            let mut resume = Resume::from_checkpoint(Some("5".into()));
-            assert!(matches!(resume.after(Err(error)), Effect::Relist(_)));
-            assert_eq!(resume.action(), Action::List);
-        }
+        let mut resume = Resume::from_checkpoint(Some("5".into()));
+        assert!(matches!(resume.after(Err(gone("5"))), Effect::Relist(_)));
+        assert_eq!(
+            resume.action(),
+            Action::List(Some("5".into())),
+            "after a watch's 410, a state at least as new as what was found gone"
+        );
+        let mut resume = Resume::from_checkpoint(Some("5".into()));
+        assert!(matches!(
+            resume.after(Err(too_large("5"))),
+            Effect::Relist(_)
+        ));
+        assert_eq!(
+            resume.action(),
+            Action::List(None),
+            "ahead of the API server: its latest state"
+        );
         let mut resume = Resume::from_checkpoint(Some("5".into()));
         assert!(matches!(resume.after(Err(Error::Closed)), Effect::Stop));
+    }
+
+    #[test]
+    fn a_list_from_a_lost_resource_version_retries_from_it_and_once_listed_forgets_it() {
+        let mut resume = Resume::from_checkpoint(Some("5".into()));
+        resume.after(Err(gone("5")));
+        // The list's request fails: the next list starts from the same point.
+        let failed = resume.after(Err(Error::Unproductive(None)));
+        assert!(matches!(failed, Effect::Retry(_)));
+        assert_eq!(resume.action(), Action::List(Some("5".into())));
+        // Answered 410 itself, or found ahead of the API server: the next list reads the latest.
+        for error in [gone("5"), too_large("5")] {
+            let mut resume = Resume::from_checkpoint(Some("5".into()));
+            resume.after(Err(gone("5")));
+            assert!(matches!(resume.after(Err(error)), Effect::Relist(_)));
+            assert_eq!(resume.action(), Action::List(None));
+        }
+        // A consistent list the watch cache could not serve in time: tried again after a
+        // backoff, as it was.
+        let mut consistent = Resume::from_checkpoint(None);
+        let lag = consistent.after(Err(too_large("")));
+        assert!(
+            matches!(lag, Effect::Retry(Error::TooLarge { .. })),
+            "{lag:?}"
+        );
+        assert_eq!(consistent.action(), Action::List(None));
+        // Listed, then watched from the list: a later 410 starts from that watch's point.
+        resume.position = Some("9".into());
+        assert!(matches!(resume.after(Ok(false)), Effect::Next));
+        assert_eq!(resume.action(), Action::Watch("9".into()));
+        resume.after(Err(gone("12")));
+        assert_eq!(resume.action(), Action::List(Some("12".into())));
     }
 
     #[test]
@@ -976,6 +1055,116 @@ mod tests {
                 .load(std::sync::atomic::Ordering::Relaxed),
             0
         );
+    }
+
+    /// Runs a streaming watch from `checkpoint` against an API server answering per `answer`
+    /// until the live change after [`STREAMED`]'s list; returns the items, the requests, the
+    /// watch's status and the resource's history.
+    async fn streaming_until_live(
+        answer: impl Fn(&str) -> (u16, String) + Send + Sync + 'static,
+        checkpoint: Option<&str>,
+        history: Arc<History>,
+    ) -> (Vec<Item>, Vec<String>, Arc<Status>) {
+        let (client, seen) = fake_api(move |target| answer(target)).await;
+        let (tx, mut rx) = mpsc::channel(8);
+        let status = Arc::new(Status::default());
+        let stop = CancellationToken::new();
+        let mut t = target(client);
+        t.listing = Arc::new(Listing::new("v1/configmaps", InitialList::Stream));
+        t.history = history;
+        let task = tokio::spawn(run(
+            t,
+            checkpoint.map(String::from),
+            tx,
+            stop.clone(),
+            status.clone(),
+        ));
+        let mut items = Vec::new();
+        while !matches!(items.last(), Some(Item::Event(..))) {
+            let item = tokio::time::timeout(Duration::from_secs(60), rx.recv())
+                .await
+                .expect("the live change within 60 s")
+                .expect("the watch runs");
+            items.push(item);
+        }
+        stop.cancel();
+        task.await.unwrap();
+        (items, targets(&seen), status)
+    }
+
+    /// After a watch's 410, the streaming list asks for a state at least as new as the
+    /// resourceVersion found gone, which the watch cache serves at once, not for a consistent
+    /// read, which it serves once it has caught up with etcd.
+    #[tokio::test]
+    async fn a_streaming_list_after_a_410_starts_from_what_was_found_gone() {
+        let gone = r#"{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"too old resource version: 10 (90)","reason":"Expired","code":410}}"#;
+        let answer = move |target: &str| match target {
+            t if t.contains("sendInitialEvents=true") => (200, STREAMED.to_string()),
+            t if t.contains("watch=true") => (200, format!("{gone}\n")),
+            _ => (200, EMPTY_LIST.replace("\"5\"", "\"100\"")),
+        };
+        let (items, requests, status) =
+            streaming_until_live(answer, Some("10"), Arc::default()).await;
+        let streamed: Vec<&String> = requests
+            .iter()
+            .filter(|t| t.contains("sendInitialEvents=true"))
+            .collect();
+        assert_eq!(streamed.len(), 1, "{requests:?}");
+        assert!(
+            streamed[0].contains("resourceVersion=10&")
+                || streamed[0].ends_with("resourceVersion=10"),
+            "NotOlderThan the resourceVersion found gone: {}",
+            streamed[0]
+        );
+        assert!(streamed[0].contains("resourceVersionMatch=NotOlderThan"));
+        assert!(matches!(items[0], Item::ListBegin), "{items:?}");
+        assert_eq!(restarts(&status, "gone"), 1, "{:?}", status.restarts);
+    }
+
+    /// A consistent streaming list the watch cache could not serve in time (504 "Too large
+    /// resource version" as the stream's first event, what an API server just restarted under
+    /// load answers) begins no list, forgets nothing of the resource's history, and is asked
+    /// again after a backoff.
+    #[tokio::test]
+    async fn a_consistent_list_the_watch_cache_could_not_serve_in_time_is_asked_again() {
+        let lagging = format!(
+            "{{\"type\":\"ERROR\",\"object\":{}}}\n",
+            too_large_status(true)
+        );
+        let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = asked.clone();
+        let answer = move |target: &str| {
+            if !target.contains("sendInitialEvents=true") {
+                return (200, String::new());
+            }
+            match counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+                0 => (200, lagging.clone()),
+                _ => (200, STREAMED.to_string()),
+            }
+        };
+        let history = Arc::new(History::default());
+        history.lost("5", None);
+        let (items, requests, status) = streaming_until_live(answer, None, history.clone()).await;
+        let items: Vec<String> = items.iter().map(|i| format!("{i:?}")).collect();
+        assert!(items[0].starts_with("ListBegin"), "{items:?}");
+        assert_eq!(
+            items.iter().filter(|i| i.starts_with("ListBegin")).count(),
+            1,
+            "one list begun, none aborted: {items:?}"
+        );
+        assert!(
+            !items.iter().any(|i| i.starts_with("ListAbort")),
+            "{items:?}"
+        );
+        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert!(
+            requests
+                .iter()
+                .all(|t| t.ends_with("resourceVersion=") || !t.contains("sendInitialEvents")),
+            "both consistent reads: {requests:?}"
+        );
+        assert_eq!(restarts(&status, "too_large"), 1, "{:?}", status.restarts);
+        assert!(history.is_gone("5"), "the history is kept");
     }
 
     #[tokio::test]

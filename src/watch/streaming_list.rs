@@ -135,22 +135,26 @@ pub(super) fn is_refusal(status: &ApiStatus) -> bool {
 }
 
 /// Lists through a watch, then follows the same connection as the live watch, keeping
-/// `position` at the list's resourceVersion, then at the last one sent. Returns what a watch
-/// returns ([`super::stream::watch`]); [`Error::StreamRefused`] when the API server does not
-/// serve streaming lists (nothing was sent then). A failure before the list's end sends
-/// [`Item::ListAbort`], as a failed paged LIST does.
+/// `position` at the list's resourceVersion, then at the last one sent. The list is of a state
+/// at least as new as `from` (`resourceVersionMatch=NotOlderThan`); without it, a consistent
+/// read. Returns what a watch returns ([`super::stream::watch`]); [`Error::StreamRefused`] when
+/// the API server does not serve streaming lists (nothing was sent then). An error the API
+/// server answers before any object (a consistent read its watch cache could not serve in
+/// time) is no list begun; a failure after the list began sends [`Item::ListAbort`], as a
+/// failed paged LIST does.
 pub(super) async fn stream_list(
     target: &Target,
     tx: &mpsc::Sender<Item>,
     status: &Status,
     position: &mut Option<String>,
+    from: Option<&str>,
 ) -> Result<bool, Error> {
     let params = selected(WatchParams::streaming_lists(), target).timeout(STREAM_TIMEOUT_SECS);
     let opened = Instant::now();
-    // resourceVersion "" with NotOlderThan: a consistent read, as of the request.
+    let from = from.unwrap_or_default();
     let stream = target
         .api
-        .watch(&params, "")
+        .watch(&params, from)
         .await
         .map_err(|source| match source {
             kube::Error::Api(s) if is_refusal(&s) => Error::StreamRefused(kube::Error::Api(s)),
@@ -159,10 +163,16 @@ pub(super) async fn stream_list(
                 source,
             },
         })?;
-    debug!("streaming list");
+    debug!(from, "streaming list");
+    let mut stream = std::pin::pin!(stream.into_stream().peekable());
+    if let Some(Ok(WatchEvent::Error(_))) = stream.as_mut().peek().await
+        && let Some(answer) = stream.next().await
+        && let Err(error) = step(answer, from)
+    {
+        return Err(error);
+    }
     send(tx, Item::ListBegin).await?;
-    let mut stream = std::pin::pin!(stream.into_stream());
-    let (rv, listed) = match objects(&mut stream, &target.types, tx).await {
+    let (rv, listed) = match objects(&mut stream, &target.types, tx, from).await {
         Ok(end) => end,
         Err(error) => {
             send(tx, Item::ListAbort).await?;
@@ -187,12 +197,13 @@ async fn objects(
     stream: &mut (impl Stream<Item = Result<WatchEvent<DynamicObject>, kube::Error>> + Unpin),
     types: &TypeMeta,
     tx: &mpsc::Sender<Item>,
+    from: &str,
 ) -> Result<(String, usize), Error> {
     let mut progress = ListProgress::new(Method::Stream.label(), Instant::now());
     let mut sampled = 0;
     let mut listed = 0;
     while let Some(event) = stream.next().await {
-        let mut object = match step(event, "")? {
+        let mut object = match step(event, from)? {
             // The API server sends none (KEP-3157): an object deleted while listed is absent.
             Step::Event(ChangeKind::Deleted, _, rv) => {
                 warn!(rv, "a deletion among a streaming list's objects ignored");
@@ -329,7 +340,7 @@ mod tests {
     ) -> (Vec<String>, Result<(String, usize), Error>) {
         let (tx, mut rx) = mpsc::channel(16);
         let mut stream = futures::stream::iter(events);
-        let ended = objects(&mut stream, &TypeMeta::default(), &tx).await;
+        let ended = objects(&mut stream, &TypeMeta::default(), &tx, "").await;
         drop(tx);
         let mut sent = Vec::new();
         while let Some(item) = rx.recv().await {
