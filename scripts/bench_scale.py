@@ -21,8 +21,9 @@ its life:
     API server's start until the last relist completed (its start's own seconds beside them:
     the bridge relists as soon as it serves; its stop is not timed, and the requests counted
     include those made during it: docs/benchmarks.md, "A 410 repair in one request per watch"),
-    the watches that got a 410, the lists completed (`repair_lists`: more than the watches when a
-    watch listed twice), the watch restarts by reason (`repair_restarts_REASON`), API requests
+    the lists begun after a 410 (`repair_gone`), the lists completed (`repair_lists`: more than
+    the watches when a watch listed twice), the watch restarts by reason
+    (`repair_restarts_REASON`: `gone` counts every watch that got a 410 or was told), API requests
     made, and the requests the watches spared by sharing what they learnt (`repair_spared_gone`,
     `repair_spared_probe`); with KEB_BENCH_SCALE_LOGS=DIR, the bridge's log up to the repair is
     kept as DIR/NAME.log;
@@ -146,14 +147,17 @@ def by_namespace(body, name, label=None):
 
 def repair(b, proc, address, watches, env, kubectl, stamp):
     """Restarts the API server after a write outside the watched namespaces and times the relists:
-    the repair is done once every watch that got a 410 has completed a list since, /readyz says
-    ready, and either every watch got one or none got one for 10 s."""
+    the repair is done once every watch that got a 410 (itself, or told by a sibling: restarts
+    counted `gone`) has completed a list since, /readyz says ready, and either every watch got one
+    or none got one for 10 s. A relist counts only once its list begins (its first object), so
+    the 410s, not the relists, say which watches must list."""
     def relists():
         body = scrape(address)
-        return (by_namespace(body, "kube_event_bridge_relists_total", 'reason="gone"'),
+        return (by_namespace(body, "kube_event_bridge_watch_restarts_total", 'reason="gone"'),
                 by_namespace(body, "kube_event_bridge_lists_completed_total"))
 
     gone0, lists0 = relists()
+    relists0 = relisted(scrape(address))
     spared0 = spared(scrape(address))
     restarts0 = restarts(scrape(address))
     req0 = requests(b, address)
@@ -192,12 +196,17 @@ def repair(b, proc, address, watches, env, kubectl, stamp):
     spared_now = spared(scrape(address))
     restarts_now = restarts(scrape(address))
     return {"repair_s": done_at - started, "apiserver_start_s": up - started,
-            "repair_gone": float(sum(gone_now.values()) - sum(gone0.values())),
+            "repair_gone": relisted(scrape(address)) - relists0,
             "repair_lists": float(sum(lists_now.values()) - sum(lists0.values())),
             **{f"repair_restarts_{reason}": n - restarts0.get(reason, 0.0)
                for reason, n in restarts_now.items() if n > restarts0.get(reason, 0.0)},
             "repair_requests": requests(b, address) - req0,
             **{f"repair_spared_{reason}": spared_now[reason] - spared0[reason] for reason in spared_now}}
+
+
+def relisted(body):
+    """Lists begun after a 410, every watch's (`relists_total{reason="gone"}`)."""
+    return sum(by_namespace(body, "kube_event_bridge_relists_total", 'reason="gone"').values())
 
 
 def restarts(body):
