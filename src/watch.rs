@@ -81,14 +81,20 @@ pub enum Error {
         kept_from: Option<u64>,
     },
     /// The API server has not reached the resourceVersion (504 `ResourceVersionTooLarge`): its
-    /// etcd was restored from a backup older than the resourceVersion. Asked for none (`rv`
-    /// empty: a consistent list), its watch cache had not caught up with etcd's latest revision
-    /// within the API server's wait (3 s), as when it has just started under load.
+    /// etcd was restored from a backup older than the resourceVersion.
     #[error("resourceVersion {rv} is ahead of the API server: {message}")]
     TooLarge {
         /// The resourceVersion asked for.
         rv: String,
         /// The API server's message (`Too large resource version: 2000000000, current: 1234`).
+        message: String,
+    },
+    /// A consistent list (no resourceVersion asked for) the API server's watch cache could not
+    /// serve: it had not caught up with etcd's latest revision within the API server's wait
+    /// (3 s, the same 504 `ResourceVersionTooLarge`), as when it has just started under load.
+    #[error("the API server's watch cache lags etcd: {message}")]
+    Lagging {
+        /// The API server's message (`Too large resource version: 448346, current: 448345`).
         message: String,
     },
     /// A request failed.
@@ -139,7 +145,7 @@ impl Error {
     pub fn reason(&self) -> &'static str {
         match self {
             Error::Gone { .. } => "gone",
-            Error::TooLarge { .. } => "too_large",
+            Error::TooLarge { .. } | Error::Lagging { .. } => "too_large",
             Error::Request {
                 source: kube::Error::Api(s),
                 ..
@@ -159,12 +165,18 @@ impl Error {
     }
 
     /// The error an error status of the API server stands for, at resourceVersion `rv`: 410
-    /// Gone and 504 "Too large resource version" relist; anything else is a [`Error::Status`].
+    /// Gone and 504 "Too large resource version" relist (without `rv`, a consistent read, the
+    /// latter is the watch cache's lag: [`Error::Lagging`]); anything else is a
+    /// [`Error::Status`].
     fn from_status(status: ApiStatus, rv: &str) -> Self {
         if status.code == 410 {
             Error::Gone {
                 rv: rv.to_string(),
                 kept_from: kept_from(&status.message),
+            }
+        } else if is_too_large(&status) && rv.is_empty() {
+            Error::Lagging {
+                message: status.message,
             }
         } else if is_too_large(&status) {
             Error::TooLarge {
@@ -466,10 +478,6 @@ impl Resume {
                 Effect::Next
             }
             Err(Error::Closed) => Effect::Stop,
-            Err(Error::TooLarge { rv, message }) if rv.is_empty() => {
-                self.verify = true;
-                Effect::Retry(Error::TooLarge { rv, message })
-            }
             Err(error @ (Error::Gone { .. } | Error::TooLarge { .. })) => {
                 self.floor = match &error {
                     Error::Gone { rv, .. } if self.position.is_some() && !rv.is_empty() => {
@@ -516,8 +524,7 @@ fn kept_from(message: &str) -> Option<u64> {
 fn learn(history: &History, ended: &Result<bool, Error>) {
     match ended {
         Err(Error::Gone { rv, kept_from }) => history.lost(rv, *kept_from),
-        // A consistent list's answer says the watch cache lags etcd, nothing of the history.
-        Err(Error::TooLarge { rv, .. }) if !rv.is_empty() => history.ahead(),
+        Err(Error::TooLarge { .. }) => history.ahead(),
         _ => {}
     }
 }
@@ -640,9 +647,11 @@ mod tests {
         // A consistent list the watch cache could not serve in time: tried again after a
         // backoff, as it was.
         let mut consistent = Resume::from_checkpoint(None);
-        let lag = consistent.after(Err(too_large("")));
+        let lag = consistent.after(Err(Error::Lagging {
+            message: "Too large resource version: 9, current: 8".into(),
+        }));
         assert!(
-            matches!(lag, Effect::Retry(Error::TooLarge { .. })),
+            matches!(lag, Effect::Retry(Error::Lagging { .. })),
             "{lag:?}"
         );
         assert_eq!(consistent.action(), Action::List(None));

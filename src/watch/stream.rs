@@ -266,6 +266,9 @@ mod tests {
                 }
                 other => panic!("{other:?}"),
             }
+            // Asked for no resourceVersion (a consistent list): the watch cache's lag.
+            let lagging = step(Ok(WatchEvent::Error(s.clone())), "");
+            assert!(matches!(lagging, Err(Error::Lagging { .. })), "{lagging:?}");
             assert_eq!(
                 reason(step(Err(kube::Error::Api(s)), "999999999")),
                 "too_large"
