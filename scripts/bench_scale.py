@@ -133,14 +133,14 @@ def churn(b, loadgen, prefix, watches, per_ns, env):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def by_namespace(body, name, label=None):
-    """The samples of `name` in a scraped `body` (those carrying `label` when given), by their
-    namespace label."""
+def by_namespace(body, name, label=None, by="namespace"):
+    """The samples of `name` in a scraped `body` (those carrying `label` when given), summed by
+    the value of their label `by` (the namespace unless told)."""
     found = {}
     for line in body.splitlines():
         if line.startswith(name + "{") and (label is None or label in line):
-            namespace = re.search(r'namespace="([^"]*)"', line)
-            key = namespace.group(1) if namespace else ""
+            value = re.search(rf'{by}="([^"]*)"', line)
+            key = value.group(1) if value else ""
             found[key] = found.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
     return found
 
@@ -157,9 +157,8 @@ def repair(b, proc, address, watches, env, kubectl, stamp):
                 by_namespace(body, "kube_event_bridge_lists_completed_total"))
 
     gone0, lists0 = relists()
-    relists0 = relisted(scrape(address))
-    spared0 = spared(scrape(address))
-    restarts0 = restarts(scrape(address))
+    body = scrape(address)
+    relists0, spared0, restarts0 = relisted(body), spared(body), restarts(body)
     req0 = requests(b, address)
     b.sh(kubectl, "-n", "default", "create", "configmap", f"scale-mark-{stamp}-{time.monotonic_ns()}",
          env=env, stdout=subprocess.DEVNULL)
@@ -193,10 +192,10 @@ def repair(b, proc, address, watches, env, kubectl, stamp):
             raise SystemExit(f"the 410 repair did not end: {len(gone)} watches got a 410, "
                              f"{len(gone & listed)} of them listed since")
         time.sleep(0.25)
-    spared_now = spared(scrape(address))
-    restarts_now = restarts(scrape(address))
+    body = scrape(address)
+    spared_now, restarts_now = spared(body), restarts(body)
     return {"repair_s": done_at - started, "apiserver_start_s": up - started,
-            "repair_gone": relisted(scrape(address)) - relists0,
+            "repair_gone": relisted(body) - relists0,
             "repair_lists": float(sum(lists_now.values()) - sum(lists0.values())),
             **{f"repair_restarts_{reason}": n - restarts0.get(reason, 0.0)
                for reason, n in restarts_now.items() if n > restarts0.get(reason, 0.0)},
@@ -212,12 +211,7 @@ def relisted(body):
 def restarts(body):
     """Watch restarts, every watch's, by reason (`watch_restarts_total`): a watch that lists twice
     in one repair shows why here (a list cut short counts under `dropped` or `status`)."""
-    found = {}
-    for line in body.splitlines():
-        if line.startswith("kube_event_bridge_watch_restarts_total{"):
-            reason = re.search(r'reason="([^"]*)"', line).group(1)
-            found[reason] = found.get(reason, 0.0) + float(line.rsplit(" ", 1)[1])
-    return found
+    return by_namespace(body, "kube_event_bridge_watch_restarts_total", by="reason")
 
 
 def spared(body):
