@@ -987,7 +987,7 @@ mod tests {
         streams: bool,
         until: impl Fn(&[Item]) -> bool,
     ) -> (Vec<Item>, Vec<String>, Arc<Status>) {
-        let (client, seen) = fake_api(move |target| {
+        let answer = move |target: &str| {
             let streaming = target.contains("sendInitialEvents=true");
             match (streaming, streams) {
                 (true, true) => (200, STREAMED.to_string()),
@@ -995,14 +995,34 @@ mod tests {
                 _ if target.contains("watch=true") => (200, String::new()),
                 _ => (200, LIST_OF_A.to_string()),
             }
-        })
-        .await;
+        };
+        run_until(answer, listing, Arc::default(), None, until).await
+    }
+
+    /// Runs a watch of a resource listed per `listing`, with `history`, from `checkpoint`,
+    /// against an API server answering per `answer`, until `until` holds for the items
+    /// received (60 s at most); returns them, the requests and the watch's status.
+    async fn run_until(
+        answer: impl Fn(&str) -> (u16, String) + Send + Sync + 'static,
+        listing: Arc<Listing>,
+        history: Arc<History>,
+        checkpoint: Option<&str>,
+        until: impl Fn(&[Item]) -> bool,
+    ) -> (Vec<Item>, Vec<String>, Arc<Status>) {
+        let (client, seen) = fake_api(answer).await;
         let (tx, mut rx) = mpsc::channel(8);
         let status = Arc::new(Status::default());
         let stop = CancellationToken::new();
         let mut t = target(client);
         t.listing = listing;
-        let task = tokio::spawn(run(t, None, tx, stop.clone(), status.clone()));
+        t.history = history;
+        let task = tokio::spawn(run(
+            t,
+            checkpoint.map(String::from),
+            tx,
+            stop.clone(),
+            status.clone(),
+        ));
         let mut items = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(60);
         while !until(&items) {
@@ -1067,38 +1087,16 @@ mod tests {
     }
 
     /// Runs a streaming watch from `checkpoint` against an API server answering per `answer`
-    /// until the live change after [`STREAMED`]'s list; returns the items, the requests, the
-    /// watch's status and the resource's history.
+    /// until the live change after [`STREAMED`]'s list; returns the items, the requests and the
+    /// watch's status.
     async fn streaming_until_live(
         answer: impl Fn(&str) -> (u16, String) + Send + Sync + 'static,
         checkpoint: Option<&str>,
         history: Arc<History>,
     ) -> (Vec<Item>, Vec<String>, Arc<Status>) {
-        let (client, seen) = fake_api(move |target| answer(target)).await;
-        let (tx, mut rx) = mpsc::channel(8);
-        let status = Arc::new(Status::default());
-        let stop = CancellationToken::new();
-        let mut t = target(client);
-        t.listing = Arc::new(Listing::new("v1/configmaps", InitialList::Stream));
-        t.history = history;
-        let task = tokio::spawn(run(
-            t,
-            checkpoint.map(String::from),
-            tx,
-            stop.clone(),
-            status.clone(),
-        ));
-        let mut items = Vec::new();
-        while !matches!(items.last(), Some(Item::Event(..))) {
-            let item = tokio::time::timeout(Duration::from_secs(60), rx.recv())
-                .await
-                .expect("the live change within 60 s")
-                .expect("the watch runs");
-            items.push(item);
-        }
-        stop.cancel();
-        task.await.unwrap();
-        (items, targets(&seen), status)
+        let listing = Arc::new(Listing::new("v1/configmaps", InitialList::Stream));
+        let live = |items: &[Item]| matches!(items.last(), Some(Item::Event(..)));
+        run_until(answer, listing, history, checkpoint, live).await
     }
 
     /// After a watch's 410, the streaming list asks for a state at least as new as the
