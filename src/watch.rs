@@ -174,14 +174,16 @@ impl Error {
                 rv: rv.to_string(),
                 kept_from: kept_from(&status.message),
             }
-        } else if is_too_large(&status) && rv.is_empty() {
-            Error::Lagging {
-                message: status.message,
-            }
         } else if is_too_large(&status) {
-            Error::TooLarge {
-                rv: rv.to_string(),
-                message: status.message,
+            if rv.is_empty() {
+                Error::Lagging {
+                    message: status.message,
+                }
+            } else {
+                Error::TooLarge {
+                    rv: rv.to_string(),
+                    message: status.message,
+                }
             }
         } else {
             Error::Status {
