@@ -304,6 +304,46 @@ impl Drop for Bridge {
     }
 }
 
+/// Moves every file checkpoint in `dir` (of a stopped bridge) to resourceVersion `rv`, as an
+/// etcd restore or long downtime would leave it: the meta record of each base file, and each
+/// journal line that ends a checkpoint. The last checkpoint in the journal is the one loaded,
+/// and a bookmark saved after the base writes one, so setting the base alone is not enough.
+/// Returns how many watches' checkpoints were moved.
+pub fn set_file_checkpoints_rv(dir: &Path, rv: &str) -> usize {
+    let mut bases = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let base = name.ends_with(".checkpoint");
+        if !base && !name.ends_with(".checkpoint.journal") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+        let records = if base {
+            &mut lines[..1]
+        } else {
+            &mut lines[..]
+        };
+        for line in records {
+            let mut record: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("{}: not a JSON record ({e}): {line}", path.display()));
+            if base || record.get("resourceVersion").is_some() {
+                assert!(
+                    record["resourceVersion"].is_string(),
+                    "{}: no resourceVersion in {line}",
+                    path.display()
+                );
+                record["resourceVersion"] = rv.into();
+                *line = record.to_string();
+            }
+        }
+        std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+        bases += usize::from(base);
+    }
+    bases
+}
+
 /// Runs the binary with `args` to completion: (status, stdout, stderr).
 pub fn run_cli(args: &[&str]) -> (ExitStatus, String, String) {
     let out = Command::new(bin())

@@ -12,7 +12,7 @@ use serde_json::json;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use crate::harness::{Bridge, Proxy, Reader, kubeconfig_via, summary};
+use crate::harness::{Bridge, Proxy, Reader, kubeconfig_via, set_file_checkpoints_rv, summary};
 use crate::support::{create_configmaps, kube_client, unique_name, unique_namespace, wait_until};
 
 fn cm(name: &str) -> ConfigMap {
@@ -76,17 +76,7 @@ async fn a_checkpoint_ahead_of_the_api_server_relists_and_repairs() {
         .await
         .unwrap();
     let added = cms.create(&pp, &cm("added")).await.unwrap();
-    let file = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|e| e == "checkpoint"))
-        .expect("a checkpoint file");
-    let text = std::fs::read_to_string(&file).unwrap();
-    let (head, body) = text.split_once('\n').unwrap();
-    let mut meta: serde_json::Value = serde_json::from_str(head).unwrap();
-    assert!(meta["resourceVersion"].is_string(), "{head}");
-    meta["resourceVersion"] = "90000000000".into();
-    std::fs::write(&file, format!("{meta}\n{body}")).unwrap();
+    assert_eq!(set_file_checkpoints_rv(dir.path(), "90000000000"), 1);
 
     let mut second = Bridge::start(&config);
     let mut reader = Reader::stdout(&second);

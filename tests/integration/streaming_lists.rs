@@ -12,7 +12,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::admin::sample;
-use crate::harness::{Bridge, Reader, Received, get, summary};
+use crate::harness::{Bridge, Reader, Received, get, set_file_checkpoints_rv, summary};
 use crate::support::{ExtraCluster, kube_client, unique_namespace, wait_until};
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -182,16 +182,7 @@ async fn a_relist_after_lost_history_streams_and_repairs() {
         .unwrap();
     cms.delete("kept-5", &Default::default()).await.unwrap();
     let added = create(&client, &ns, "added", 1).await;
-    let file = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|e| e == "checkpoint"))
-        .expect("a checkpoint file");
-    let text = std::fs::read_to_string(&file).unwrap();
-    let (head, body) = text.split_once('\n').unwrap();
-    let mut meta: serde_json::Value = serde_json::from_str(head).unwrap();
-    meta["resourceVersion"] = "90000000000".into();
-    std::fs::write(&file, format!("{meta}\n{body}")).unwrap();
+    assert_eq!(set_file_checkpoints_rv(dir.path(), "90000000000"), 1);
 
     let second = Bridge::start(&config);
     let events = read(&second, 3).await;
@@ -236,7 +227,11 @@ async fn a_relist_after_lost_history_streams_and_repairs() {
 #[tokio::test(flavor = "multi_thread")]
 async fn watches_resuming_together_from_lost_history_ask_once() {
     const WATCHES: usize = 6;
-    let client = kube_client().await;
+    // An API server of its own, whose watch cache starts at etcd's current revision: history
+    // from resourceVersion 1 is gone however fresh the environment (the shared API server's cache,
+    // started on an empty etcd, keeps it until its window moves on).
+    let cluster = ExtraCluster::add("shared-gone").await;
+    let client = cluster.client().await;
     let mut namespaces = Vec::new();
     let mut names = Vec::new();
     for i in 0..WATCHES {
@@ -248,7 +243,8 @@ async fn watches_resuming_together_from_lost_history_ask_once() {
     // A slow throttle: the watch requests queue behind it, as a thousand watches' do behind the
     // default one.
     let config = format!(
-        "cluster: dev\nkubernetes: {{initialList: stream, qps: 2, burst: 1}}\ncheckpoint: {{directory: {}, intervalMs: 100}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{}]}}\nsink: {{stdout: {{}}}}\n",
+        "cluster: dev\nkubernetes: {{kubeconfig: {}, initialList: stream, qps: 2, burst: 1}}\ncheckpoint: {{directory: {}, intervalMs: 100}}\nresources:\n- {{apiVersion: v1, resource: configmaps, namespaces: [{}]}}\nsink: {{stdout: {{}}}}\n",
+        cluster.kubeconfig.display(),
         dir.path().display(),
         namespaces.join(", ")
     );
@@ -267,20 +263,8 @@ async fn watches_resuming_together_from_lost_history_ask_once() {
         )
         .await
         .unwrap();
-    // Every checkpoint from resourceVersion 1, which the API server's watch cache has long lost.
-    let files: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "checkpoint"))
-        .collect();
-    assert_eq!(files.len(), WATCHES, "{files:?}");
-    for file in &files {
-        let text = std::fs::read_to_string(file).unwrap();
-        let (head, body) = text.split_once('\n').unwrap();
-        let mut meta: serde_json::Value = serde_json::from_str(head).unwrap();
-        meta["resourceVersion"] = "1".into();
-        std::fs::write(file, format!("{meta}\n{body}")).unwrap();
-    }
+    // Every checkpoint from resourceVersion 1, which the new API server's watch cache never had.
+    assert_eq!(set_file_checkpoints_rv(dir.path(), "1"), WATCHES);
 
     let second = Bridge::start(&config);
     let events = read(&second, 1).await;
