@@ -12,8 +12,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::BorrowedMessage;
@@ -24,6 +22,10 @@ use super::journal::{Journal, Plan, RECORD_BYTES, Stored};
 use super::{Backend, Cluster, Error, Found, Loaded, Meta, Parts, Result, WatchKey, Written};
 use crate::known::{BUCKETS, KnownObjects};
 use crate::sink::kafka::{CommitError, KafkaSink, Latest};
+
+mod topic;
+
+pub use topic::ensure_topic;
 
 /// How long reading the topic or an admin request may take.
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -470,81 +472,6 @@ fn read_to(consumer: &BaseConsumer, topic: &str) -> Result<i64, KafkaError> {
             _ => None,
         });
     Ok(offset.unwrap_or(0))
-}
-
-/// Creates `topic` as a compacted single-partition topic, or checks that the existing one is
-/// (`config`: the client settings of consumers and admin clients).
-pub async fn ensure_topic(config: ClientConfig, topic: &str) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = config.create().map_err(store_err)?;
-    let new = NewTopic::new(topic, 1, TopicReplication::Fixed(-1)).set("cleanup.policy", "compact");
-    let options = AdminOptions::new().operation_timeout(Some(TIMEOUT));
-    let results = admin
-        .create_topics([&new], &options)
-        .await
-        .map_err(store_err)?;
-    for r in results {
-        match r {
-            Ok(_) => return Ok(()),
-            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((_, code)) => return Err(store_err(KafkaError::AdminOp(code))),
-        }
-    }
-    let refuse = |problem: String| Error::Topic {
-        topic: topic.into(),
-        problem,
-    };
-    let partitions = partition_count(config, topic).await.map_err(store_err)?;
-    if partitions != 1 {
-        return Err(refuse(format!(
-            "has {partitions} partitions, checkpoints need exactly 1 (a watch's records must stay \
-             in one ordered partition); delete the topic or set checkpoint.kafkaTopic to a new \
-             name, and the bridge creates it with 1 partition and cleanup.policy=compact"
-        )));
-    }
-    let described = admin
-        .describe_configs([&ResourceSpecifier::Topic(topic)], &options)
-        .await
-        .map_err(store_err)?;
-    let policy = match described.into_iter().next() {
-        Some(Ok(resource)) => resource
-            .get("cleanup.policy")
-            .and_then(|e| e.value.clone())
-            .unwrap_or_default(),
-        Some(Err(code)) => return Err(store_err(KafkaError::AdminOp(code))),
-        None => String::new(),
-    };
-    if policy != "compact" {
-        return Err(refuse(format!(
-            "cleanup.policy is {policy:?}, checkpoints need \"compact\" (otherwise retention \
-             deletes the checkpoints of quiet watches and they list again); fix it with \
-             `kafka-configs.sh --alter --entity-type topics --entity-name {topic} --add-config \
-             cleanup.policy=compact`"
-        )));
-    }
-    Ok(())
-}
-
-/// The number of partitions of an existing topic.
-async fn partition_count(config: ClientConfig, topic: &str) -> Result<usize, KafkaError> {
-    let topic = topic.to_string();
-    tokio::task::spawn_blocking(move || {
-        let consumer: BaseConsumer = config.create()?;
-        let metadata = consumer.fetch_metadata(Some(&topic), TIMEOUT)?;
-        let found = metadata.topics().iter().find(|t| t.name() == topic);
-        match found {
-            Some(t) if t.error().is_none() => Ok(t.partitions().len()),
-            Some(t) => Err(KafkaError::MetadataFetch(
-                t.error()
-                    .map(Into::into)
-                    .unwrap_or(RDKafkaErrorCode::Unknown),
-            )),
-            None => Err(KafkaError::MetadataFetch(
-                RDKafkaErrorCode::UnknownTopicOrPartition,
-            )),
-        }
-    })
-    .await
-    .expect("metadata task")
 }
 
 #[cfg(test)]

@@ -289,6 +289,13 @@ async fn kafka_bridge_replaced_while_kafka_is_paused_past_the_transaction_timeou
     transactions::bridge_replaced_while_kafka_paused().await;
 }
 
+/// A bridge started while Kafka is paused asks again for its checkpoint topic, not ready
+/// meanwhile, instead of exiting; once Kafka answers it starts and loses nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_bridge_started_while_kafka_is_paused_waits_for_it() {
+    transactions::bridge_started_while_kafka_paused().await;
+}
+
 /// The setting of a 410 repair: ConfigMaps `same`, `changed`, `deleted` and `recreated` in a new
 /// namespace, and a bridge configuration whose API server connection runs through a proxy that
 /// can hold it off.

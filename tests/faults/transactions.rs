@@ -31,6 +31,8 @@ const COMMIT_UNANSWERED: &str = "kafka transaction commit went unanswered: creat
 const ABORT_UNANSWERED: &str = "kafka transaction abort went unanswered: creating a new producer";
 const FENCED: &str = "fenced: another instance owns this watch now";
 const FENCED_DELIVERY: &str = "producer fenced or broken: stopping this watch";
+const TOPIC_RETRY: &str =
+    "kafka brokers did not answer while preparing the checkpoint topic; retrying";
 
 /// A bridge watching the ConfigMaps of a fresh namespace, and every change written to them.
 struct Scene {
@@ -441,4 +443,45 @@ pub async fn bridge_replaced_while_kafka_paused() {
         "kafka paused for 15 s, the bridge replaced meanwhile, then kafka stopped",
         duplicates,
     );
+}
+
+/// Round 3 of the fault campaign (seed 1796631439): a replica started while Kafka recovered
+/// from a pause exited at start, its one admin request to prepare the checkpoint topic timed
+/// out. Here the bridge starts while Kafka is paused, past that request's time limit: it asks
+/// again, logging each failure, and is not ready meanwhile; once Kafka answers it starts,
+/// becomes ready, and what changed while it was down arrives.
+pub async fn bridge_started_while_kafka_paused() {
+    let _guard = EXCLUSIVE.lock().await;
+    let mut scene = Scene::start("txn-start-paused", 10).await;
+    scene.bridge.signal("TERM");
+    assert!(
+        scene
+            .bridge
+            .wait_exit(Duration::from_secs(30))
+            .await
+            .is_some(),
+        "the bridge did not exit after SIGTERM"
+    );
+    let paused = Paused::new("kafka");
+    scene.change().await;
+    scene.bridge = Bridge::start(&scene.config);
+    let address = scene.bridge.admin_address().await;
+    support::wait_until(
+        "the bridge asks Kafka again",
+        Duration::from_secs(120),
+        || async { (scene.bridge.count_log(TOPIC_RETRY) > 0).then_some(()) },
+    )
+    .await;
+    let (code, body) = harness::get(&address, "/readyz").await;
+    assert_eq!((code, body.as_str()), (503, "not ready: starting\n"));
+    paused.resume();
+    scene.bridge.wait_log("resuming from checkpoint").await;
+    scene.wait_ready().await;
+    scene.change_arrives_within(Duration::from_secs(30)).await;
+    let duplicates = scene.check_nothing_lost().await;
+    eprintln!(
+        "asked Kafka again {} times while it was paused",
+        scene.bridge.count_log(TOPIC_RETRY)
+    );
+    scene.report("a bridge started while kafka was paused", duplicates);
 }
