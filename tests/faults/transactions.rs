@@ -445,9 +445,8 @@ pub async fn bridge_replaced_while_kafka_paused() {
     );
 }
 
-/// Round 3 of the fault campaign (seed 1796631439): a replica started while Kafka recovered
-/// from a pause exited at start, its one admin request to prepare the checkpoint topic timed
-/// out. Here the bridge starts while Kafka is paused, past that request's time limit: it asks
+/// Found by the fault campaign (seed 1796631439): a replica started while Kafka recovered from
+/// a pause exited at start, its one admin request to prepare the checkpoint topic timed out. Here the bridge starts while Kafka is paused, past that request's time limit: it asks
 /// again, logging each failure, and is not ready meanwhile; once Kafka answers it starts,
 /// becomes ready, and what changed while it was down arrives.
 pub async fn bridge_started_while_kafka_paused() {
