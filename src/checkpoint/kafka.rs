@@ -27,7 +27,7 @@ mod topic;
 
 pub use topic::ensure_topic;
 
-/// How long reading the topic or an admin request may take.
+/// How long reading the topic may take.
 const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One watch's Kafka checkpoints.
